@@ -1,0 +1,57 @@
+"""kvindex: the KV-cache prefix index for LLM inference schedulers.
+
+Two index designs over ref-counted block pools, in one Rust core:
+
+- :class:`HashChainCache` — vLLM's chained block hashes (bit-compatible hash modes),
+- :class:`RadixCache` — SGLang's radix tree (token-exact hits, LRU leaf eviction),
+
+plus :func:`block_hashes` for hashing prompts, and Triton paged-attention kernels in
+:mod:`kvindex.kernels` (install ``kvindex[kernels]``). Importing ``kvindex`` never
+imports torch.
+"""
+
+from __future__ import annotations
+
+from kvindex._core import (
+    HASH_ALGOS,
+    Admission,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    HashChainCache,
+    __version__,
+    block_hashes,
+    none_hash,
+)
+from kvindex.exceptions import (
+    BlockInUseError,
+    DTypeError,
+    DuplicateRequestError,
+    InvalidArgumentError,
+    InvariantViolation,
+    KvIndexError,
+    LockError,
+    StaleHandleError,
+    UnknownRequestError,
+)
+
+__all__ = [
+    "HASH_ALGOS",
+    "Admission",
+    "AllBlocksCleared",
+    "BlockInUseError",
+    "BlockRemoved",
+    "BlockStored",
+    "DTypeError",
+    "DuplicateRequestError",
+    "HashChainCache",
+    "InvalidArgumentError",
+    "InvariantViolation",
+    "KvIndexError",
+    "LockError",
+    "StaleHandleError",
+    "UnknownRequestError",
+    "__version__",
+    "block_hashes",
+    "none_hash",
+]

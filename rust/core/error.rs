@@ -1,0 +1,85 @@
+//! Errors a caller can cause. Each is reported before any state changes.
+//!
+//! Three kinds of failure exist in kvindex:
+//! - an expected shortfall (not enough free blocks) is a return value (`None`);
+//! - a caller error is a [`KvError`] (mapped to a `KvIndexError` subclass in Python);
+//! - a broken internal invariant panics loudly (`expect`), or is reported by
+//!   `check_invariants()` as an [`InvariantViolation`].
+
+use std::fmt;
+
+/// Which class of caller error occurred; the binding maps each to one Python
+/// exception class.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// A value is out of range or inconsistent (`ValueError`).
+    InvalidArgument,
+    /// An array has the wrong dtype, rank or layout (`TypeError`).
+    DType,
+    /// A request id that the cache does not hold (`KeyError`).
+    UnknownRequest,
+    /// A request id that the cache already holds (`ValueError`).
+    DuplicateRequest,
+    /// An operation that needs idle blocks met blocks in use (`RuntimeError`).
+    BlockInUse,
+    /// A node handle that no longer names a live node (`KeyError`).
+    StaleHandle,
+    /// Unlocking a node that holds no lock (`RuntimeError`).
+    Lock,
+}
+
+/// A caller error: its kind and a human-readable message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct KvError {
+    /// The class of error.
+    pub kind: ErrorKind,
+    /// What went wrong, for the exception message.
+    pub msg: String,
+}
+
+impl KvError {
+    /// Builds an error of `kind` with message `msg`.
+    #[cold]
+    pub fn new(kind: ErrorKind, msg: impl Into<String>) -> Self {
+        KvError { kind, msg: msg.into() }
+    }
+
+    /// Shorthand for [`ErrorKind::InvalidArgument`].
+    #[cold]
+    pub fn invalid(msg: impl Into<String>) -> Self {
+        Self::new(ErrorKind::InvalidArgument, msg)
+    }
+}
+
+impl fmt::Display for KvError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.msg)
+    }
+}
+
+impl std::error::Error for KvError {}
+
+/// Result of a fallible core operation.
+pub type KvResult<T> = Result<T, KvError>;
+
+/// A broken internal invariant found by a `check_invariants()` method.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvariantViolation(pub String);
+
+impl fmt::Display for InvariantViolation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invariant violated: {}", self.0)
+    }
+}
+
+impl std::error::Error for InvariantViolation {}
+
+/// Returns `Err(InvariantViolation)` with a formatted message when `cond` is false.
+#[macro_export]
+macro_rules! ensure_inv {
+    ($cond:expr, $($arg:tt)+) => {
+        if !$cond {
+            return Err($crate::core::error::InvariantViolation(format!($($arg)+)));
+        }
+    };
+}

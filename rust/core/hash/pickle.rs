@@ -1,0 +1,227 @@
+//! Pickle protocol 5 of a block payload, byte for byte as CPython's C pickler
+//! writes `pickle.dumps((parent, tuple(tokens), extra_keys), protocol=5)` for
+//! the shapes vLLM hashes in its default `sha256` mode (and `xxhash`).
+//!
+//! Layout: `80 05`, then frames (`95 <u64 le length>`) holding the opcodes,
+//! `2e` (STOP) last. Ints: BININT1 / BININT2 / BININT / LONG1; strings
+//! SHORT_BINUNICODE / BINUNICODE; the parent SHORT_BINBYTES; tuples of 1-3
+//! elements TUPLE1/2/3, longer ones MARK ... TUPLE; every bytes, str and
+//! tuple is memoised (`94`). vLLM's tag strings (`"lora"`, `"mm"`,
+//! `"cache_salt"`) are module constants, so a repeated tag in one payload is a
+//! BINGET of its first memo slot; user strings are always written in full.
+//! A frame is committed at an opcode boundary once it holds 64 KiB; a string
+//! of 64 KiB or more is written outside any frame, as CPython does.
+
+use super::keys::ExtraKey;
+
+const FRAME_TARGET: usize = 64 * 1024;
+const FRAME_HEADER: usize = 9;
+
+struct Pickler<'b> {
+    out: &'b mut Vec<u8>,
+    /// Start of the open frame's 9-byte header placeholder, if a frame is open.
+    frame_start: Option<usize>,
+    framing: bool,
+    memo: u32,
+    mm_tag: Option<u32>,
+}
+
+impl Pickler<'_> {
+    fn write(&mut self, b: &[u8]) {
+        if self.framing && self.frame_start.is_none() {
+            self.frame_start = Some(self.out.len());
+            self.out.extend_from_slice(&[0u8; FRAME_HEADER]);
+        }
+        self.out.extend_from_slice(b);
+    }
+
+    fn commit_frame(&mut self) {
+        if let Some(start) = self.frame_start.take() {
+            let len = self.out.len() - start - FRAME_HEADER;
+            if len >= 4 {
+                self.out[start] = 0x95;
+                self.out[start + 1..start + FRAME_HEADER].copy_from_slice(&(len as u64).to_le_bytes());
+            } else {
+                self.out.drain(start..start + FRAME_HEADER);
+            }
+        }
+    }
+
+    /// Called where CPython's pickler reaches an opcode boundary (each save).
+    fn boundary(&mut self) {
+        if let Some(start) = self.frame_start {
+            if self.out.len() - start - FRAME_HEADER >= FRAME_TARGET {
+                self.commit_frame();
+            }
+        }
+    }
+
+    fn memoize(&mut self) -> u32 {
+        self.write(&[0x94]);
+        self.memo += 1;
+        self.memo - 1
+    }
+
+    fn int(&mut self, x: i64) {
+        self.boundary();
+        if (0..256).contains(&x) {
+            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+            self.write(&[0x4b, x as u8]);
+        } else if (0..65536).contains(&x) {
+            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+            let v = (x as u16).to_le_bytes();
+            self.write(&[0x4d, v[0], v[1]]);
+        } else if i64::from(i32::MIN) <= x && x <= i64::from(i32::MAX) {
+            #[allow(clippy::cast_possible_truncation)]
+            let v = (x as i32).to_le_bytes();
+            self.write(&[0x4a, v[0], v[1], v[2], v[3]]);
+        } else {
+            // Smallest n with -2^(8n-1) <= x < 2^(8n-1); here 5 <= n <= 8.
+            let mut n = 5usize;
+            while n < 8 {
+                let lim = 1i64 << (8 * n - 1);
+                if -lim <= x && x < lim {
+                    break;
+                }
+                n += 1;
+            }
+            let le = x.to_le_bytes();
+            #[allow(clippy::cast_possible_truncation)]
+            let mut op = vec![0x8a, n as u8];
+            op.extend_from_slice(&le[..n]);
+            self.write(&op);
+        }
+    }
+
+    /// Writes a str or bytes object: `small_op` + u8 length below 256 bytes,
+    /// else `large_op` + u32 length; 64 KiB or more goes outside any frame.
+    fn blob(&mut self, small_op: u8, large_op: u8, data: &[u8]) {
+        self.boundary();
+        let mut headbuf = Vec::with_capacity(5);
+        if data.len() < 256 {
+            #[allow(clippy::cast_possible_truncation)]
+            headbuf.extend_from_slice(&[small_op, data.len() as u8]);
+        } else {
+            headbuf.push(large_op);
+            #[allow(clippy::cast_possible_truncation)]
+            headbuf.extend_from_slice(&(data.len() as u32).to_le_bytes());
+        }
+        if data.len() >= FRAME_TARGET {
+            self.commit_frame();
+            self.framing = false;
+            self.write(&headbuf);
+            self.write(data);
+            self.framing = true;
+        } else {
+            self.write(&headbuf);
+            self.write(data);
+        }
+    }
+
+    fn str_obj(&mut self, s: &str) -> u32 {
+        self.blob(0x8c, 0x58, s.as_bytes());
+        self.memoize()
+    }
+
+    fn tag(&mut self, s: &str, is_mm: bool) {
+        if is_mm {
+            if let Some(idx) = self.mm_tag {
+                self.boundary();
+                if idx < 256 {
+                    #[allow(clippy::cast_possible_truncation)]
+                    self.write(&[0x68, idx as u8]);
+                } else {
+                    let v = idx.to_le_bytes();
+                    self.write(&[0x6a, v[0], v[1], v[2], v[3]]);
+                }
+                return;
+            }
+            self.mm_tag = Some(self.str_obj(s));
+        } else {
+            self.str_obj(s);
+        }
+    }
+
+    fn tuple_open(&mut self, n: usize) {
+        self.boundary();
+        if n > 3 {
+            self.write(&[0x28]);
+        }
+    }
+
+    fn tuple_close(&mut self, n: usize) {
+        match n {
+            1 => self.write(&[0x85]),
+            2 => self.write(&[0x86]),
+            3 => self.write(&[0x87]),
+            _ => self.write(&[0x74]),
+        }
+        self.memoize();
+    }
+}
+
+fn finish(p: &mut Pickler<'_>) {
+    p.write(&[0x2e]);
+    p.commit_frame();
+}
+
+/// Encodes `pickle.dumps(s, protocol=5)` for a str (the NONE_HASH seed).
+pub fn str_payload(buf: &mut Vec<u8>, s: &str) {
+    buf.extend_from_slice(&[0x80, 0x05]);
+    let mut p = Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None };
+    p.str_obj(s);
+    finish(&mut p);
+}
+
+/// Encodes `pickle.dumps((parent, tuple(tokens), extra_keys or None), protocol=5)`.
+pub fn block_payload(
+    buf: &mut Vec<u8>,
+    parent: &[u8],
+    tokens: impl ExactSizeIterator<Item = i64>,
+    keys: &[ExtraKey<'_>],
+) {
+    buf.extend_from_slice(&[0x80, 0x05]);
+    let mut p = Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None };
+    p.tuple_open(3);
+    p.blob(0x43, 0x42, parent);
+    p.memoize();
+    let n = tokens.len();
+    p.tuple_open(n);
+    for t in tokens {
+        p.int(t);
+    }
+    p.tuple_close(n);
+    if keys.is_empty() {
+        p.boundary();
+        p.write(&[0x4e]);
+    } else {
+        p.tuple_open(keys.len());
+        for k in keys {
+            match *k {
+                ExtraKey::Lora(name, path) => {
+                    p.tuple_open(3);
+                    p.tag("lora", false);
+                    p.str_obj(name);
+                    p.str_obj(path);
+                    p.tuple_close(3);
+                }
+                ExtraKey::Mm(id, off) => {
+                    p.tuple_open(3);
+                    p.tag("mm", true);
+                    p.str_obj(id);
+                    p.int(off);
+                    p.tuple_close(3);
+                }
+                ExtraKey::Salt(s) => {
+                    p.tuple_open(2);
+                    p.tag("cache_salt", false);
+                    p.str_obj(s);
+                    p.tuple_close(2);
+                }
+            }
+        }
+        p.tuple_close(keys.len());
+    }
+    p.tuple_close(3);
+    finish(&mut p);
+}

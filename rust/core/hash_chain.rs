@@ -1,0 +1,563 @@
+//! Request-level prefix cache over chained block hashes, with the semantics of
+//! vLLM 0.33's single-group full-attention `KVCacheManager` + `BlockPool`.
+//!
+//! # Flow
+//! - [`HashChainCache::admit`]: hash the prompt's full blocks, find the
+//!   longest run of cached hashes from block 0 (capped at `num_tokens - 1`,
+//!   block-aligned: the last prompt token is always recomputed), pin the hit
+//!   blocks, allocate the rest from the free-queue head, and register every
+//!   full prompt block. All-or-nothing: `None` and no change when blocks run
+//!   short (hit blocks sitting in the free queue count as available, as in vLLM).
+//! - [`HashChainCache::append`] / [`HashChainCache::append_batch`]: decode
+//!   tokens (already computed) extend the request; a block is allocated when
+//!   one fills up and every newly full block is registered under its chained
+//!   hash, so the next turn of a conversation hits its own generated text.
+//! - [`HashChainCache::free`]: release the request's blocks in reverse table
+//!   order (tails leave the cache first).
+//!
+//! # Invariants (checked by [`HashChainCache::check_invariants`])
+//! The pool's (see [`crate::core::block_pool`]), plus, for every request:
+//! - `ref_cnt(b) == number of request tables holding b` for every block;
+//! - `blocks.len() == ceil(num_tokens / block_size)`;
+//!   `hashes == chain of the request's tokens` (`num_tokens / block_size` entries);
+//! - table entries `0..num_tokens / block_size` are cached under the
+//!   request's hash for that index; the last, partial block is unhashed.
+//!
+//! # Costs
+//! `admit`: O(prompt tokens) hashing + O(blocks) map work. `append`: O(1)
+//! per token plus one block hash per `block_size` tokens. `free`: O(blocks).
+
+use rustc_hash::FxHashMap;
+
+use crate::core::block_pool::BlockPool;
+use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::events::{EventKey, KvEvent};
+use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
+use crate::core::ids::{BlockHash, BlockId, RequestId};
+use crate::ensure_inv;
+
+/// A running request's state.
+#[derive(Clone, Debug)]
+struct Request {
+    tokens: Vec<i64>,
+    spec: KeySpec,
+    hashes: Vec<BlockHash>,
+    blocks: Vec<BlockId>,
+    /// Table entries `0..num_cached` are registered in the map.
+    num_cached: usize,
+    /// Batch epoch in which the request was last seen (duplicate detection).
+    epoch: u64,
+}
+
+/// Prefix-cache statistics (vLLM `PrefixCacheStats`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests admitted.
+    pub requests: u64,
+    /// Prompt tokens of admitted requests.
+    pub queries: u64,
+    /// Prompt tokens served from the cache.
+    pub hits: u64,
+}
+
+/// The hash-chain prefix cache.
+#[derive(Clone, Debug)]
+pub struct HashChainCache {
+    pool: BlockPool,
+    block_size: usize,
+    hasher: BlockHasher,
+    reqs: FxHashMap<RequestId, Request>,
+    stats: Stats,
+    epoch: u64,
+    scratch_hashes: Vec<BlockHash>,
+    scratch_blocks: Vec<BlockId>,
+}
+
+impl HashChainCache {
+    /// A cache of `num_blocks` blocks (block 0 is the null block) of
+    /// `block_size` tokens, hashing with `algo` from the NONE_HASH of `seed`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `block_size < 1` or `num_blocks < 2`.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        algo: HashAlgo,
+        seed: Option<&str>,
+        enable_events: bool,
+    ) -> KvResult<Self> {
+        if block_size < 1 || block_size > (1 << 20) {
+            return Err(KvError::invalid(format!("block_size must be in 1..=2^20, got {block_size}")));
+        }
+        let pool = BlockPool::new(num_blocks, enable_events)?;
+        Ok(HashChainCache {
+            pool,
+            block_size,
+            hasher: BlockHasher::new(algo, seed),
+            reqs: FxHashMap::default(),
+            stats: Stats::default(),
+            epoch: 0,
+            scratch_hashes: Vec::new(),
+            scratch_blocks: Vec::new(),
+        })
+    }
+
+    /// The pool (read-only introspection).
+    #[must_use]
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Tokens per block.
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// The hasher's algorithm.
+    #[must_use]
+    pub fn algo(&self) -> HashAlgo {
+        self.hasher.algo()
+    }
+
+    /// Statistics since construction (or the last [`HashChainCache::take_stats`]).
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        self.stats
+    }
+
+    /// Returns the statistics and zeroes them.
+    pub fn take_stats(&mut self) -> Stats {
+        std::mem::take(&mut self.stats)
+    }
+
+    /// Number of running requests.
+    #[must_use]
+    pub fn num_requests(&self) -> usize {
+        self.reqs.len()
+    }
+
+    /// Number of full blocks a lookup may hit for a prompt of `n` tokens.
+    fn hit_cap(&self, n: usize) -> usize {
+        n.saturating_sub(1) / self.block_size
+    }
+
+    /// Longest run of cached hashes from block 0, at most `cap` blocks. O(k).
+    fn longest_hit(&self, hashes: &[BlockHash], cap: usize) -> usize {
+        hashes[..cap.min(hashes.len())]
+            .iter()
+            .take_while(|h| self.pool.get_cached(h).is_some())
+            .count()
+    }
+
+    /// Hashes of the full blocks of `tokens`. O(tokens).
+    pub fn hash_prompt<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> Vec<BlockHash> {
+        let mut out = Vec::with_capacity(tokens.len() / self.block_size);
+        self.hasher.extend_chain(tokens, self.block_size, spec, &mut out);
+        out
+    }
+
+    /// Tokens a prompt would hit now; no side effects. O(prompt tokens).
+    pub fn lookup<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> usize {
+        let mut hashes = std::mem::take(&mut self.scratch_hashes);
+        hashes.clear();
+        self.hasher.extend_chain(tokens, self.block_size, spec, &mut hashes);
+        let k = self.longest_hit(&hashes, self.hit_cap(tokens.len()));
+        self.scratch_hashes = hashes;
+        k * self.block_size
+    }
+
+    /// Admits request `id` with prompt `tokens`: returns the number of cached
+    /// (hit) tokens, or `None` — with nothing changed — when the free blocks
+    /// do not cover it. With `skip_reading` the cache is not read (vLLM's
+    /// prompt-logprobs requests) but the prompt's blocks are still cached.
+    ///
+    /// # Errors
+    /// `DuplicateRequest` if `id` is running; `InvalidArgument` for an empty prompt.
+    pub fn admit<T: Token>(
+        &mut self,
+        id: RequestId,
+        tokens: &[T],
+        spec: KeySpec,
+        skip_reading: bool,
+    ) -> KvResult<Option<usize>> {
+        if self.reqs.contains_key(&id) {
+            return Err(KvError::new(ErrorKind::DuplicateRequest, format!("request {} is already running", id.0)));
+        }
+        if tokens.is_empty() {
+            return Err(KvError::invalid("a prompt needs at least one token"));
+        }
+        let bs = self.block_size;
+        let n = tokens.len();
+        let mut hashes = Vec::with_capacity(n / bs + 1);
+        self.hasher.extend_chain(tokens, bs, &spec, &mut hashes);
+        let k = if skip_reading { 0 } else { self.longest_hit(&hashes, self.hit_cap(n)) };
+        let mut blocks: Vec<BlockId> = Vec::with_capacity(n.div_ceil(bs) + 1);
+        blocks.extend(hashes[..k].iter().map(|h| self.pool.get_cached(h).expect("hit hash is cached")));
+        let new = n.div_ceil(bs) - k;
+        let free_hits = blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
+        if new + free_hits > self.pool.num_free() {
+            return Ok(None);
+        }
+        self.pool.touch(&blocks);
+        self.pool.allocate(new, &mut blocks);
+        let mut req = Request {
+            tokens: tokens.iter().map(|t| t.get()).collect(),
+            spec,
+            hashes,
+            blocks,
+            num_cached: k,
+            epoch: 0,
+        };
+        self.cache_new_full_blocks(&mut req);
+        self.stats.requests += 1;
+        self.stats.queries += n as u64;
+        self.stats.hits += (k * bs) as u64;
+        self.reqs.insert(id, req);
+        Ok(Some(k * bs))
+    }
+
+    /// Registers table entries `num_cached..num_full` under their hashes and
+    /// emits one `BlockStored` for the run.
+    fn cache_new_full_blocks(&mut self, req: &mut Request) {
+        let full = req.tokens.len() / self.block_size;
+        let start = req.num_cached;
+        if start >= full {
+            return;
+        }
+        for i in start..full {
+            self.pool.cache_block(req.blocks[i], req.hashes[i]);
+        }
+        req.num_cached = full;
+        if self.pool.events_enabled() {
+            let bs = self.block_size;
+            let mut keys: Vec<ExtraKey<'_>> = Vec::new();
+            let extra_keys = (start..full)
+                .map(|i| {
+                    #[allow(clippy::cast_possible_wrap)]
+                    req.spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
+                    (!keys.is_empty()).then(|| keys.iter().map(event_key).collect())
+                })
+                .collect();
+            let ev = KvEvent::BlockStored {
+                block_hashes: req.hashes[start..full].iter().map(BlockHash::low_u64).collect(),
+                parent_block_hash: (start > 0).then(|| req.hashes[start - 1].low_u64()),
+                token_ids: req.tokens[start * bs..full * bs].to_vec(),
+                block_size: bs,
+                lora_name: req.spec.lora.as_ref().map(|(name, _)| name.clone()),
+                extra_keys,
+            };
+            self.pool.emit(|| ev);
+        }
+    }
+
+    fn blocks_needed(&self, req: &Request, extra: usize) -> usize {
+        (req.tokens.len() + extra).div_ceil(self.block_size) - req.blocks.len()
+    }
+
+    fn get(&self, id: RequestId) -> KvResult<&Request> {
+        self.reqs.get(&id).ok_or_else(|| unknown(id))
+    }
+
+    /// Appends computed decode tokens to request `id`. Returns `false`, with
+    /// nothing changed, when a needed block is not free.
+    ///
+    /// # Errors
+    /// `UnknownRequest` if `id` is not running.
+    pub fn append<T: Token>(&mut self, id: RequestId, tokens: &[T]) -> KvResult<bool> {
+        let need = self.blocks_needed(self.get(id)?, tokens.len());
+        if need > self.pool.num_free() {
+            return Ok(false);
+        }
+        self.apply_append(id, tokens);
+        Ok(true)
+    }
+
+    /// Appends `tokens[offsets[i]..offsets[i+1]]` to request `ids[i]` for
+    /// every i, all or nothing: returns `false`, with nothing changed, when
+    /// the free blocks do not cover every request's growth. `offsets` has
+    /// `ids.len() + 1` entries, starts at 0, ends at `tokens.len()` and never
+    /// decreases; `None` means one token per request.
+    ///
+    /// # Errors
+    /// `UnknownRequest`, or `InvalidArgument` for a repeated id or bad offsets;
+    /// checked before anything changes.
+    pub fn append_batch<T: Token>(&mut self, ids: &[u64], tokens: &[T], offsets: Option<&[i64]>) -> KvResult<bool> {
+        let range = |i: usize| -> (usize, usize) {
+            match offsets {
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                Some(o) => (o[i] as usize, o[i + 1] as usize),
+                None => (i, i + 1),
+            }
+        };
+        match offsets {
+            Some(o) => check_offsets(o, ids.len(), tokens.len())?,
+            None if tokens.len() != ids.len() => {
+                return Err(KvError::invalid(format!(
+                    "without offsets, tokens ({}) must hold one token per request ({})",
+                    tokens.len(),
+                    ids.len()
+                )))
+            }
+            None => {}
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let mut need = 0usize;
+        for (i, &id) in ids.iter().enumerate() {
+            let (a, b) = range(i);
+            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
+            if req.epoch == epoch {
+                return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
+            }
+            req.epoch = epoch;
+            need += (req.tokens.len() + b - a).div_ceil(self.block_size) - req.blocks.len();
+        }
+        if need > self.pool.num_free() {
+            return Ok(false);
+        }
+        for (i, &id) in ids.iter().enumerate() {
+            let (a, b) = range(i);
+            self.apply_append(RequestId(id), &tokens[a..b]);
+        }
+        Ok(true)
+    }
+
+    fn apply_append<T: Token>(&mut self, id: RequestId, tokens: &[T]) {
+        let bs = self.block_size;
+        let mut req = self.reqs.remove(&id).expect("request checked by caller");
+        let had_full = req.tokens.len() / bs;
+        req.tokens.extend(tokens.iter().map(|t| t.get()));
+        let need = req.tokens.len().div_ceil(bs) - req.blocks.len();
+        if need > 0 {
+            self.pool.allocate(need, &mut req.blocks);
+        }
+        if req.tokens.len() / bs > had_full {
+            self.hasher.extend_chain(&req.tokens, bs, &req.spec, &mut req.hashes);
+            self.cache_new_full_blocks(&mut req);
+        }
+        self.reqs.insert(id, req);
+    }
+
+    /// Finishes request `id`, releasing its blocks in reverse table order.
+    ///
+    /// # Errors
+    /// `UnknownRequest` if `id` is not running (including a double free).
+    pub fn free(&mut self, id: RequestId) -> KvResult<()> {
+        let req = self.reqs.remove(&id).ok_or_else(|| unknown(id))?;
+        let mut scratch = std::mem::take(&mut self.scratch_blocks);
+        self.pool.free(req.blocks.iter().rev().copied(), &mut scratch);
+        self.scratch_blocks = scratch;
+        Ok(())
+    }
+
+    /// Finishes every request of `ids`, in order, as [`HashChainCache::free`]
+    /// does. All ids are checked (known, no repeats) before anything changes.
+    ///
+    /// # Errors
+    /// `UnknownRequest`, or `InvalidArgument` for a repeated id.
+    pub fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        for &id in ids {
+            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
+            if req.epoch == epoch {
+                return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
+            }
+            req.epoch = epoch;
+        }
+        for &id in ids {
+            self.free(RequestId(id))?;
+        }
+        Ok(())
+    }
+
+    /// Drops the cached hashes of idle blocks (they stay free, in place).
+    /// Returns how many blocks lost a hash.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a bad id, `BlockInUse` for a block a request holds.
+    pub fn evict_blocks(&mut self, ids: &[i64]) -> KvResult<usize> {
+        self.pool.evict_blocks(ids)
+    }
+
+    /// Drops every cached hash.
+    ///
+    /// # Errors
+    /// `BlockInUse` while any request is running.
+    pub fn reset(&mut self) -> KvResult<()> {
+        if !self.reqs.is_empty() {
+            return Err(KvError::new(
+                ErrorKind::BlockInUse,
+                format!("cannot reset the prefix cache while {} requests hold blocks", self.reqs.len()),
+            ));
+        }
+        self.pool.reset()
+    }
+
+    /// Drains buffered KV events.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.pool.take_events()
+    }
+
+    /// The block table of request `id`.
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    pub fn blocks(&self, id: RequestId) -> KvResult<&[BlockId]> {
+        Ok(&self.get(id)?.blocks)
+    }
+
+    /// Number of tokens request `id` holds (prompt + appended).
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    pub fn num_tokens(&self, id: RequestId) -> KvResult<usize> {
+        Ok(self.get(id)?.tokens.len())
+    }
+
+    /// The chained block hashes of request `id`'s full blocks.
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    pub fn request_hashes(&self, id: RequestId) -> KvResult<&[BlockHash]> {
+        Ok(&self.get(id)?.hashes)
+    }
+
+    /// Largest table length among `ids`.
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    pub fn max_blocks(&self, ids: &[u64]) -> KvResult<usize> {
+        let mut m = 0;
+        for &id in ids {
+            m = m.max(self.get(RequestId(id))?.blocks.len());
+        }
+        Ok(m)
+    }
+
+    /// Writes the block tables of `ids` into `out` (`ids.len() * width`,
+    /// row-major), padded with the null block.
+    ///
+    /// # Errors
+    /// `UnknownRequest`; `InvalidArgument` if a table is wider than `width`
+    /// or `out` has the wrong length. Nothing is written on error.
+    pub fn fill_block_tables(&self, ids: &[u64], width: usize, out: &mut [i32]) -> KvResult<()> {
+        if out.len() != ids.len() * width {
+            return Err(KvError::invalid(format!("out has {} entries, expected {}", out.len(), ids.len() * width)));
+        }
+        let need = self.max_blocks(ids)?;
+        if need > width {
+            return Err(KvError::invalid(format!("a block table has {need} blocks, more than max_blocks={width}")));
+        }
+        for (row, &id) in out.chunks_exact_mut(width.max(1)).zip(ids) {
+            let blocks = &self.get(RequestId(id))?.blocks;
+            for (o, b) in row.iter_mut().zip(blocks.iter().map(|b| i32::try_from(b.0).expect("ids fit i32")).chain(std::iter::repeat(0))) {
+                *o = b;
+            }
+        }
+        Ok(())
+    }
+
+    /// Slot mapping (`block * block_size + offset`) of each request's last
+    /// `query_lens[i]` tokens, concatenated.
+    ///
+    /// # Errors
+    /// `UnknownRequest`; `InvalidArgument` for mismatched lengths or a query
+    /// longer than the request.
+    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[i64]) -> KvResult<Vec<i64>> {
+        if ids.len() != query_lens.len() {
+            return Err(KvError::invalid("request_ids and query_lens differ in length"));
+        }
+        let mut total = 0usize;
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let n = self.get(RequestId(id))?.tokens.len();
+            #[allow(clippy::cast_possible_wrap)]
+            if q < 0 || q > n as i64 {
+                return Err(KvError::invalid(format!("query length {q} for request {id} with {n} tokens")));
+            }
+            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+            {
+                total += q as usize;
+            }
+        }
+        let bs = self.block_size;
+        let mut out = Vec::with_capacity(total);
+        for (&id, &q) in ids.iter().zip(query_lens) {
+            let req = self.get(RequestId(id))?;
+            let n = req.tokens.len();
+            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+            for pos in n - q as usize..n {
+                #[allow(clippy::cast_possible_wrap)]
+                out.push((req.blocks[pos / bs].idx() * bs + pos % bs) as i64);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Checks the pool's and every request's invariants (module header). O(all tokens).
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.pool.check_invariants()?;
+        let bs = self.block_size;
+        let mut refs = vec![0u32; self.pool.num_blocks()];
+        let mut hasher = self.hasher.clone();
+        for (id, r) in &self.reqs {
+            let n = r.tokens.len();
+            ensure_inv!(r.blocks.len() == n.div_ceil(bs), "request {}: {} blocks for {n} tokens", id.0, r.blocks.len());
+            ensure_inv!(r.num_cached == n / bs, "request {}: {} cached of {} full", id.0, r.num_cached, n / bs);
+            let mut chain = Vec::new();
+            hasher.extend_chain(&r.tokens, bs, &r.spec, &mut chain);
+            ensure_inv!(chain == r.hashes, "request {}: stored hashes differ from its token chain", id.0);
+            for (i, b) in r.blocks.iter().enumerate() {
+                ensure_inv!(*b != BlockId::NULL, "request {} holds the null block", id.0);
+                refs[b.idx()] += 1;
+                let h = self.pool.block_hash(*b);
+                if i < r.num_cached {
+                    ensure_inv!(h == Some(r.hashes[i]), "request {} block {i} not cached under its hash", id.0);
+                } else {
+                    ensure_inv!(h.is_none(), "request {} partial block {i} is hashed", id.0);
+                }
+            }
+        }
+        for (i, &c) in refs.iter().enumerate() {
+            #[allow(clippy::cast_possible_truncation)]
+            let rc = self.pool.ref_count(BlockId(i as u32));
+            ensure_inv!(rc == c, "block {i}: ref count {rc}, held by {c} tables");
+        }
+        Ok(())
+    }
+}
+
+fn event_key(k: &ExtraKey<'_>) -> EventKey {
+    match *k {
+        ExtraKey::Lora(name, _) => EventKey::Str(name.to_owned()),
+        ExtraKey::Mm(id, off) => EventKey::Mm(id.to_owned(), off),
+        ExtraKey::Salt(s) => EventKey::Str(s.to_owned()),
+    }
+}
+
+#[cold]
+fn unknown(id: RequestId) -> KvError {
+    KvError::new(ErrorKind::UnknownRequest, format!("unknown request id {} (never admitted, or already freed)", id.0))
+}
+
+/// Validates CSR offsets: `n + 1` entries, 0 first, `total` last, non-decreasing.
+///
+/// # Errors
+/// `InvalidArgument` describing the first problem.
+pub fn check_offsets(o: &[i64], n: usize, total: usize) -> KvResult<()> {
+    if o.len() != n + 1 {
+        return Err(KvError::invalid(format!("offsets must have {} entries, got {}", n + 1, o.len())));
+    }
+    #[allow(clippy::cast_possible_wrap)]
+    if o[0] != 0 || o[n] != total as i64 {
+        return Err(KvError::invalid(format!("offsets must start at 0 and end at {total}")));
+    }
+    if o.windows(2).any(|w| w[1] < w[0]) {
+        return Err(KvError::invalid("offsets must not decrease"));
+    }
+    Ok(())
+}

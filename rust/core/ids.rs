@@ -1,0 +1,95 @@
+//! Identity newtypes. Every identity in the core has its own `Copy` type so
+//! that a block id can never be passed where a request id is expected.
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+/// Index of a physical KV block in a pool (`0..num_blocks`). Block 0 is the
+/// null block of the hash-chain cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(pub u32);
+
+impl BlockId {
+    /// The null block: never allocated, freed or hashed; pads block tables.
+    pub const NULL: BlockId = BlockId(0);
+
+    /// The id as a `usize` index.
+    #[inline]
+    #[must_use]
+    pub fn idx(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// A scheduler's request identifier (an integer chosen by the caller).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Maximum digest length of any supported hash algorithm (SHA-256).
+pub const MAX_DIGEST_LEN: usize = 32;
+
+/// The digest of one full block: `H(parent digest, block tokens, extra keys)`.
+///
+/// It commits to the whole prefix up to and including its block (the chain
+/// rule, see [`crate::core::hash`]). 16 bytes for XXH3-128 modes, 32 for
+/// SHA-256 modes; unused bytes are zero so equality is byte equality.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct BlockHash {
+    bytes: [u8; MAX_DIGEST_LEN],
+    len: u8,
+}
+
+impl BlockHash {
+    /// Builds a hash from a digest of at most [`MAX_DIGEST_LEN`] bytes.
+    ///
+    /// # Panics
+    /// If `digest` is longer than [`MAX_DIGEST_LEN`] (a programming error).
+    #[must_use]
+    pub fn from_digest(digest: &[u8]) -> Self {
+        assert!(digest.len() <= MAX_DIGEST_LEN, "digest too long");
+        let mut bytes = [0u8; MAX_DIGEST_LEN];
+        bytes[..digest.len()].copy_from_slice(digest);
+        // Length fits in u8 by the assertion above.
+        #[allow(clippy::cast_possible_truncation)]
+        let len = digest.len() as u8;
+        BlockHash { bytes, len }
+    }
+
+    /// The digest bytes.
+    #[inline]
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..self.len as usize]
+    }
+
+    /// The low 64 bits of the digest read big-endian, as vLLM's KV events
+    /// report hashes (`int.from_bytes(h, "big") & (2**64 - 1)`).
+    #[must_use]
+    pub fn low_u64(&self) -> u64 {
+        let b = self.as_bytes();
+        let mut v = 0u64;
+        for &x in &b[b.len().saturating_sub(8)..] {
+            v = (v << 8) | u64::from(x);
+        }
+        v
+    }
+}
+
+impl Hash for BlockHash {
+    #[inline]
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // Digests are already uniformly distributed: 8 bytes are enough.
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.bytes[..8]);
+        state.write_u64(u64::from_le_bytes(w));
+    }
+}
+
+impl fmt::Debug for BlockHash {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for b in self.as_bytes() {
+            write!(f, "{b:02x}")?;
+        }
+        Ok(())
+    }
+}

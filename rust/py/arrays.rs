@@ -1,0 +1,103 @@
+//! Reading numpy arrays (zero-copy, strict dtypes) and Python ints.
+//!
+//! Arrays must be 1-D, C-contiguous and of the exact dtype asked for; anything
+//! else raises `DTypeError` (a `TypeError`) instead of being copied silently.
+
+use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+
+use super::errors::{dtype, invalid};
+
+/// A token array: int32 or int64.
+pub enum TokenArray<'py> {
+    /// int32 tokens.
+    I32(PyReadonlyArray1<'py, i32>),
+    /// int64 tokens.
+    I64(PyReadonlyArray1<'py, i64>),
+}
+
+/// Calls `$body` with `$s` bound to the token slice, whatever its dtype.
+macro_rules! with_tokens {
+    ($arr:expr, $s:ident => $body:expr) => {
+        match &$arr {
+            $crate::py::arrays::TokenArray::I32(a) => {
+                let $s: &[i32] = a.as_slice().expect("contiguity checked");
+                $body
+            }
+            $crate::py::arrays::TokenArray::I64(a) => {
+                let $s: &[i64] = a.as_slice().expect("contiguity checked");
+                $body
+            }
+        }
+    };
+}
+pub(crate) use with_tokens;
+
+fn describe(obj: &Bound<'_, PyAny>) -> String {
+    obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
+}
+
+#[cold]
+fn busy(what: &str) -> PyErr {
+    invalid(format!("{what} is being written by another borrower (is it also the out= array?)"))
+}
+
+/// Checks rank and layout and returns the array's dtype name.
+fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<(Bound<'py, PyUntypedArray>, String)> {
+    let arr = obj
+        .cast::<PyUntypedArray>()
+        .map_err(|_| dtype(format!("{what} must be a numpy array, got {}", describe(obj))))?
+        .clone();
+    let dt = arr.dtype().str().map(|s| s.to_string()).unwrap_or_default();
+    if arr.ndim() != 1 {
+        return Err(dtype(format!("{what} must be 1-D, got {} dimensions", arr.ndim())));
+    }
+    if !arr.is_c_contiguous() {
+        return Err(dtype(format!(
+            "{what} must be C-contiguous (pass np.ascontiguousarray({what}); kvindex does not copy silently)"
+        )));
+    }
+    Ok((arr, dt))
+}
+
+/// Reads a 1-D contiguous int32 or int64 array.
+pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
+    let (arr, dt) = untyped(obj, what)?;
+    if let Ok(a) = arr.cast::<PyArray1<i32>>() {
+        return Ok(TokenArray::I32(a.try_readonly().map_err(|_| busy(what))?));
+    }
+    if let Ok(a) = arr.cast::<PyArray1<i64>>() {
+        return Ok(TokenArray::I64(a.try_readonly().map_err(|_| busy(what))?));
+    }
+    Err(dtype(format!("{what} must have dtype int32 or int64, got {dt}")))
+}
+
+/// Reads a 1-D contiguous int64 array.
+pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArray1<'py, i64>> {
+    let (arr, dt) = untyped(obj, what)?;
+    let a = arr.cast::<PyArray1<i64>>().map_err(|_| dtype(format!("{what} must have dtype int64, got {dt}")))?;
+    a.try_readonly().map_err(|_| busy(what))
+}
+
+/// Reads a 1-D contiguous int64 array of non-negative ids as `u64`s.
+pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let a = int64(obj, what)?;
+    let s = a.as_slice().expect("contiguity checked");
+    s.iter()
+        .map(|&x| u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}"))))
+        .collect()
+}
+
+/// Reads one non-negative int (a request id).
+pub fn id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
+    if obj.is_instance_of::<pyo3::types::PyBool>() {
+        return Err(dtype(format!("{what} must be an int, got bool")));
+    }
+    if !obj.is_instance_of::<pyo3::types::PyInt>() && obj.cast::<PyUntypedArray>().is_err() {
+        if let Err(_) | Ok(false) = obj.hasattr("__index__") {
+            return Err(dtype(format!("{what} must be an int, got {}", describe(obj))));
+        }
+    }
+    obj.extract::<u64>()
+        .map_err(|_| invalid(format!("{what} must be an int in 0..2**64, got {}", obj.repr().map(|r| r.to_string()).unwrap_or_default())))
+}

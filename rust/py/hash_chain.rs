@@ -1,0 +1,306 @@
+//! `HashChainCache`: the Python face of [`core::hash_chain::HashChainCache`].
+//!
+//! Threading: the class is owned by one scheduler thread. Methods take
+//! `&mut self` and never release the GIL (they run for microseconds), so on a
+//! GIL build concurrent callers are serialised; on a free-threaded build a
+//! second concurrent caller gets `RuntimeError` (already borrowed), never
+//! corruption.
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::arrays::{self, with_tokens};
+use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
+use super::{events, keys};
+use crate::core::hash::HashAlgo;
+use crate::core::hash_chain as core;
+use crate::core::ids::{BlockId, RequestId};
+
+/// Result of a successful admission.
+#[pyclass(module = "kvindex._core", frozen, get_all)]
+pub struct Admission {
+    /// Prompt tokens served from the cache (a multiple of the block size).
+    num_cached_tokens: usize,
+    /// The request's block table (int32).
+    block_ids: Py<PyArray1<i32>>,
+}
+
+#[pymethods]
+impl Admission {
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let t = (me.num_cached_tokens, me.block_ids.clone_ref(py)).into_pyobject(py)?;
+        Ok(t.into_any().try_iter()?.into_any())
+    }
+
+    fn __len__(&self) -> usize {
+        2
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("Admission(num_cached_tokens={}, block_ids={})", self.num_cached_tokens, self.block_ids.bind(py).repr()?))
+    }
+}
+
+fn block_ids_array<'py>(py: Python<'py>, blocks: &[BlockId]) -> Bound<'py, PyArray1<i32>> {
+    PyArray1::from_iter(py, blocks.iter().map(|b| i32::try_from(b.0).expect("block ids fit i32")))
+}
+
+fn check_block_id(inner: &core::HashChainCache, block_id: i64) -> PyResult<BlockId> {
+    if block_id < 0 || block_id >= inner.pool().num_blocks() as i64 {
+        return Err(invalid(format!("block id {block_id} out of range 0..{}", inner.pool().num_blocks())));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    Ok(BlockId(block_id as u32))
+}
+
+/// Block-hash-chain prefix cache over a ref-counted block pool (vLLM semantics).
+#[pyclass(module = "kvindex._core", name = "HashChainCache")]
+pub struct PyHashChainCache {
+    inner: core::HashChainCache,
+}
+
+#[pymethods]
+impl PyHashChainCache {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, *, algo = "xxh3_128", seed = None, enable_events = false))]
+    fn new(num_blocks: i64, block_size: i64, algo: &str, seed: Option<String>, enable_events: bool) -> PyResult<Self> {
+        let algo = HashAlgo::parse(algo).py()?;
+        let nb = usize::try_from(num_blocks).map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
+        let bs = usize::try_from(block_size).map_err(|_| invalid(format!("block_size must be >= 1, got {block_size}")))?;
+        Ok(PyHashChainCache { inner: core::HashChainCache::new(nb, bs, algo, seed.as_deref(), enable_events).py()? })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.pool().num_blocks()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.inner.algo().name()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.pool().num_free()
+    }
+
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.pool().usage()
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self) -> usize {
+        self.inner.pool().num_cached_hashes()
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = arrays::id(request_id, "request_id")?;
+        Ok(self.inner.num_tokens(RequestId(id)).is_ok())
+    }
+
+    #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+        skip_reading: bool,
+    ) -> PyResult<Option<Admission>> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        let arr = arrays::tokens(tokens, "tokens")?;
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        let hit = with_tokens!(arr, s => self.inner.admit(id, s, spec, skip_reading)).py()?;
+        let Some(hit) = hit else { return Ok(None) };
+        let blocks = self.inner.blocks(id).py()?;
+        Ok(Some(Admission { num_cached_tokens: hit, block_ids: block_ids_array(py, blocks).unbind() }))
+    }
+
+    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
+    fn lookup<'py>(
+        &mut self,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<usize> {
+        let arr = arrays::tokens(tokens, "tokens")?;
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        Ok(with_tokens!(arr, s => self.inner.lookup(s, &spec)))
+    }
+
+    fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        let arr = arrays::tokens(tokens, "tokens")?;
+        with_tokens!(arr, s => self.inner.append(id, s)).py()
+    }
+
+    #[pyo3(signature = (request_ids, tokens, offsets = None))]
+    fn append_batch(
+        &mut self,
+        request_ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        offsets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let arr = arrays::tokens(tokens, "tokens")?;
+        let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
+        let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
+        with_tokens!(arr, s => self.inner.append_batch(&ids, s, off_slice)).py()
+    }
+
+    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        self.inner.free(id).py()
+    }
+
+    fn free_batch(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        self.inner.free_batch(&ids).py()
+    }
+
+    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ids: Vec<i64> = match arrays::tokens(block_ids, "block_ids") {
+            Ok(arr) => with_tokens!(arr, s => s.iter().map(|&x| i64::from(x)).collect()),
+            Err(e) => block_ids.extract::<Vec<i64>>().map_err(|_| e)?,
+        };
+        self.inner.evict_blocks(&ids).py()
+    }
+
+    fn reset(&mut self) -> PyResult<()> {
+        self.inner.reset().py()
+    }
+
+    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        events::to_list(py, self.inner.take_events())
+    }
+
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, self.inner.stats())
+    }
+
+    fn take_stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, self.inner.take_stats())
+    }
+
+    #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
+    fn block_tables<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        max_blocks: Option<i64>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let width = match max_blocks {
+            Some(w) => usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?,
+            None => match out {
+                Some(o) => o.cast::<PyArray2<i32>>().map(|a| a.shape()[1]).unwrap_or(0),
+                None => self.inner.max_blocks(&ids).py()?,
+            },
+        };
+        let arr = match out {
+            Some(o) => {
+                let a = o.cast::<PyArray2<i32>>().map_err(|_| dtype("out must be a 2-D int32 numpy array"))?.clone();
+                if a.shape() != [ids.len(), width] || !a.is_c_contiguous() {
+                    return Err(invalid(format!("out must be C-contiguous with shape ({}, {width})", ids.len())));
+                }
+                a
+            }
+            None => PyArray2::zeros(py, [ids.len(), width], false),
+        };
+        {
+            let mut w: PyReadwriteArray2<'_, i32> = arr.readwrite();
+            let s = w.as_slice_mut().map_err(|_| invalid("out must be C-contiguous"))?;
+            self.inner.fill_block_tables(&ids, width, s).py()?;
+        }
+        Ok(arr)
+    }
+
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        query_lens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let q = arrays::int64(query_lens, "query_lens")?;
+        let v = self.inner.slot_mapping(&ids, q.as_slice().expect("contiguity checked")).py()?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.num_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
+    }
+
+    fn request_blocks<'py>(&self, py: Python<'py>, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
+        Ok(block_ids_array(py, blocks))
+    }
+
+    fn request_block_hashes<'py>(&self, py: Python<'py>, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+        let hs = self.inner.request_hashes(RequestId(arrays::id(request_id, "request_id")?)).py()?;
+        let d = self.inner.algo().digest_len();
+        let bytes: Vec<u8> = hs.iter().flat_map(|h| h.as_bytes().iter().copied()).collect();
+        Ok(PyArray1::from_vec(py, bytes).reshape([hs.len(), d])?.into_any())
+    }
+
+    fn free_queue<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let v: Vec<BlockId> = self.inner.pool().free_queue().collect();
+        block_ids_array(py, &v)
+    }
+
+    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let b = check_block_id(&self.inner, block_id)?;
+        Ok(self.inner.pool().block_hash(b).map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    fn ref_count(&self, block_id: i64) -> PyResult<u32> {
+        let b = check_block_id(&self.inner, block_id)?;
+        Ok(self.inner.pool().ref_count(b))
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner.check_invariants().map_err(inv_to_py)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "HashChainCache(num_blocks={}, block_size={}, algo={:?}, free={}, requests={})",
+            self.inner.pool().num_blocks(),
+            self.inner.block_size(),
+            self.inner.algo().name(),
+            self.inner.pool().num_free(),
+            self.inner.num_requests()
+        )
+    }
+}
+
+fn stats_dict(py: Python<'_>, s: core::Stats) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("requests", s.requests)?;
+    d.set_item("queries", s.queries)?;
+    d.set_item("hits", s.hits)?;
+    #[allow(clippy::cast_precision_loss)]
+    d.set_item("hit_rate", if s.queries == 0 { 0.0 } else { s.hits as f64 / s.queries as f64 })?;
+    Ok(d)
+}

@@ -1,0 +1,68 @@
+//! `block_hashes(...)`: a pure function; releases the GIL for large prompts.
+
+use numpy::{PyArray1, PyArrayMethods};
+use pyo3::prelude::*;
+
+use super::arrays::{self, with_tokens};
+use super::errors::{invalid, IntoPyResult};
+use super::keys;
+use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
+use crate::core::ids::BlockHash;
+
+/// Prompts with at least this many tokens are hashed with the GIL released.
+const DETACH_MIN_TOKENS: usize = 4096;
+
+fn chain<T: Token>(algo: HashAlgo, seed: Option<&str>, tokens: &[T], bs: usize, spec: &KeySpec) -> Vec<u8> {
+    let mut h = BlockHasher::new(algo, seed);
+    let mut out: Vec<BlockHash> = Vec::with_capacity(tokens.len() / bs);
+    h.extend_chain(tokens, bs, spec, &mut out);
+    let mut bytes = Vec::with_capacity(out.len() * algo.digest_len());
+    for x in &out {
+        bytes.extend_from_slice(x.as_bytes());
+    }
+    bytes
+}
+
+/// Chained hashes of the full blocks of `tokens`: uint8 array `[n_full, digest_len]`.
+#[pyfunction]
+#[pyo3(signature = (tokens, block_size, *, algo = "xxh3_128", seed = None, cache_salt = None, lora = None, mm_items = None))]
+#[allow(clippy::too_many_arguments)]
+pub fn block_hashes<'py>(
+    py: Python<'py>,
+    tokens: &Bound<'py, PyAny>,
+    block_size: i64,
+    algo: &str,
+    seed: Option<String>,
+    cache_salt: Option<String>,
+    lora: Option<&Bound<'py, PyAny>>,
+    mm_items: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyAny>> {
+    let algo = HashAlgo::parse(algo).py()?;
+    let arr = arrays::tokens(tokens, "tokens")?;
+    if !(1..=1 << 20).contains(&block_size) {
+        return Err(invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
+    }
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let bs = block_size as usize;
+    let spec = keys::spec(cache_salt, lora, mm_items)?;
+    let seed = seed.as_deref();
+    let bytes = with_tokens!(arr, s => {
+        if s.len() >= DETACH_MIN_TOKENS {
+            py.detach(|| chain(algo, seed, s, bs, &spec))
+        } else {
+            chain(algo, seed, s, bs, &spec)
+        }
+    });
+    let d = algo.digest_len();
+    let n = bytes.len() / d;
+    let a = PyArray1::from_vec(py, bytes);
+    Ok(a.reshape([n, d])?.into_any())
+}
+
+/// NONE_HASH (the chain's root parent) for `algo` and `seed`, as bytes.
+#[pyfunction]
+#[pyo3(signature = (*, algo = "xxh3_128", seed = None))]
+pub fn none_hash(algo: &str, seed: Option<String>) -> PyResult<Vec<u8>> {
+    let algo = HashAlgo::parse(algo).py()?;
+    Ok(BlockHasher::new(algo, seed.as_deref()).none_hash().as_bytes().to_vec())
+}

@@ -1,0 +1,27 @@
+//! The binding layer: the only code that knows about Python. No algorithm
+//! lives here; each function converts arguments, calls the core, converts
+//! the result, and maps errors once (see [`errors`]).
+
+use pyo3::prelude::*;
+
+pub mod arrays;
+pub mod errors;
+pub mod events;
+pub mod hash_chain;
+pub mod hashing;
+pub mod keys;
+
+/// The native module `kvindex._core`.
+#[pymodule]
+fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add("HASH_ALGOS", crate::core::hash::ALGO_NAMES.to_vec())?;
+    m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
+    m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
+    m.add_class::<hash_chain::PyHashChainCache>()?;
+    m.add_class::<hash_chain::Admission>()?;
+    m.add_class::<events::BlockStored>()?;
+    m.add_class::<events::BlockRemoved>()?;
+    m.add_class::<events::AllBlocksCleared>()?;
+    Ok(())
+}
