@@ -59,4 +59,4 @@ class LockError(KvIndexError, RuntimeError):
 
 
 class InvariantViolation(AssertionError):
-    """``check_invariants()`` found a broken internal invariant: a kvindex bug, not a caller error."""
+    """``check_invariants()`` found a broken internal invariant (a kvindex bug)."""

@@ -1,0 +1,79 @@
+# kvindex: every set-up and check step, shared by the README commands and .ci/run.
+#   make run   — create .venv, build + install the wheel, run the main job on its embedded default
+#   make test  — the same set-up, then every check: Rust (fmt, clippy, tests), wheel tags,
+#                core import without torch, ruff, mypy, stubtest, pytest (kernels included)
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+PY ?= python3
+VENV := .venv
+VPY := $(VENV)/bin/python
+CORE_VENV := .venv-core
+PIP_FLAGS := --disable-pip-version-check -q
+export PYTHONHASHSEED := 0
+export HYPOTHESIS_PROFILE ?= ci
+
+.PHONY: help venv wheel install run test test-rust lint check-wheel check-core-import pytest bench fmt
+
+help:
+	@sed -n '2,6p' Makefile
+
+$(VPY):
+	$(PY) -m venv $(VENV)
+	$(VPY) -m pip install $(PIP_FLAGS) --upgrade "pip>=24"
+	$(VPY) -m pip install $(PIP_FLAGS) "maturin==1.16.0"
+
+venv: $(VPY)
+
+# Build the abi3 wheel (release profile: fat LTO, one codegen unit).
+wheel: venv
+	rm -rf dist
+	$(VENV)/bin/maturin build --release --compatibility manylinux_2_28 -o dist -i $(VPY)
+
+# Install the built wheel with its test and kernel extras (torch + triton, pinned).
+install: wheel
+	$(VPY) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps dist/kvindex-*.whl
+	$(VPY) -m pip install $(PIP_FLAGS) "$$(ls dist/kvindex-*.whl)[kernels,test,plot]" cbor2 xxhash
+
+run: install
+	$(VENV)/bin/kvindex
+
+test: install test-rust check-wheel check-core-import lint pytest
+
+test-rust:
+	cargo fmt --all --check
+	cargo clippy --all-targets --features python -- -D warnings
+	cargo test --release
+
+# The wheel must be abi3 and pass maturin's manylinux compliance check (done in `wheel`).
+check-wheel:
+	@w=$$(ls dist/kvindex-*.whl); echo "wheel: $$w"; \
+	  [[ "$$w" == *-cp311-abi3-manylinux_2_28_x86_64*.whl ]] || { echo "wheel is not abi3/manylinux_2_28: $$w"; exit 1; }
+	$(VPY) -m zipfile -l dist/kvindex-*.whl | grep -q 'kvindex/kernels/__init__.py'
+	$(VPY) -m zipfile -l dist/kvindex-*.whl | grep -q 'kvindex/py.typed'
+
+# `import kvindex` must work with numpy alone (torch/triton are the optional `kernels` extra).
+check-core-import:
+	rm -rf $(CORE_VENV)
+	$(PY) -m venv $(CORE_VENV)
+	$(CORE_VENV)/bin/pip install $(PIP_FLAGS) dist/kvindex-*.whl
+	cd /tmp && $(CURDIR)/$(CORE_VENV)/bin/python -c "import sys, kvindex; \
+	  assert 'torch' not in sys.modules and 'triton' not in sys.modules; \
+	  c = kvindex.HashChainCache(8, 4); print('core import ok', kvindex.__version__, c)"
+	rm -rf $(CORE_VENV)
+
+lint:
+	$(VENV)/bin/ruff check python tests benches kernels
+	$(VENV)/bin/ruff format --check python tests benches kernels
+	$(VENV)/bin/mypy
+	cd /tmp && $(CURDIR)/$(VPY) -m mypy.stubtest kvindex._core --allowlist $(CURDIR)/stubtest-allowlist.txt
+
+pytest:
+	$(VPY) -m pytest tests -q -p no:cacheprovider
+
+fmt:
+	cargo fmt --all
+	$(VENV)/bin/ruff format python tests benches kernels
+	$(VENV)/bin/ruff check --fix python tests benches kernels
+
+bench: install
+	$(VPY) benches/bench_hash_chain.py
