@@ -42,13 +42,18 @@ fn busy(what: &str) -> PyErr {
     invalid(format!("{what} is being written by another borrower (is it also the out= array?)"))
 }
 
-/// Checks rank and layout and returns the array's dtype name.
-fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<(Bound<'py, PyUntypedArray>, String)> {
+/// The dtype's name, for error messages (a cold path: it calls into Python).
+#[cold]
+fn dtype_name(arr: &Bound<'_, PyUntypedArray>) -> String {
+    arr.dtype().str().map(|s| s.to_string()).unwrap_or_default()
+}
+
+/// Checks rank and layout.
+fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyUntypedArray>> {
     let arr = obj
         .cast::<PyUntypedArray>()
         .map_err(|_| dtype(format!("{what} must be a numpy array, got {}", describe(obj))))?
         .clone();
-    let dt = arr.dtype().str().map(|s| s.to_string()).unwrap_or_default();
     if arr.ndim() != 1 {
         return Err(dtype(format!("{what} must be 1-D, got {} dimensions", arr.ndim())));
     }
@@ -57,25 +62,27 @@ fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<(Bound<'py, PyU
             "{what} must be C-contiguous (pass np.ascontiguousarray({what}); kvindex does not copy silently)"
         )));
     }
-    Ok((arr, dt))
+    Ok(arr)
 }
 
 /// Reads a 1-D contiguous int32 or int64 array.
 pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
-    let (arr, dt) = untyped(obj, what)?;
+    let arr = untyped(obj, what)?;
     if let Ok(a) = arr.cast::<PyArray1<i32>>() {
         return Ok(TokenArray::I32(a.try_readonly().map_err(|_| busy(what))?));
     }
     if let Ok(a) = arr.cast::<PyArray1<i64>>() {
         return Ok(TokenArray::I64(a.try_readonly().map_err(|_| busy(what))?));
     }
-    Err(dtype(format!("{what} must have dtype int32 or int64, got {dt}")))
+    Err(dtype(format!("{what} must have dtype int32 or int64, got {}", dtype_name(&arr))))
 }
 
 /// Reads a 1-D contiguous int64 array.
 pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArray1<'py, i64>> {
-    let (arr, dt) = untyped(obj, what)?;
-    let a = arr.cast::<PyArray1<i64>>().map_err(|_| dtype(format!("{what} must have dtype int64, got {dt}")))?;
+    let arr = untyped(obj, what)?;
+    let a = arr
+        .cast::<PyArray1<i64>>()
+        .map_err(|_| dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))))?;
     a.try_readonly().map_err(|_| busy(what))
 }
 
