@@ -54,6 +54,10 @@ pub struct BlockPool {
     queue: FreeQueue,
     map: FxHashMap<BlockHash, Copies>,
     events: Option<Vec<KvEvent>>,
+    /// Blocks that lost their hash since the owner last drained this log
+    /// (kept only when `log_evictions` is on).
+    evicted: Vec<BlockId>,
+    log_evictions: bool,
 }
 
 impl BlockPool {
@@ -82,6 +86,8 @@ impl BlockPool {
             queue,
             map: FxHashMap::default(),
             events: enable_events.then(Vec::new),
+            evicted: Vec::new(),
+            log_evictions: false,
         })
     }
 
@@ -191,6 +197,21 @@ impl BlockPool {
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::BlockRemoved { block_hashes: vec![h.low_u64()] });
         }
+        if self.log_evictions {
+            self.evicted.push(b);
+        }
+    }
+
+    /// Turns on the log of blocks that lose their hash (see [`BlockPool::take_evicted`]).
+    pub fn log_evictions(&mut self) {
+        self.log_evictions = true;
+    }
+
+    /// Moves the blocks that lost their hash since the last call into `out`
+    /// (`reset` is not logged: it drops every hash). O(k).
+    pub fn take_evicted(&mut self, out: &mut Vec<BlockId>) {
+        out.clear();
+        std::mem::swap(out, &mut self.evicted);
     }
 
     /// Caches block `b` (in use, unhashed) under `h`, after any existing copies.

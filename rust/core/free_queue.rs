@@ -38,7 +38,8 @@ impl FreeQueue {
     pub fn new(n: u32) -> Self {
         assert!(n < u32::MAX - 2, "too many blocks");
         let size = n as usize + 2;
-        let mut q = FreeQueue { prev: vec![NONE; size], next: vec![NONE; size], len: 0, head: n, tail: n + 1 };
+        let mut q =
+            FreeQueue { prev: vec![NONE; size], next: vec![NONE; size], len: 0, head: n, tail: n + 1 };
         q.next[q.head as usize] = q.tail;
         q.prev[q.tail as usize] = q.head;
         q

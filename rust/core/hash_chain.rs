@@ -15,13 +15,26 @@
 //! - [`HashChainCache::free`]: release the request's blocks in reverse table
 //!   order (tails leave the cache first).
 //!
+//! # Prefix memo (no re-hashing of cached prefixes)
+//! A scheduler sees the same system prompt in thousands of requests; vLLM
+//! re-hashes it every time. kvindex keeps, for each cached block without extra
+//! keys, a memo entry `(parent hash, fingerprint of its tokens) -> block` and a
+//! copy of the block's tokens. Hashing a prompt block first probes the memo and,
+//! when the tokens compare *exactly* equal, reuses the cached block's hash
+//! (which is `H(parent, tokens, None)` by construction) instead of serialising
+//! and digesting again. The fingerprint only selects the bucket, so a crafted
+//! fingerprint collision cannot produce a wrong hash. Entries leave when their
+//! block loses its hash, so the memo never outgrows the cache.
+//!
 //! # Invariants (checked by [`HashChainCache::check_invariants`])
 //! The pool's (see [`crate::core::block_pool`]), plus, for every request:
 //! - `ref_cnt(b) == number of request tables holding b` for every block;
 //! - `blocks.len() == ceil(num_tokens / block_size)`;
 //!   `hashes == chain of the request's tokens` (`num_tokens / block_size` entries);
 //! - table entries `0..num_tokens / block_size` are cached under the
-//!   request's hash for that index; the last, partial block is unhashed.
+//!   request's hash for that index; the last, partial block is unhashed;
+//! - every memo entry names a cached block whose key is that entry's key and
+//!   whose hash is `H(parent, its stored tokens, None)`.
 //!
 //! # Costs
 //! `admit`: O(prompt tokens) hashing + O(blocks) map work. `append`: O(1)
@@ -39,6 +52,7 @@ use crate::ensure_inv;
 /// A running request's state.
 #[derive(Clone, Debug)]
 struct Request {
+    id: RequestId,
     tokens: Vec<i64>,
     spec: KeySpec,
     hashes: Vec<BlockHash>,
@@ -60,17 +74,104 @@ pub struct Stats {
     pub hits: u64,
 }
 
+type MemoKey = (BlockHash, u64);
+
+/// The prefix memo (module header): cached blocks without extra keys, by
+/// `(parent hash, token fingerprint)`, with a copy of their tokens.
+#[derive(Clone, Debug)]
+struct Memo {
+    map: FxHashMap<MemoKey, BlockId>,
+    /// Per block: the key under which the memo lists it.
+    key_of: Vec<Option<MemoKey>>,
+    /// Per block: its tokens (`block_size` entries), valid while memoised.
+    tokens: Vec<i64>,
+}
+
+/// Bucket selector for the memo (FxHash-style, four independent lanes so the
+/// multiply chains overlap); equality is always checked exactly.
+fn fingerprint<T: Token>(tokens: &[T]) -> u64 {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    #[allow(clippy::cast_sign_loss)]
+    let step = |h: u64, t: &T| (h.rotate_left(5) ^ t.get() as u64).wrapping_mul(K);
+    let mut lanes = [0u64, 1, 2, 3];
+    let mut chunks = tokens.chunks_exact(4);
+    for c in &mut chunks {
+        lanes[0] = step(lanes[0], &c[0]);
+        lanes[1] = step(lanes[1], &c[1]);
+        lanes[2] = step(lanes[2], &c[2]);
+        lanes[3] = step(lanes[3], &c[3]);
+    }
+    let mut h = chunks.remainder().iter().fold(lanes[0], step);
+    for l in &lanes[1..] {
+        h = (h.rotate_left(5) ^ l).wrapping_mul(K);
+    }
+    h
+}
+
+impl Memo {
+    fn new(num_blocks: usize, block_size: usize) -> Self {
+        // Zeroed allocation: pages of blocks never memoised are never touched.
+        Memo {
+            map: FxHashMap::default(),
+            key_of: vec![None; num_blocks],
+            tokens: vec![0; num_blocks * block_size],
+        }
+    }
+
+    fn block_tokens(&self, b: BlockId, bs: usize) -> &[i64] {
+        &self.tokens[b.idx() * bs..(b.idx() + 1) * bs]
+    }
+
+    /// The hash of the block `(parent, tokens)` if a cached block holds exactly it.
+    fn probe<T: Token>(&self, pool: &BlockPool, parent: BlockHash, tokens: &[T]) -> Option<BlockHash> {
+        let b = *self.map.get(&(parent, fingerprint(tokens)))?;
+        let same = self.block_tokens(b, tokens.len()).iter().zip(tokens).all(|(a, t)| *a == t.get());
+        if same {
+            Some(pool.block_hash(b).expect("memoised blocks are cached"))
+        } else {
+            None
+        }
+    }
+
+    fn insert(&mut self, b: BlockId, parent: BlockHash, tokens: &[i64]) {
+        let key = (parent, fingerprint(tokens));
+        if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(key) {
+            e.insert(b);
+            self.key_of[b.idx()] = Some(key);
+            let bs = tokens.len();
+            self.tokens[b.idx() * bs..(b.idx() + 1) * bs].copy_from_slice(tokens);
+        }
+    }
+
+    fn forget(&mut self, b: BlockId) {
+        if let Some(key) = self.key_of[b.idx()].take() {
+            let removed = self.map.remove(&key);
+            debug_assert_eq!(removed, Some(b));
+        }
+    }
+
+    fn clear(&mut self) {
+        self.map.clear();
+        self.key_of.iter_mut().for_each(|k| *k = None);
+    }
+}
+
 /// The hash-chain prefix cache.
 #[derive(Clone, Debug)]
 pub struct HashChainCache {
     pool: BlockPool,
     block_size: usize,
     hasher: BlockHasher,
-    reqs: FxHashMap<RequestId, Request>,
+    /// Request id -> slot in `reqs`.
+    index: FxHashMap<RequestId, u32>,
+    reqs: Vec<Option<Request>>,
+    free_slots: Vec<u32>,
+    memo: Memo,
     stats: Stats,
     epoch: u64,
     scratch_hashes: Vec<BlockHash>,
     scratch_blocks: Vec<BlockId>,
+    scratch_slots: Vec<u32>,
 }
 
 impl HashChainCache {
@@ -86,19 +187,28 @@ impl HashChainCache {
         seed: Option<&str>,
         enable_events: bool,
     ) -> KvResult<Self> {
-        if block_size < 1 || block_size > (1 << 20) {
+        if !(1..=1 << 20).contains(&block_size) {
             return Err(KvError::invalid(format!("block_size must be in 1..=2^20, got {block_size}")));
         }
-        let pool = BlockPool::new(num_blocks, enable_events)?;
+        let mut pool = BlockPool::new(num_blocks, enable_events)?;
+        num_blocks
+            .checked_mul(block_size)
+            .filter(|&n| n <= isize::MAX as usize / 8)
+            .ok_or_else(|| KvError::invalid("num_blocks * block_size is too large"))?;
+        pool.log_evictions();
         Ok(HashChainCache {
             pool,
             block_size,
             hasher: BlockHasher::new(algo, seed),
-            reqs: FxHashMap::default(),
+            index: FxHashMap::default(),
+            reqs: Vec::new(),
+            free_slots: Vec::new(),
+            memo: Memo::new(num_blocks, block_size),
             stats: Stats::default(),
             epoch: 0,
             scratch_hashes: Vec::new(),
             scratch_blocks: Vec::new(),
+            scratch_slots: Vec::new(),
         })
     }
 
@@ -134,7 +244,13 @@ impl HashChainCache {
     /// Number of running requests.
     #[must_use]
     pub fn num_requests(&self) -> usize {
-        self.reqs.len()
+        self.index.len()
+    }
+
+    /// Number of memoised blocks (at most the number of cached blocks).
+    #[must_use]
+    pub fn memo_len(&self) -> usize {
+        self.memo.map.len()
     }
 
     /// Number of full blocks a lookup may hit for a prompt of `n` tokens.
@@ -142,28 +258,56 @@ impl HashChainCache {
         n.saturating_sub(1) / self.block_size
     }
 
-    /// Longest run of cached hashes from block 0, at most `cap` blocks. O(k).
-    fn longest_hit(&self, hashes: &[BlockHash], cap: usize) -> usize {
-        hashes[..cap.min(hashes.len())]
-            .iter()
-            .take_while(|h| self.pool.get_cached(h).is_some())
-            .count()
+    /// Hashes of the full blocks of `tokens` into `out` (cleared first), using
+    /// the prefix memo for blocks without extra keys. O(tokens); a memoised
+    /// block costs a fingerprint and a comparison instead of a digest.
+    fn hash_with_memo<T: Token>(&mut self, tokens: &[T], spec: &KeySpec, out: &mut Vec<BlockHash>) {
+        out.clear();
+        let bs = self.block_size;
+        let mut keys: Vec<ExtraKey<'_>> = Vec::new();
+        let mut parent: Option<BlockHash> = None;
+        for (i, blk) in tokens.chunks_exact(bs).enumerate() {
+            if !spec.is_empty() {
+                #[allow(clippy::cast_possible_wrap)]
+                spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
+            }
+            let p = parent.unwrap_or_else(|| self.hasher.none_hash());
+            let h = match keys.is_empty().then(|| self.memo.probe(&self.pool, p, blk)).flatten() {
+                Some(h) => h,
+                None => self.hasher.hash_block(Some(&p), blk, &keys),
+            };
+            out.push(h);
+            parent = Some(h);
+        }
     }
 
-    /// Hashes of the full blocks of `tokens`. O(tokens).
+    /// Hashes of the full blocks of `tokens` (no memo: a pure function). O(tokens).
     pub fn hash_prompt<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> Vec<BlockHash> {
         let mut out = Vec::with_capacity(tokens.len() / self.block_size);
         self.hasher.extend_chain(tokens, self.block_size, spec, &mut out);
         out
     }
 
+    /// Cached blocks of the longest run of `hashes` from block 0, at most `cap`. O(k).
+    fn hit_blocks(&self, hashes: &[BlockHash], cap: usize, out: &mut Vec<BlockId>) {
+        for h in &hashes[..cap.min(hashes.len())] {
+            match self.pool.get_cached(h) {
+                Some(b) => out.push(b),
+                None => break,
+            }
+        }
+    }
+
     /// Tokens a prompt would hit now; no side effects. O(prompt tokens).
     pub fn lookup<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> usize {
         let mut hashes = std::mem::take(&mut self.scratch_hashes);
-        hashes.clear();
-        self.hasher.extend_chain(tokens, self.block_size, spec, &mut hashes);
-        let k = self.longest_hit(&hashes, self.hit_cap(tokens.len()));
+        self.hash_with_memo(tokens, spec, &mut hashes);
+        let mut blocks = std::mem::take(&mut self.scratch_blocks);
+        blocks.clear();
+        self.hit_blocks(&hashes, self.hit_cap(tokens.len()), &mut blocks);
+        let k = blocks.len();
         self.scratch_hashes = hashes;
+        self.scratch_blocks = blocks;
         k * self.block_size
     }
 
@@ -171,6 +315,7 @@ impl HashChainCache {
     /// (hit) tokens, or `None` — with nothing changed — when the free blocks
     /// do not cover it. With `skip_reading` the cache is not read (vLLM's
     /// prompt-logprobs requests) but the prompt's blocks are still cached.
+    /// O(prompt tokens + blocks).
     ///
     /// # Errors
     /// `DuplicateRequest` if `id` is running; `InvalidArgument` for an empty prompt.
@@ -181,8 +326,11 @@ impl HashChainCache {
         spec: KeySpec,
         skip_reading: bool,
     ) -> KvResult<Option<usize>> {
-        if self.reqs.contains_key(&id) {
-            return Err(KvError::new(ErrorKind::DuplicateRequest, format!("request {} is already running", id.0)));
+        if self.index.contains_key(&id) {
+            return Err(KvError::new(
+                ErrorKind::DuplicateRequest,
+                format!("request {} is already running", id.0),
+            ));
         }
         if tokens.is_empty() {
             return Err(KvError::invalid("a prompt needs at least one token"));
@@ -190,10 +338,12 @@ impl HashChainCache {
         let bs = self.block_size;
         let n = tokens.len();
         let mut hashes = Vec::with_capacity(n / bs + 1);
-        self.hasher.extend_chain(tokens, bs, &spec, &mut hashes);
-        let k = if skip_reading { 0 } else { self.longest_hit(&hashes, self.hit_cap(n)) };
+        self.hash_with_memo(tokens, &spec, &mut hashes);
         let mut blocks: Vec<BlockId> = Vec::with_capacity(n.div_ceil(bs) + 1);
-        blocks.extend(hashes[..k].iter().map(|h| self.pool.get_cached(h).expect("hit hash is cached")));
+        if !skip_reading {
+            self.hit_blocks(&hashes, self.hit_cap(n), &mut blocks);
+        }
+        let k = blocks.len();
         let new = n.div_ceil(bs) - k;
         let free_hits = blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
         if new + free_hits > self.pool.num_free() {
@@ -201,7 +351,9 @@ impl HashChainCache {
         }
         self.pool.touch(&blocks);
         self.pool.allocate(new, &mut blocks);
+        self.forget_evicted();
         let mut req = Request {
+            id,
             tokens: tokens.iter().map(|t| t.get()).collect(),
             spec,
             hashes,
@@ -209,67 +361,63 @@ impl HashChainCache {
             num_cached: k,
             epoch: 0,
         };
-        self.cache_new_full_blocks(&mut req);
+        cache_new_full_blocks(&mut self.pool, &mut self.memo, self.hasher.none_hash(), bs, &mut req);
         self.stats.requests += 1;
         self.stats.queries += n as u64;
         self.stats.hits += (k * bs) as u64;
-        self.reqs.insert(id, req);
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = Some(req);
+                s
+            }
+            None => {
+                self.reqs.push(Some(req));
+                u32::try_from(self.reqs.len() - 1).expect("fewer than 2^32 running requests")
+            }
+        };
+        self.index.insert(id, slot);
         Ok(Some(k * bs))
     }
 
-    /// Registers table entries `num_cached..num_full` under their hashes and
-    /// emits one `BlockStored` for the run.
-    fn cache_new_full_blocks(&mut self, req: &mut Request) {
-        let full = req.tokens.len() / self.block_size;
-        let start = req.num_cached;
-        if start >= full {
-            return;
+    /// Drops memo entries of blocks that lost their hash in the pool.
+    fn forget_evicted(&mut self) {
+        let mut ev = std::mem::take(&mut self.scratch_blocks);
+        self.pool.take_evicted(&mut ev);
+        for &b in &ev {
+            self.memo.forget(b);
         }
-        for i in start..full {
-            self.pool.cache_block(req.blocks[i], req.hashes[i]);
-        }
-        req.num_cached = full;
-        if self.pool.events_enabled() {
-            let bs = self.block_size;
-            let mut keys: Vec<ExtraKey<'_>> = Vec::new();
-            let extra_keys = (start..full)
-                .map(|i| {
-                    #[allow(clippy::cast_possible_wrap)]
-                    req.spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
-                    (!keys.is_empty()).then(|| keys.iter().map(event_key).collect())
-                })
-                .collect();
-            let ev = KvEvent::BlockStored {
-                block_hashes: req.hashes[start..full].iter().map(BlockHash::low_u64).collect(),
-                parent_block_hash: (start > 0).then(|| req.hashes[start - 1].low_u64()),
-                token_ids: req.tokens[start * bs..full * bs].to_vec(),
-                block_size: bs,
-                lora_name: req.spec.lora.as_ref().map(|(name, _)| name.clone()),
-                extra_keys,
-            };
-            self.pool.emit(|| ev);
-        }
+        ev.clear();
+        self.scratch_blocks = ev;
+    }
+
+    fn slot(&self, id: RequestId) -> KvResult<u32> {
+        self.index.get(&id).copied().ok_or_else(|| unknown(id))
+    }
+
+    fn req(&self, slot: u32) -> &Request {
+        self.reqs[slot as usize].as_ref().expect("indexed slot holds a request")
+    }
+
+    fn get(&self, id: RequestId) -> KvResult<&Request> {
+        Ok(self.req(self.slot(id)?))
     }
 
     fn blocks_needed(&self, req: &Request, extra: usize) -> usize {
         (req.tokens.len() + extra).div_ceil(self.block_size) - req.blocks.len()
     }
 
-    fn get(&self, id: RequestId) -> KvResult<&Request> {
-        self.reqs.get(&id).ok_or_else(|| unknown(id))
-    }
-
     /// Appends computed decode tokens to request `id`. Returns `false`, with
-    /// nothing changed, when a needed block is not free.
+    /// nothing changed, when a needed block is not free. O(tokens), plus one
+    /// block hash per filled block.
     ///
     /// # Errors
     /// `UnknownRequest` if `id` is not running.
     pub fn append<T: Token>(&mut self, id: RequestId, tokens: &[T]) -> KvResult<bool> {
-        let need = self.blocks_needed(self.get(id)?, tokens.len());
-        if need > self.pool.num_free() {
+        let slot = self.slot(id)?;
+        if self.blocks_needed(self.req(slot), tokens.len()) > self.pool.num_free() {
             return Ok(false);
         }
-        self.apply_append(id, tokens);
+        self.apply_append(slot, tokens);
         Ok(true)
     }
 
@@ -277,12 +425,17 @@ impl HashChainCache {
     /// every i, all or nothing: returns `false`, with nothing changed, when
     /// the free blocks do not cover every request's growth. `offsets` has
     /// `ids.len() + 1` entries, starts at 0, ends at `tokens.len()` and never
-    /// decreases; `None` means one token per request.
+    /// decreases; `None` means one token per request. O(ids + tokens).
     ///
     /// # Errors
     /// `UnknownRequest`, or `InvalidArgument` for a repeated id or bad offsets;
     /// checked before anything changes.
-    pub fn append_batch<T: Token>(&mut self, ids: &[u64], tokens: &[T], offsets: Option<&[i64]>) -> KvResult<bool> {
+    pub fn append_batch<T: Token>(
+        &mut self,
+        ids: &[u64],
+        tokens: &[T],
+        offsets: Option<&[i64]>,
+    ) -> KvResult<bool> {
         let range = |i: usize| -> (usize, usize) {
             match offsets {
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -304,47 +457,62 @@ impl HashChainCache {
         self.epoch += 1;
         let epoch = self.epoch;
         let mut need = 0usize;
+        let mut slots = std::mem::take(&mut self.scratch_slots);
+        slots.clear();
         for (i, &id) in ids.iter().enumerate() {
             let (a, b) = range(i);
-            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
+            let Some(&slot) = self.index.get(&RequestId(id)) else {
+                self.scratch_slots = slots;
+                return Err(unknown(RequestId(id)));
+            };
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
             if req.epoch == epoch {
+                self.scratch_slots = slots;
                 return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
             }
             req.epoch = epoch;
             need += (req.tokens.len() + b - a).div_ceil(self.block_size) - req.blocks.len();
+            slots.push(slot);
         }
-        if need > self.pool.num_free() {
-            return Ok(false);
+        let ok = need <= self.pool.num_free();
+        if ok {
+            for (i, &slot) in slots.iter().enumerate() {
+                let (a, b) = range(i);
+                self.apply_append(slot, &tokens[a..b]);
+            }
         }
-        for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = range(i);
-            self.apply_append(RequestId(id), &tokens[a..b]);
-        }
-        Ok(true)
+        self.scratch_slots = slots;
+        Ok(ok)
     }
 
-    fn apply_append<T: Token>(&mut self, id: RequestId, tokens: &[T]) {
+    fn apply_append<T: Token>(&mut self, slot: u32, tokens: &[T]) {
         let bs = self.block_size;
-        let mut req = self.reqs.remove(&id).expect("request checked by caller");
+        let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         let had_full = req.tokens.len() / bs;
         req.tokens.extend(tokens.iter().map(|t| t.get()));
         let need = req.tokens.len().div_ceil(bs) - req.blocks.len();
         if need > 0 {
             self.pool.allocate(need, &mut req.blocks);
+            // Before the new blocks are memoised under their new keys: forgetting
+            // afterwards would drop the new entry and leave the stale one.
+            self.forget_evicted();
         }
+        let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         if req.tokens.len() / bs > had_full {
             self.hasher.extend_chain(&req.tokens, bs, &req.spec, &mut req.hashes);
-            self.cache_new_full_blocks(&mut req);
+            let nh = self.hasher.none_hash();
+            cache_new_full_blocks(&mut self.pool, &mut self.memo, nh, bs, req);
         }
-        self.reqs.insert(id, req);
     }
 
-    /// Finishes request `id`, releasing its blocks in reverse table order.
+    /// Finishes request `id`, releasing its blocks in reverse table order. O(blocks).
     ///
     /// # Errors
     /// `UnknownRequest` if `id` is not running (including a double free).
     pub fn free(&mut self, id: RequestId) -> KvResult<()> {
-        let req = self.reqs.remove(&id).ok_or_else(|| unknown(id))?;
+        let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
+        let req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
+        self.free_slots.push(slot);
         let mut scratch = std::mem::take(&mut self.scratch_blocks);
         self.pool.free(req.blocks.iter().rev().copied(), &mut scratch);
         self.scratch_blocks = scratch;
@@ -360,7 +528,8 @@ impl HashChainCache {
         self.epoch += 1;
         let epoch = self.epoch;
         for &id in ids {
-            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
+            let slot = self.slot(RequestId(id))?;
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
             if req.epoch == epoch {
                 return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
             }
@@ -373,26 +542,30 @@ impl HashChainCache {
     }
 
     /// Drops the cached hashes of idle blocks (they stay free, in place).
-    /// Returns how many blocks lost a hash.
+    /// Returns how many blocks lost a hash. O(ids).
     ///
     /// # Errors
     /// `InvalidArgument` for a bad id, `BlockInUse` for a block a request holds.
     pub fn evict_blocks(&mut self, ids: &[i64]) -> KvResult<usize> {
-        self.pool.evict_blocks(ids)
+        let n = self.pool.evict_blocks(ids)?;
+        self.forget_evicted();
+        Ok(n)
     }
 
-    /// Drops every cached hash.
+    /// Drops every cached hash. O(blocks).
     ///
     /// # Errors
     /// `BlockInUse` while any request is running.
     pub fn reset(&mut self) -> KvResult<()> {
-        if !self.reqs.is_empty() {
+        if !self.index.is_empty() {
             return Err(KvError::new(
                 ErrorKind::BlockInUse,
-                format!("cannot reset the prefix cache while {} requests hold blocks", self.reqs.len()),
+                format!("cannot reset the prefix cache while {} requests hold blocks", self.index.len()),
             ));
         }
-        self.pool.reset()
+        self.pool.reset()?;
+        self.memo.clear();
+        Ok(())
     }
 
     /// Drains buffered KV events.
@@ -444,15 +617,23 @@ impl HashChainCache {
     /// or `out` has the wrong length. Nothing is written on error.
     pub fn fill_block_tables(&self, ids: &[u64], width: usize, out: &mut [i32]) -> KvResult<()> {
         if out.len() != ids.len() * width {
-            return Err(KvError::invalid(format!("out has {} entries, expected {}", out.len(), ids.len() * width)));
+            return Err(KvError::invalid(format!(
+                "out has {} entries, expected {}",
+                out.len(),
+                ids.len() * width
+            )));
         }
         let need = self.max_blocks(ids)?;
         if need > width {
-            return Err(KvError::invalid(format!("a block table has {need} blocks, more than max_blocks={width}")));
+            return Err(KvError::invalid(format!(
+                "a block table has {need} blocks, more than max_blocks={width}"
+            )));
         }
         for (row, &id) in out.chunks_exact_mut(width.max(1)).zip(ids) {
             let blocks = &self.get(RequestId(id))?.blocks;
-            for (o, b) in row.iter_mut().zip(blocks.iter().map(|b| i32::try_from(b.0).expect("ids fit i32")).chain(std::iter::repeat(0))) {
+            for (o, b) in row.iter_mut().zip(
+                blocks.iter().map(|b| i32::try_from(b.0).expect("ids fit i32")).chain(std::iter::repeat(0)),
+            ) {
                 *o = b;
             }
         }
@@ -504,10 +685,27 @@ impl HashChainCache {
         let bs = self.block_size;
         let mut refs = vec![0u32; self.pool.num_blocks()];
         let mut hasher = self.hasher.clone();
-        for (id, r) in &self.reqs {
+        ensure_inv!(
+            self.reqs.iter().flatten().count() == self.index.len(),
+            "request slab and index disagree"
+        );
+        for (id, &slot) in &self.index {
+            let r = self.req(slot);
+            ensure_inv!(r.id == *id, "slot {slot} holds request {} but is indexed as {}", r.id.0, id.0);
             let n = r.tokens.len();
-            ensure_inv!(r.blocks.len() == n.div_ceil(bs), "request {}: {} blocks for {n} tokens", id.0, r.blocks.len());
-            ensure_inv!(r.num_cached == n / bs, "request {}: {} cached of {} full", id.0, r.num_cached, n / bs);
+            ensure_inv!(
+                r.blocks.len() == n.div_ceil(bs),
+                "request {}: {} blocks for {n} tokens",
+                id.0,
+                r.blocks.len()
+            );
+            ensure_inv!(
+                r.num_cached == n / bs,
+                "request {}: {} cached of {} full",
+                id.0,
+                r.num_cached,
+                n / bs
+            );
             let mut chain = Vec::new();
             hasher.extend_chain(&r.tokens, bs, &r.spec, &mut chain);
             ensure_inv!(chain == r.hashes, "request {}: stored hashes differ from its token chain", id.0);
@@ -516,12 +714,38 @@ impl HashChainCache {
                 refs[b.idx()] += 1;
                 let h = self.pool.block_hash(*b);
                 if i < r.num_cached {
-                    ensure_inv!(h == Some(r.hashes[i]), "request {} block {i} not cached under its hash", id.0);
+                    ensure_inv!(
+                        h == Some(r.hashes[i]),
+                        "request {} block {i} not cached under its hash",
+                        id.0
+                    );
                 } else {
                     ensure_inv!(h.is_none(), "request {} partial block {i} is hashed", id.0);
                 }
             }
         }
+        for (key, &b) in &self.memo.map {
+            ensure_inv!(
+                self.memo.key_of[b.idx()] == Some(*key),
+                "memo entry of block {} has another key",
+                b.0
+            );
+            let h = self.pool.block_hash(b);
+            ensure_inv!(h.is_some(), "memo names block {} which is not cached", b.0);
+            let toks = self.memo.block_tokens(b, bs);
+            ensure_inv!(key.1 == fingerprint(toks), "memo fingerprint of block {} is stale", b.0);
+            ensure_inv!(
+                h == Some(hasher.hash_block(Some(&key.0), toks, &[])),
+                "memo block {} hash mismatch",
+                b.0
+            );
+        }
+        let listed = self.memo.key_of.iter().filter(|k| k.is_some()).count();
+        ensure_inv!(
+            listed == self.memo.map.len(),
+            "{listed} blocks keyed, memo holds {}",
+            self.memo.map.len()
+        );
         for (i, &c) in refs.iter().enumerate() {
             #[allow(clippy::cast_possible_truncation)]
             let rc = self.pool.ref_count(BlockId(i as u32));
@@ -541,7 +765,10 @@ fn event_key(k: &ExtraKey<'_>) -> EventKey {
 
 #[cold]
 fn unknown(id: RequestId) -> KvError {
-    KvError::new(ErrorKind::UnknownRequest, format!("unknown request id {} (never admitted, or already freed)", id.0))
+    KvError::new(
+        ErrorKind::UnknownRequest,
+        format!("unknown request id {} (never admitted, or already freed)", id.0),
+    )
 }
 
 /// Validates CSR offsets: `n + 1` entries, 0 first, `total` last, non-decreasing.
@@ -560,4 +787,53 @@ pub fn check_offsets(o: &[i64], n: usize, total: usize) -> KvResult<()> {
         return Err(KvError::invalid("offsets must not decrease"));
     }
     Ok(())
+}
+
+/// Registers table entries `num_cached..num_full` of `req` under their
+/// hashes, memoises those without extra keys, and emits one `BlockStored`
+/// for the run. O(new full blocks).
+fn cache_new_full_blocks(
+    pool: &mut BlockPool,
+    memo: &mut Memo,
+    none_hash: BlockHash,
+    bs: usize,
+    req: &mut Request,
+) {
+    let full = req.tokens.len() / bs;
+    let start = req.num_cached;
+    if start >= full {
+        return;
+    }
+    let mut keys: Vec<ExtraKey<'_>> = Vec::new();
+    for i in start..full {
+        let b = req.blocks[i];
+        pool.cache_block(b, req.hashes[i]);
+        if !req.spec.is_empty() {
+            #[allow(clippy::cast_possible_wrap)]
+            req.spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
+        }
+        if keys.is_empty() {
+            let parent = if i == 0 { None } else { Some(req.hashes[i - 1]) };
+            memo.insert(b, parent.unwrap_or(none_hash), &req.tokens[i * bs..(i + 1) * bs]);
+        }
+    }
+    req.num_cached = full;
+    if pool.events_enabled() {
+        let extra_keys = (start..full)
+            .map(|i| {
+                #[allow(clippy::cast_possible_wrap)]
+                req.spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
+                (!keys.is_empty()).then(|| keys.iter().map(event_key).collect())
+            })
+            .collect();
+        let ev = KvEvent::BlockStored {
+            block_hashes: req.hashes[start..full].iter().map(BlockHash::low_u64).collect(),
+            parent_block_hash: (start > 0).then(|| req.hashes[start - 1].low_u64()),
+            token_ids: req.tokens[start * bs..full * bs].to_vec(),
+            block_size: bs,
+            lora_name: req.spec.lora.as_ref().map(|(name, _)| name.clone()),
+            extra_keys,
+        };
+        pool.emit(|| ev);
+    }
 }

@@ -105,6 +105,10 @@ pub fn id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
             return Err(dtype(format!("{what} must be an int, got {}", describe(obj))));
         }
     }
-    obj.extract::<u64>()
-        .map_err(|_| invalid(format!("{what} must be an int in 0..2**64, got {}", obj.repr().map(|r| r.to_string()).unwrap_or_default())))
+    obj.extract::<u64>().map_err(|_| {
+        invalid(format!(
+            "{what} must be an int in 0..2**64, got {}",
+            obj.repr().map(|r| r.to_string()).unwrap_or_default()
+        ))
+    })
 }

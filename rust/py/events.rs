@@ -57,7 +57,10 @@ impl AllBlocksCleared {
 fn key_obj<'py>(py: Python<'py>, k: &EventKey) -> PyResult<Bound<'py, PyAny>> {
     Ok(match k {
         EventKey::Str(s) => s.into_pyobject(py)?.into_any(),
-        EventKey::Mm(id, off) => PyTuple::new(py, [id.into_pyobject(py)?.into_any(), off.into_pyobject(py)?.into_any()])?.into_any(),
+        EventKey::Mm(id, off) => {
+            PyTuple::new(py, [id.into_pyobject(py)?.into_any(), off.into_pyobject(py)?.into_any()])?
+                .into_any()
+        }
     })
 }
 
@@ -66,7 +69,14 @@ pub fn to_list(py: Python<'_>, events: Vec<KvEvent>) -> PyResult<Bound<'_, PyLis
     let out = PyList::empty(py);
     for e in events {
         match e {
-            KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora_name, extra_keys } => {
+            KvEvent::BlockStored {
+                block_hashes,
+                parent_block_hash,
+                token_ids,
+                block_size,
+                lora_name,
+                extra_keys,
+            } => {
                 let ek = PyList::empty(py);
                 for keys in &extra_keys {
                     match keys {
@@ -77,10 +87,19 @@ pub fn to_list(py: Python<'_>, events: Vec<KvEvent>) -> PyResult<Bound<'_, PyLis
                         }
                     }
                 }
-                let obj = BlockStored { block_hashes, parent_block_hash, token_ids, block_size, lora_name, extra_keys: ek.unbind() };
+                let obj = BlockStored {
+                    block_hashes,
+                    parent_block_hash,
+                    token_ids,
+                    block_size,
+                    lora_name,
+                    extra_keys: ek.unbind(),
+                };
                 out.append(Py::new(py, obj)?)?;
             }
-            KvEvent::BlockRemoved { block_hashes } => out.append(Py::new(py, BlockRemoved { block_hashes })?)?,
+            KvEvent::BlockRemoved { block_hashes } => {
+                out.append(Py::new(py, BlockRemoved { block_hashes })?)?
+            }
             KvEvent::AllBlocksCleared => out.append(Py::new(py, AllBlocksCleared)?)?,
         }
     }

@@ -13,7 +13,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::arrays::{self, with_tokens};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
 use super::{events, keys};
-use crate::core::hash::HashAlgo;
+use crate::core::hash::{HashAlgo, Token};
 use crate::core::hash_chain as core;
 use crate::core::ids::{BlockId, RequestId};
 
@@ -40,7 +40,11 @@ impl Admission {
     }
 
     fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(format!("Admission(num_cached_tokens={}, block_ids={})", self.num_cached_tokens, self.block_ids.bind(py).repr()?))
+        Ok(format!(
+            "Admission(num_cached_tokens={}, block_ids={})",
+            self.num_cached_tokens,
+            self.block_ids.bind(py).repr()?
+        ))
     }
 }
 
@@ -66,11 +70,21 @@ pub struct PyHashChainCache {
 impl PyHashChainCache {
     #[new]
     #[pyo3(signature = (num_blocks, block_size, *, algo = "xxh3_128", seed = None, enable_events = false))]
-    fn new(num_blocks: i64, block_size: i64, algo: &str, seed: Option<String>, enable_events: bool) -> PyResult<Self> {
+    fn new(
+        num_blocks: i64,
+        block_size: i64,
+        algo: &str,
+        seed: Option<String>,
+        enable_events: bool,
+    ) -> PyResult<Self> {
         let algo = HashAlgo::parse(algo).py()?;
-        let nb = usize::try_from(num_blocks).map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
-        let bs = usize::try_from(block_size).map_err(|_| invalid(format!("block_size must be >= 1, got {block_size}")))?;
-        Ok(PyHashChainCache { inner: core::HashChainCache::new(nb, bs, algo, seed.as_deref(), enable_events).py()? })
+        let nb = usize::try_from(num_blocks)
+            .map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
+        let bs = usize::try_from(block_size)
+            .map_err(|_| invalid(format!("block_size must be >= 1, got {block_size}")))?;
+        Ok(PyHashChainCache {
+            inner: core::HashChainCache::new(nb, bs, algo, seed.as_deref(), enable_events).py()?,
+        })
     }
 
     #[getter]
@@ -179,7 +193,7 @@ impl PyHashChainCache {
 
     fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         let ids: Vec<i64> = match arrays::tokens(block_ids, "block_ids") {
-            Ok(arr) => with_tokens!(arr, s => s.iter().map(|&x| i64::from(x)).collect()),
+            Ok(arr) => with_tokens!(arr, s => s.iter().map(|&x| x.get()).collect()),
             Err(e) => block_ids.extract::<Vec<i64>>().map_err(|_| e)?,
         };
         self.inner.evict_blocks(&ids).py()
@@ -212,7 +226,9 @@ impl PyHashChainCache {
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
         let ids = arrays::ids(request_ids, "request_ids")?;
         let width = match max_blocks {
-            Some(w) => usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?,
+            Some(w) => {
+                usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?
+            }
             None => match out {
                 Some(o) => o.cast::<PyArray2<i32>>().map(|a| a.shape()[1]).unwrap_or(0),
                 None => self.inner.max_blocks(&ids).py()?,
@@ -220,16 +236,24 @@ impl PyHashChainCache {
         };
         let arr = match out {
             Some(o) => {
-                let a = o.cast::<PyArray2<i32>>().map_err(|_| dtype("out must be a 2-D int32 numpy array"))?.clone();
+                let a = o
+                    .cast::<PyArray2<i32>>()
+                    .map_err(|_| dtype("out must be a 2-D int32 numpy array"))?
+                    .clone();
                 if a.shape() != [ids.len(), width] || !a.is_c_contiguous() {
-                    return Err(invalid(format!("out must be C-contiguous with shape ({}, {width})", ids.len())));
+                    return Err(invalid(format!(
+                        "out must be C-contiguous with shape ({}, {width})",
+                        ids.len()
+                    )));
                 }
                 a
             }
             None => PyArray2::zeros(py, [ids.len(), width], false),
         };
         {
-            let mut w: PyReadwriteArray2<'_, i32> = arr.readwrite();
+            let mut w: PyReadwriteArray2<'_, i32> = arr
+                .try_readwrite()
+                .map_err(|_| invalid("out must be a writeable array that nothing else borrows"))?;
             let s = w.as_slice_mut().map_err(|_| invalid("out must be C-contiguous"))?;
             self.inner.fill_block_tables(&ids, width, s).py()?;
         }
@@ -252,12 +276,20 @@ impl PyHashChainCache {
         self.inner.num_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
     }
 
-    fn request_blocks<'py>(&self, py: Python<'py>, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    fn request_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
         Ok(block_ids_array(py, blocks))
     }
 
-    fn request_block_hashes<'py>(&self, py: Python<'py>, request_id: &Bound<'py, PyAny>) -> PyResult<Bound<'py, PyAny>> {
+    fn request_block_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyAny>> {
         let hs = self.inner.request_hashes(RequestId(arrays::id(request_id, "request_id")?)).py()?;
         let d = self.inner.algo().digest_len();
         let bytes: Vec<u8> = hs.iter().flat_map(|h| h.as_bytes().iter().copied()).collect();

@@ -25,9 +25,9 @@ pub fn spec(
     if let Some(m) = mm_items {
         if !m.is_none() {
             for it in m.try_iter().map_err(|_| invalid("mm_items must be a sequence"))? {
-                let (identifier, offset, length) = it?
-                    .extract::<(String, i64, i64)>()
-                    .map_err(|_| invalid("each mm item must be an (identifier: str, offset: int, length: int) tuple"))?;
+                let (identifier, offset, length) = it?.extract::<(String, i64, i64)>().map_err(|_| {
+                    invalid("each mm item must be an (identifier: str, offset: int, length: int) tuple")
+                })?;
                 items.push(MmItem { identifier, offset, length });
             }
         }

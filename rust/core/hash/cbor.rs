@@ -60,7 +60,12 @@ pub fn array(buf: &mut Vec<u8>, n: usize) {
 }
 
 /// Encodes `(parent, tuple(tokens), extra_keys or None)`.
-pub fn block_payload(buf: &mut Vec<u8>, parent: &[u8], tokens: impl ExactSizeIterator<Item = i64>, keys: &[ExtraKey<'_>]) {
+pub fn block_payload(
+    buf: &mut Vec<u8>,
+    parent: &[u8],
+    tokens: impl ExactSizeIterator<Item = i64>,
+    keys: &[ExtraKey<'_>],
+) {
     buf.push(0x83);
     bytes(buf, parent);
     array(buf, tokens.len());

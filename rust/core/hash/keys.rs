@@ -67,9 +67,10 @@ impl KeySpec {
                     "mm_items[{i}]: items must be sorted by offset and must not overlap"
                 )));
             }
-            end = it.offset.checked_add(it.length).ok_or_else(|| {
-                KvError::invalid(format!("mm_items[{i}]: offset + length overflows"))
-            })?;
+            end = it
+                .offset
+                .checked_add(it.length)
+                .ok_or_else(|| KvError::invalid(format!("mm_items[{i}]: offset + length overflows")))?;
         }
         let cache_salt = cache_salt.filter(|s| !s.is_empty());
         Ok(KeySpec { lora, cache_salt, mm_items })

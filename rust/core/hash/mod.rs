@@ -226,6 +226,7 @@ impl BlockHasher {
         let parent = parent.unwrap_or(&self.none_hash).as_bytes();
         let buf = &mut self.buf;
         buf.clear();
+        buf.reserve(parent.len() + 9 * tokens.len() + 64);
         let toks = tokens.iter().map(|t| t.get());
         match self.algo.serial() {
             Serial::Compact => compact_block(buf, parent, tokens, keys),
@@ -271,16 +272,21 @@ fn compact_block<T: Token>(buf: &mut Vec<u8>, parent: &[u8], tokens: &[T], keys:
     #[allow(clippy::cast_possible_truncation)]
     buf.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
     let narrow = tokens.iter().all(|t| i32::try_from(t.get()).is_ok());
+    let width = if narrow { 4 } else { 8 };
+    #[allow(clippy::cast_possible_truncation)]
+    buf.push(width as u8);
+    // Resize once, then fill fixed-size chunks: no per-token capacity checks.
+    let start = buf.len();
+    buf.resize(start + width * tokens.len(), 0);
+    let dst = &mut buf[start..];
     if narrow {
-        buf.push(4);
-        for t in tokens {
+        for (d, t) in dst.chunks_exact_mut(4).zip(tokens) {
             #[allow(clippy::cast_possible_truncation)]
-            buf.extend_from_slice(&(t.get() as i32).to_le_bytes());
+            d.copy_from_slice(&(t.get() as i32).to_le_bytes());
         }
     } else {
-        buf.push(8);
-        for t in tokens {
-            buf.extend_from_slice(&t.get().to_le_bytes());
+        for (d, t) in dst.chunks_exact_mut(8).zip(tokens) {
+            d.copy_from_slice(&t.get().to_le_bytes());
         }
     }
     #[allow(clippy::cast_possible_truncation)]
