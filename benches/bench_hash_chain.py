@@ -32,7 +32,7 @@ import numpy as np
 import kvindex
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from models.hash_chain_model import HashChainModel  # noqa: E402
+from models.hash_chain_model import HashChainModel
 
 BS = 16
 POOL = 4096
@@ -77,8 +77,10 @@ def drive(reqs: list[Req], impl: str, algo: str) -> dict[str, float]:
     while pending or running:
         # --- admission (FIFO, conservative capacity check) ---
         growth = sum(
-            blocks_for(len(byid[r].prompt) + len(byid[r].decode)) - blocks_for(
-                len(byid[r].prompt) + st[0]) for r, st in running.items())
+            blocks_for(len(byid[r].prompt) + len(byid[r].decode))
+            - blocks_for(len(byid[r].prompt) + st[0])
+            for r, st in running.items()
+        )
         while pending and len(running) < MAX_RUNNING:
             r = pending[0]
             need = blocks_for(len(r.prompt) + len(r.decode))
@@ -171,8 +173,11 @@ def main() -> None:
         results["model/sha256"] = drive(reqs, "model", "sha256")
     results["hash_GBps_128K"] = {a: hashing_throughput(a) for a in algos}
     cols = ["hash", "admit", "decode", "free", "total"]
-    print("| impl/algo | " + " | ".join(f"{c} µs/req" for c in cols)
-          + " | decode µs/token | hit rate |")
+    print(
+        "| impl/algo | "
+        + " | ".join(f"{c} µs/req" for c in cols)
+        + " | decode µs/token | hit rate |"
+    )
     print("|---" * (len(cols) + 3) + "|")
     for k, v in results.items():
         if not isinstance(v, dict) or "hit_rate" not in v:
@@ -185,11 +190,15 @@ def main() -> None:
         for algo in algos:
             k = results[f"kvindex/{algo}"]
             assert isinstance(k, dict)
-            print(f"speed-up vs Python model ({algo}): total "
-                  f"{m['total_us_per_req'] / k['total_us_per_req']:.0f}x, decode/token "
-                  f"{m['decode_us_per_token'] / k['decode_us_per_token']:.0f}x")
-    print("hashing throughput, 128K-token int32 prompt (GB/s of token data):",
-          {a: round(g, 2) for a, g in results["hash_GBps_128K"].items()})  # type: ignore[union-attr]
+            print(
+                f"speed-up vs Python model ({algo}): total "
+                f"{m['total_us_per_req'] / k['total_us_per_req']:.0f}x, decode/token "
+                f"{m['decode_us_per_token'] / k['decode_us_per_token']:.0f}x"
+            )
+    print(
+        "hashing throughput, 128K-token int32 prompt (GB/s of token data):",
+        {a: round(g, 2) for a, g in results["hash_GBps_128K"].items()},
+    )  # type: ignore[union-attr]
     if args.json:
         args.json.write_text(json.dumps(results, indent=2))
 

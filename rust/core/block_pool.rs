@@ -74,7 +74,7 @@ impl BlockPool {
         }
         let n = u32::try_from(num_blocks)
             .ok()
-            .filter(|&n| n < u32::MAX - 2)
+            .filter(|&n| n <= i32::MAX as u32) // block ids travel as int32
             .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_blocks}")))?;
         let mut queue = FreeQueue::new(n);
         for i in 1..n {

@@ -227,7 +227,12 @@ impl PyHashChainCache {
         let ids = arrays::ids(request_ids, "request_ids")?;
         let width = match max_blocks {
             Some(w) => {
-                usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?
+                usize::try_from(w).ok().filter(|&w| w <= self.inner.pool().num_blocks()).ok_or_else(|| {
+                    invalid(format!(
+                        "max_blocks must be in 0..={} (no table can hold more blocks than the pool), got {w}",
+                        self.inner.pool().num_blocks()
+                    ))
+                })?
             }
             None => match out {
                 Some(o) => o.cast::<PyArray2<i32>>().map(|a| a.shape()[1]).unwrap_or(0),

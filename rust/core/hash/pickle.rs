@@ -8,7 +8,11 @@
 //! elements TUPLE1/2/3, longer ones MARK ... TUPLE; every bytes, str and
 //! tuple is memoised (`94`). vLLM's tag strings (`"lora"`, `"mm"`,
 //! `"cache_salt"`) are module constants, so a repeated tag in one payload is a
-//! BINGET of its first memo slot; user strings are always written in full.
+//! BINGET of its first memo slot. User strings reach vLLM as separately
+//! deserialised objects and are written in full, except the ones CPython
+//! shares: `""` and every one-character string with a code point below 256
+//! are singletons there, so a repeat of one of those in the same payload
+//! (e.g. `lora=("a", "a")`) is a BINGET too.
 //! A frame is committed at an opcode boundary once it holds 64 KiB; a string
 //! of 64 KiB or more is written outside any frame, as CPython does.
 
@@ -24,6 +28,21 @@ struct Pickler<'b> {
     framing: bool,
     memo: u32,
     mm_tag: Option<u32>,
+    /// Memo slots of CPython's shared string singletons seen so far:
+    /// (key from [`shared_key`], memo index).
+    shared: Vec<(u32, u32)>,
+}
+
+/// CPython shares `""` and the one-character strings of code points
+/// 0..=255 (one object each), so pickle memoises their repeats. Returns a key
+/// for such a string (`256` for `""`, else the code point), `None` otherwise.
+fn shared_key(s: &str) -> Option<u32> {
+    let mut chars = s.chars();
+    match (chars.next(), chars.next()) {
+        (None, _) => Some(256),
+        (Some(c), None) if (c as u32) < 256 => Some(c as u32),
+        _ => None,
+    }
 }
 
 impl Pickler<'_> {
@@ -123,17 +142,40 @@ impl Pickler<'_> {
         self.memoize()
     }
 
+    /// BINGET / LONG_BINGET of memo slot `idx` (a repeat of a memoised object).
+    fn get(&mut self, idx: u32) {
+        self.boundary();
+        if idx < 256 {
+            #[allow(clippy::cast_possible_truncation)]
+            self.write(&[0x68, idx as u8]);
+        } else {
+            let v = idx.to_le_bytes();
+            self.write(&[0x6a, v[0], v[1], v[2], v[3]]);
+        }
+    }
+
+    /// A user string: written in full unless it is a repeat of one of
+    /// CPython's shared singletons ([`shared_key`]).
+    fn user_str(&mut self, s: &str) {
+        match shared_key(s) {
+            None => {
+                self.str_obj(s);
+            }
+            Some(key) => {
+                if let Some(&(_, idx)) = self.shared.iter().find(|(k, _)| *k == key) {
+                    self.get(idx);
+                } else {
+                    let idx = self.str_obj(s);
+                    self.shared.push((key, idx));
+                }
+            }
+        }
+    }
+
     fn tag(&mut self, s: &str, is_mm: bool) {
         if is_mm {
             if let Some(idx) = self.mm_tag {
-                self.boundary();
-                if idx < 256 {
-                    #[allow(clippy::cast_possible_truncation)]
-                    self.write(&[0x68, idx as u8]);
-                } else {
-                    let v = idx.to_le_bytes();
-                    self.write(&[0x6a, v[0], v[1], v[2], v[3]]);
-                }
+                self.get(idx);
                 return;
             }
             self.mm_tag = Some(self.str_obj(s));
@@ -168,7 +210,8 @@ fn finish(p: &mut Pickler<'_>) {
 /// Encodes `pickle.dumps(s, protocol=5)` for a str (the NONE_HASH seed).
 pub fn str_payload(buf: &mut Vec<u8>, s: &str) {
     buf.extend_from_slice(&[0x80, 0x05]);
-    let mut p = Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None };
+    let mut p =
+        Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None, shared: Vec::new() };
     p.str_obj(s);
     finish(&mut p);
 }
@@ -181,7 +224,8 @@ pub fn block_payload(
     keys: &[ExtraKey<'_>],
 ) {
     buf.extend_from_slice(&[0x80, 0x05]);
-    let mut p = Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None };
+    let mut p =
+        Pickler { out: buf, frame_start: None, framing: true, memo: 0, mm_tag: None, shared: Vec::new() };
     p.tuple_open(3);
     p.blob(0x43, 0x42, parent);
     p.memoize();
@@ -201,21 +245,21 @@ pub fn block_payload(
                 ExtraKey::Lora(name, path) => {
                     p.tuple_open(3);
                     p.tag("lora", false);
-                    p.str_obj(name);
-                    p.str_obj(path);
+                    p.user_str(name);
+                    p.user_str(path);
                     p.tuple_close(3);
                 }
                 ExtraKey::Mm(id, off) => {
                     p.tuple_open(3);
                     p.tag("mm", true);
-                    p.str_obj(id);
+                    p.user_str(id);
                     p.int(off);
                     p.tuple_close(3);
                 }
                 ExtraKey::Salt(s) => {
                     p.tuple_open(2);
                     p.tag("cache_salt", false);
-                    p.str_obj(s);
+                    p.user_str(s);
                     p.tuple_close(2);
                 }
             }
@@ -224,4 +268,35 @@ pub fn block_payload(
     }
     p.tuple_close(3);
     finish(&mut p);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hex(b: &[u8]) -> String {
+        b.iter().map(|x| format!("{x:02x}")).collect()
+    }
+
+    /// CPython shares `""` and one-character latin-1 strings, so their repeats
+    /// are BINGETs (bytes from `pickle.dumps(..., protocol=5)` on CPython 3.11,
+    /// with the tags one object each and user strings built fresh).
+    #[test]
+    fn shared_short_strings_are_memoised() {
+        let keys = [
+            ExtraKey::Lora("a", "a"),
+            ExtraKey::Mm("a", 0),
+            ExtraKey::Mm("", -1),
+            ExtraKey::Mm("", 1),
+            ExtraKey::Salt("a"),
+        ];
+        let mut buf = Vec::new();
+        block_payload(&mut buf, &[0x11; 16], [1i64, 2].into_iter(), &keys);
+        assert_eq!(
+            hex(&buf),
+            "8005955e00000000000000431011111111111111111111111111111111944b014b028694288c046c6f72\
+             61948c016194680387948c026d6d9468034b00879468058c00944affffffff8794680568074b018794\
+             8c0a63616368655f73616c749468038694749487942e"
+        );
+    }
 }
