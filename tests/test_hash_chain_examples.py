@@ -316,3 +316,20 @@ def test_free_batch_and_usage() -> None:
     assert c.usage == pytest.approx(0.4)
     c.free_batch(ids(1, 0))
     assert c.num_requests == 0 and c.num_free_blocks == 10 and c.usage == 0.0
+
+
+def test_common_prefix_blocks() -> None:  # issue 7 §2, the seed note's counting rule
+    c = kvindex.HashChainCache(64, 16)
+    assert c.num_common_prefix_blocks == 0  # no running request
+    system = range(64)  # 4 full blocks shared by everyone
+    c.admit(0, toks(system, range(1000, 1040)))
+    assert c.num_common_prefix_blocks == 7  # one request shares all its blocks with itself
+    c.admit(1, toks(system, range(2000, 2020)))
+    c.admit(2, toks(range(16), range(3000, 3050)))  # diverges after block 0
+    assert c.num_common_prefix_blocks == 1
+    c.free(2)
+    assert c.num_common_prefix_blocks == 4
+    c.admit(3, toks(range(500, 540)))  # diverges at block 0
+    assert c.num_common_prefix_blocks == 0
+    c.free_batch(ids(0, 1, 3))
+    assert c.num_common_prefix_blocks == 0

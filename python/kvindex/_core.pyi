@@ -136,6 +136,10 @@ class HashChainCache:
     def num_cached_blocks(self) -> int:
         """Distinct cached block hashes."""
     @property
+    def num_common_prefix_blocks(self) -> int:
+        """Blocks shared by every running request, counted from block 0 (what cascade
+        attention can share); 0 when no request runs. O(shared blocks)."""
+    @property
     def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``hit_rate``."""
     def take_stats(self) -> dict[str, float]:

@@ -597,6 +597,19 @@ impl HashChainCache {
         Ok(&self.get(id)?.hashes)
     }
 
+    /// Blocks shared by every running request: counting from block 0 of any
+    /// running request's table, the blocks whose ref count equals the number
+    /// of running requests (the prefix cascade attention can share). 0 when
+    /// nothing runs. O(shared blocks).
+    #[must_use]
+    pub fn num_common_prefix_blocks(&self) -> usize {
+        let n = self.index.len();
+        let Some(&slot) = self.index.values().next() else { return 0 };
+        let req = self.req(slot);
+        #[allow(clippy::cast_possible_truncation)]
+        req.blocks.iter().take_while(|&&b| self.pool.ref_count(b) as usize == n).count()
+    }
+
     /// Largest table length among `ids`.
     ///
     /// # Errors

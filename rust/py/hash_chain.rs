@@ -316,6 +316,11 @@ impl PyHashChainCache {
         Ok(self.inner.pool().ref_count(b))
     }
 
+    #[getter]
+    fn num_common_prefix_blocks(&self) -> usize {
+        self.inner.num_common_prefix_blocks()
+    }
+
     fn check_invariants(&self) -> PyResult<()> {
         self.inner.check_invariants().map_err(inv_to_py)
     }
