@@ -42,7 +42,7 @@ test: install test-rust check-wheel check-core-import lint pytest
 test-rust:
 	cargo fmt --all --check
 	cargo clippy --all-targets --features python -- -D warnings
-	cargo test --release
+	cargo test
 
 # The wheel must be abi3 and carry the manylinux tag that maturin's own compliance
 # check (auditwheel, run by `maturin build`) assigned for this machine's glibc.

@@ -80,6 +80,7 @@ def test_seed_reverse_free_tails_leave_first_no_holes() -> None:
     assert adm is not None and adm.block_ids.tolist() == [6, 7, 5, 4]
     # the remaining hit is a shorter prefix (blocks 1..3), never a hole
     assert c.lookup(prompt) == 48
+    assert c.stats["evictions"] == 2
     c.check_invariants()
 
 

@@ -140,10 +140,11 @@ class HashChainMachine(RuleBasedStateMachine):
             assert self.cache.ref_count(b) == self.model.ref[b]
             assert self.cache.block_hash(b) == self.model.hash[b]
         stats = self.cache.stats
-        assert (stats["requests"], stats["queries"], stats["hits"]) == (
+        assert (stats["requests"], stats["queries"], stats["hits"], stats["evictions"]) == (
             self.model.requests,
             self.model.queries,
             self.model.hits,
+            self.model.evictions,
         )
 
 

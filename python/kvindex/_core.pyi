@@ -141,7 +141,8 @@ class HashChainCache:
         attention can share); 0 when no request runs. O(shared blocks)."""
     @property
     def stats(self) -> dict[str, float]:
-        """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``hit_rate``."""
+        """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
+        (cached blocks that lost their hash), ``hit_rate``."""
     def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
     def __contains__(self, request_id: int) -> bool: ...

@@ -72,6 +72,8 @@ pub struct Stats {
     pub queries: u64,
     /// Prompt tokens served from the cache.
     pub hits: u64,
+    /// Cached blocks that lost their hash (reallocated or `evict_blocks`).
+    pub evictions: u64,
 }
 
 type MemoKey = (BlockHash, u64);
@@ -383,6 +385,7 @@ impl HashChainCache {
     fn forget_evicted(&mut self) {
         let mut ev = std::mem::take(&mut self.scratch_blocks);
         self.pool.take_evicted(&mut ev);
+        self.stats.evictions += ev.len() as u64;
         for &b in &ev {
             self.memo.forget(b);
         }

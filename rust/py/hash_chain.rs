@@ -342,6 +342,7 @@ fn stats_dict(py: Python<'_>, s: core::Stats) -> PyResult<Bound<'_, PyDict>> {
     d.set_item("requests", s.requests)?;
     d.set_item("queries", s.queries)?;
     d.set_item("hits", s.hits)?;
+    d.set_item("evictions", s.evictions)?;
     #[allow(clippy::cast_precision_loss)]
     d.set_item("hit_rate", if s.queries == 0 { 0.0 } else { s.hits as f64 / s.queries as f64 })?;
     Ok(d)

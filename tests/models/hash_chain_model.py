@@ -52,7 +52,7 @@ class HashChainModel:
         self.num_free = 0
         for b in range(1, num_blocks):
             self._link_before(self.tail, b)
-        self.queries = self.hits = self.requests = 0
+        self.queries = self.hits = self.requests = self.evictions = 0
 
     # ---- free queue -------------------------------------------------------
     def _link_before(self, at: int, b: int) -> None:
@@ -108,6 +108,7 @@ class HashChainModel:
                 if not copies:
                     del self.map[h]
                 self.hash[b] = None
+                self.evictions += 1
             self.ref[b] = 1
             out.append(b)
 
@@ -206,6 +207,7 @@ class HashChainModel:
                     del self.map[h]
                 self.hash[b] = None
                 n += 1
+        self.evictions += n
         return n
 
     def reset(self) -> None:
