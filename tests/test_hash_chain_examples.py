@@ -334,3 +334,29 @@ def test_common_prefix_blocks() -> None:  # issue 7 §2, the seed note's countin
     assert c.num_common_prefix_blocks == 0
     c.free_batch(ids(0, 1, 3))
     assert c.num_common_prefix_blocks == 0
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128", "vllm_sha256"])
+def test_refused_admission_retry_reuses_nothing_wrong(algo: str) -> None:
+    c = kvindex.HashChainCache(6, 4, algo=algo)
+    c.admit(0, toks(range(16)))  # 4 of 5 usable blocks
+    big = toks(range(100, 110))
+    assert c.admit(1, big) is None  # needs 3 blocks, 1 free: refused, hashes kept
+    other = toks(range(200, 210))
+    c.free(0)
+    c.check_invariants()
+    # the same id with another prompt must not reuse the kept hashes
+    adm = c.admit(1, other)
+    assert adm is not None
+    expect = kvindex.block_hashes(other, 4, algo=algo)
+    assert c.request_block_hashes(1).tobytes() == expect.tobytes()
+    c.free(1)
+    assert c.admit(2, big, cache_salt="s") is not None
+    c.free(2)
+    c.admit(3, toks(range(300, 316)))
+    assert c.admit(4, big) is None
+    c.free(3)
+    adm = c.admit(4, big)  # the retry of the same prompt
+    assert adm is not None
+    assert c.request_block_hashes(4).tobytes() == kvindex.block_hashes(big, 4, algo=algo).tobytes()
+    c.check_invariants()

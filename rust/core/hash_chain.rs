@@ -26,6 +26,10 @@
 //! fingerprint collision cannot produce a wrong hash. Entries leave when their
 //! block loses its hash, so the memo never outgrows the cache.
 //!
+//! A refused admission (out of blocks) keeps its prompt's hashes, for up to
+//! 32 prompts, so the scheduler's retry of the same request id and prompt is
+//! not hashed again.
+//!
 //! # Invariants (checked by [`HashChainCache::check_invariants`])
 //! The pool's (see [`crate::core::block_pool`]), plus, for every request:
 //! - `ref_cnt(b) == number of request tables holding b` for every block;
@@ -77,6 +81,19 @@ pub struct Stats {
 }
 
 type MemoKey = (BlockHash, u64);
+
+/// A prompt whose admission ran short of blocks, kept (with its hashes) so the
+/// scheduler's retry of the same request id does not hash it again.
+#[derive(Clone, Debug)]
+struct Pending {
+    id: RequestId,
+    tokens: Vec<i64>,
+    spec: KeySpec,
+    hashes: Vec<BlockHash>,
+}
+
+/// How many refused prompts keep their hashes (oldest dropped first).
+const MAX_PENDING: usize = 32;
 
 /// The prefix memo (module header): cached blocks without extra keys, by
 /// `(parent hash, token fingerprint)`, with a copy of their tokens.
@@ -169,6 +186,7 @@ pub struct HashChainCache {
     reqs: Vec<Option<Request>>,
     free_slots: Vec<u32>,
     memo: Memo,
+    pending: std::collections::VecDeque<Pending>,
     stats: Stats,
     epoch: u64,
     scratch_hashes: Vec<BlockHash>,
@@ -206,6 +224,7 @@ impl HashChainCache {
             reqs: Vec::new(),
             free_slots: Vec::new(),
             memo: Memo::new(num_blocks, block_size),
+            pending: std::collections::VecDeque::new(),
             stats: Stats::default(),
             epoch: 0,
             scratch_hashes: Vec::new(),
@@ -339,8 +358,14 @@ impl HashChainCache {
         }
         let bs = self.block_size;
         let n = tokens.len();
-        let mut hashes = Vec::with_capacity(n / bs + 1);
-        self.hash_with_memo(tokens, &spec, &mut hashes);
+        let (owned, hashes) = match self.take_pending(id, tokens, &spec) {
+            Some(p) => (p.tokens, p.hashes),
+            None => {
+                let mut hashes = Vec::with_capacity(n / bs + 1);
+                self.hash_with_memo(tokens, &spec, &mut hashes);
+                (tokens.iter().map(|t| t.get()).collect(), hashes)
+            }
+        };
         let mut blocks: Vec<BlockId> = Vec::with_capacity(n.div_ceil(bs) + 1);
         if !skip_reading {
             self.hit_blocks(&hashes, self.hit_cap(n), &mut blocks);
@@ -349,20 +374,17 @@ impl HashChainCache {
         let new = n.div_ceil(bs) - k;
         let free_hits = blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
         if new + free_hits > self.pool.num_free() {
+            // Keep the hashes for the scheduler's retry of the same request.
+            if self.pending.len() == MAX_PENDING {
+                self.pending.pop_front();
+            }
+            self.pending.push_back(Pending { id, tokens: owned, spec, hashes });
             return Ok(None);
         }
         self.pool.touch(&blocks);
         self.pool.allocate(new, &mut blocks);
         self.forget_evicted();
-        let mut req = Request {
-            id,
-            tokens: tokens.iter().map(|t| t.get()).collect(),
-            spec,
-            hashes,
-            blocks,
-            num_cached: k,
-            epoch: 0,
-        };
+        let mut req = Request { id, tokens: owned, spec, hashes, blocks, num_cached: k, epoch: 0 };
         cache_new_full_blocks(&mut self.pool, &mut self.memo, self.hasher.none_hash(), bs, &mut req);
         self.stats.requests += 1;
         self.stats.queries += n as u64;
@@ -379,6 +401,17 @@ impl HashChainCache {
         };
         self.index.insert(id, slot);
         Ok(Some(k * bs))
+    }
+
+    /// Removes request `id`'s pending entry; returns it if its prompt and keys
+    /// equal `tokens` and `spec` (its hashes are then still the prompt's chain).
+    fn take_pending<T: Token>(&mut self, id: RequestId, tokens: &[T], spec: &KeySpec) -> Option<Pending> {
+        let pos = self.pending.iter().position(|p| p.id == id)?;
+        let p = self.pending.remove(pos)?;
+        let same = p.tokens.len() == tokens.len()
+            && p.tokens.iter().zip(tokens).all(|(a, b)| *a == b.get())
+            && p.spec == *spec;
+        same.then_some(p)
     }
 
     /// Drops memo entries of blocks that lost their hash in the pool.
@@ -740,6 +773,12 @@ impl HashChainCache {
                 }
             }
         }
+        for p in &self.pending {
+            let mut chain = Vec::new();
+            hasher.extend_chain(&p.tokens, bs, &p.spec, &mut chain);
+            ensure_inv!(chain == p.hashes, "pending request {}: hashes differ from its prompt", p.id.0);
+        }
+        ensure_inv!(self.pending.len() <= MAX_PENDING, "{} pending prompts", self.pending.len());
         for (key, &b) in &self.memo.map {
             ensure_inv!(
                 self.memo.key_of[b.idx()] == Some(*key),
