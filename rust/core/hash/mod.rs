@@ -124,7 +124,9 @@ impl HashAlgo {
         }
     }
 
-    fn is_sha(self) -> bool {
+    /// True for the SHA-256 algorithms (digest cost dominates serialisation).
+    #[must_use]
+    pub fn is_sha(self) -> bool {
         matches!(self, HashAlgo::Sha256 | HashAlgo::VllmSha256Cbor | HashAlgo::VllmSha256)
     }
 
