@@ -87,11 +87,17 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
 }
 
 /// Reads a 1-D contiguous int64 array of non-negative ids as `u64`s.
+///
+/// The ids are copied out (`to_vec`, no borrow registration): id arrays are
+/// one entry per request, and the copy is cheaper than numpy borrow tracking.
 pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
-    let a = int64(obj, what)?;
-    let s = a.as_slice().expect("contiguity checked");
-    s.iter()
-        .map(|&x| u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}"))))
+    let arr = untyped(obj, what)?;
+    let a = arr
+        .cast::<PyArray1<i64>>()
+        .map_err(|_| dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))))?;
+    let v = a.to_vec().map_err(|_| dtype(format!("{what} must be C-contiguous")))?;
+    v.into_iter()
+        .map(|x| u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}"))))
         .collect()
 }
 
