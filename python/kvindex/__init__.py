@@ -14,11 +14,17 @@ from __future__ import annotations
 
 from kvindex._core import (
     HASH_ALGOS,
+    RADIX_POLICIES,
     Admission,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     HashChainCache,
+    InsertResult,
+    MatchResult,
+    RadixAdmission,
+    RadixCache,
+    RadixPrefixCache,
     __version__,
     block_hashes,
     none_hash,
@@ -34,9 +40,11 @@ from kvindex.exceptions import (
     StaleHandleError,
     UnknownRequestError,
 )
+from kvindex.protocol import PrefixCache, make_cache
 
 __all__ = [
     "HASH_ALGOS",
+    "RADIX_POLICIES",
     "Admission",
     "AllBlocksCleared",
     "BlockInUseError",
@@ -45,13 +53,20 @@ __all__ = [
     "DTypeError",
     "DuplicateRequestError",
     "HashChainCache",
+    "InsertResult",
     "InvalidArgumentError",
     "InvariantViolation",
     "KvIndexError",
     "LockError",
+    "MatchResult",
+    "PrefixCache",
+    "RadixAdmission",
+    "RadixCache",
+    "RadixPrefixCache",
     "StaleHandleError",
     "UnknownRequestError",
     "__version__",
     "block_hashes",
+    "make_cache",
     "none_hash",
 ]

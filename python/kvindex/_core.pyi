@@ -14,7 +14,7 @@ corrupting state. ``block_hashes`` is pure and releases the GIL for prompts of
 """
 
 from collections.abc import Iterator, Sequence
-from typing import Any, final
+from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
@@ -107,15 +107,15 @@ class HashChainCache:
     (the last prompt token is always recomputed) and aligned to the block size.
     """
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         num_blocks: int,
         block_size: int,
         *,
         algo: str = "xxh3_128",
         seed: str | None = None,
         enable_events: bool = False,
-    ) -> None: ...
+    ) -> Self: ...
     @property
     def num_blocks(self) -> int:
         """Pool size, the null block included."""
@@ -145,7 +145,7 @@ class HashChainCache:
         (cached blocks that lost their hash), ``hit_rate``."""
     def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
-    def __contains__(self, request_id: int) -> bool: ...
+    def __contains__(self, request_id: int, /) -> bool: ...
     def admit(
         self,
         request_id: int,
@@ -217,3 +217,217 @@ class HashChainCache:
     def ref_count(self, block_id: int) -> int: ...
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
+
+# ---------------------------------------------------------------- radix tree (issue 3)
+
+RADIX_POLICIES: list[str]
+
+@final
+class MatchResult:
+    """Result of :meth:`RadixCache.match_prefix`; unpacks as ``(hit_len, slots, node)``."""
+
+    @property
+    def hit_len(self) -> int:
+        """Matched tokens (a multiple of the page size)."""
+    @property
+    def slots(self) -> npt.NDArray[np.int32]:
+        """KV slots of the matched tokens, one per token."""
+    @property
+    def node(self) -> int:
+        """Handle of the last matched node (0, the root, on a miss); lock it to protect the hit."""
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+
+@final
+class InsertResult:
+    """Result of :meth:`RadixCache.insert`; unpacks as ``(prefix_len, to_free)``."""
+
+    @property
+    def prefix_len(self) -> int:
+        """Leading tokens that were already in the tree (a multiple of the page size)."""
+    @property
+    def to_free(self) -> npt.NDArray[np.int32]:
+        """Slots passed in that the tree did not take (duplicates of its prefix, and the
+        unaligned tail when page_size > 1): the caller frees exactly these."""
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+
+@final
+class RadixCache:
+    """Radix tree over token ids with SGLang ``RadixCache`` semantics.
+
+    Edges hold token runs (a multiple of ``page_size``); values are KV slots. With
+    ``page_size > 1`` queries are cut to a page multiple and each page's slots must be
+    a page-aligned run. A match ending inside an edge splits it. Recency is a logical
+    clock (one tick per match/insert). Node handles are ints (``generation << 32 |
+    index``); a handle to an evicted node, or any handle after ``reset()``, raises
+    ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
+    """
+
+    def __new__(
+        cls,
+        page_size: int = 1,
+        *,
+        policy: str = "lru",
+        slru_threshold: int = 2,
+        enable_events: bool = False,
+    ) -> Self: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def total_size(self) -> int:
+        """Tokens in the tree (``evictable_size + protected_size``)."""
+    @property
+    def evictable_size(self) -> int:
+        """Tokens in unlocked nodes."""
+    @property
+    def protected_size(self) -> int:
+        """Tokens in locked nodes."""
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def clock(self) -> int: ...
+    def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> MatchResult:
+        """Longest cached page-aligned prefix; stamps the path, may split an edge."""
+    def probe(self, tokens: _Tokens, namespace: str | None = None) -> int:
+        """Hit length a match would report now; changes nothing."""
+    def insert(
+        self,
+        tokens: _Tokens,
+        slots: _Tokens,
+        namespace: str | None = None,
+        *,
+        priority: int = 0,
+    ) -> InsertResult:
+        """Inserts a sequence with one slot per token; returns the present prefix and the
+        slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
+        or one passed twice."""
+    def lock(self, node: int) -> None:
+        """Protects the path root..node from eviction (the root: no-op)."""
+    def unlock(self, node: int) -> None:
+        """Releases a lock taken on this node; ``LockError`` if it holds none of its own."""
+    def lock_ref(self, node: int) -> int: ...
+    def path_slots(self, node: int) -> npt.NDArray[np.int32]: ...
+    def all_slots(self) -> npt.NDArray[np.int32]: ...
+    def evict(self, num_tokens: int) -> npt.NDArray[np.int32]:
+        """Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
+        free more); returns the freed slots."""
+    def reset(self) -> npt.NDArray[np.int32]:
+        """Drops every node (handles go stale); returns the slots the tree held."""
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    def check_invariants(self) -> None: ...
+    def dump(self) -> str: ...
+    def __len__(self) -> int: ...
+
+@final
+class RadixAdmission:
+    """Result of :meth:`RadixPrefixCache.admit`; unpacks as ``(num_cached_tokens, block_ids)``."""
+
+    @property
+    def num_cached_tokens(self) -> int: ...
+    @property
+    def block_ids(self) -> npt.NDArray[np.int32]: ...
+    def __iter__(self) -> Iterator[Any]: ...
+    def __len__(self) -> int: ...
+
+@final
+class RadixPrefixCache:
+    """Request-level prefix cache over the radix tree, driven like :class:`HashChainCache`.
+
+    ``num_blocks`` pages of ``block_size`` slots (page 0 is the null page; tables pad
+    with 0); block ids are page ids, so ``block_size=1`` gives token-level tables.
+    Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
+    ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
+    pool runs short.
+    """
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        *,
+        policy: str = "lru",
+        slru_threshold: int = 2,
+        enable_events: bool = False,
+    ) -> Self: ...
+    @property
+    def num_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    @property
+    def page_size(self) -> int: ...
+    @property
+    def policy(self) -> str: ...
+    @property
+    def num_free_blocks(self) -> int:
+        """Free pages plus pages evictable from the tree."""
+    @property
+    def num_unused_blocks(self) -> int:
+        """Pages with no holder at all."""
+    @property
+    def usage(self) -> float: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def num_cached_blocks(self) -> int: ...
+    @property
+    def cached_tokens(self) -> int: ...
+    @property
+    def evictable_size(self) -> int: ...
+    @property
+    def protected_size(self) -> int: ...
+    @property
+    def stats(self) -> dict[str, Any]: ...
+    def take_stats(self) -> dict[str, Any]: ...
+    def __contains__(self, request_id: int, /) -> bool: ...
+    def admit(
+        self,
+        request_id: int,
+        tokens: _Tokens,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+        skip_reading: bool = False,
+    ) -> RadixAdmission | None: ...
+    def lookup(
+        self,
+        tokens: _Tokens,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> int: ...
+    def append(self, request_id: int, tokens: _Tokens) -> bool: ...
+    def append_batch(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        tokens: _Tokens,
+        offsets: npt.NDArray[np.int64] | None = None,
+    ) -> bool: ...
+    def checkpoint(self, request_id: int) -> None:
+        """Inserts the running request's full pages now (SGLang ``cache_unfinished_req``)."""
+    def free(self, request_id: int) -> None: ...
+    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None: ...
+    def evict(self, num_tokens: int) -> int: ...
+    def reset(self) -> None: ...
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    def block_tables(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        max_blocks: int | None = None,
+        out: npt.NDArray[np.int32] | None = None,
+    ) -> npt.NDArray[np.int32]: ...
+    def slot_mapping(
+        self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
+    ) -> npt.NDArray[np.int64]: ...
+    def num_tokens(self, request_id: int) -> int: ...
+    def num_cached_tokens(self, request_id: int) -> int: ...
+    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
+    def free_blocks(self) -> npt.NDArray[np.int32]: ...
+    def cached_blocks(self) -> npt.NDArray[np.int32]: ...
+    def ref_count(self, block_id: int) -> int: ...
+    def check_invariants(self) -> None: ...
+    def dump(self) -> str: ...

@@ -8,6 +8,9 @@
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
 //! | [`hash_chain`] | request-level prefix cache with vLLM `KVCacheManager` semantics |
+//! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
+//! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
+//! | [`radix_cache`] | request-level prefix cache over the radix tree (hash-chain-like API) |
 
 pub mod block_pool;
 pub mod error;
@@ -16,3 +19,6 @@ pub mod free_queue;
 pub mod hash;
 pub mod hash_chain;
 pub mod ids;
+pub mod radix;
+pub mod radix_cache;
+pub mod slot_pool;

@@ -10,6 +10,7 @@ pub mod events;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
+pub mod radix;
 
 /// The native module `kvindex._core`.
 #[pymodule]
@@ -23,5 +24,11 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
+    m.add_class::<radix::PyRadixCache>()?;
+    m.add_class::<radix::MatchResult>()?;
+    m.add_class::<radix::InsertResult>()?;
+    m.add_class::<radix::PyRadixPrefixCache>()?;
+    m.add_class::<radix::RadixAdmission>()?;
+    m.add("RADIX_POLICIES", crate::core::radix::POLICY_NAMES.to_vec())?;
     Ok(())
 }

@@ -1,0 +1,202 @@
+//! Eviction: policies and the incrementally maintained evictable-leaf set.
+//!
+//! The set is a `BTreeSet<(EvictKey, NodeId)>` holding exactly the unlocked
+//! childless non-root nodes; a node remembers its key so it can be removed or
+//! re-keyed when its recency, hit count or priority changes. The smallest
+//! entry is evicted first. Ties are rare (one tick stamps one root path; the
+//! only siblings stamped together are the lower half of an edge an insert
+//! split and the leaf that insert adds) and go to the node created first
+//! (a creation sequence number, never reused), so the order is deterministic.
+//!
+//! | policy | key (smaller evicts first; SGLang `evict_policy.py`) |
+//! |---|---|
+//! | `lru` (default) | `last_access` |
+//! | `lfu` | `(hit_count, last_access)` |
+//! | `fifo` | `created` |
+//! | `mru` | `-last_access` |
+//! | `filo` | `-created` |
+//! | `priority` | `(priority, last_access)`; priority = max over inserts along the path |
+//! | `slru` | `(hit_count >= threshold, last_access)`: probationary before protected |
+//!
+//! Costs: set membership changes are O(log L) (L = evictable leaves); one
+//! eviction is O(log L + pages of the leaf); no per-call rebuild.
+
+use crate::core::error::{KvError, KvResult};
+use crate::core::events::KvEvent;
+use crate::core::ids::BlockId;
+
+use super::{child_key, Kids, Node, NodeId, RadixTree};
+
+/// An eviction policy.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Policy {
+    /// Least recently used first.
+    Lru,
+    /// Fewest inserts through the node first, then least recently used.
+    Lfu,
+    /// Earliest created first.
+    Fifo,
+    /// Most recently used first.
+    Mru,
+    /// Latest created first.
+    Filo,
+    /// Lowest priority first, then least recently used.
+    Priority,
+    /// Segmented LRU: nodes with fewer than `threshold` hits first, LRU within.
+    Slru {
+        /// Hit count from which a node is "protected" (SGLang default 2).
+        threshold: u64,
+    },
+}
+
+/// A node's position in the eviction order: the policy's two words, then the
+/// node's creation sequence number, compared lexicographically.
+pub type EvictKey = (u64, u64, u64);
+
+/// The policy names [`Policy::parse`] accepts.
+pub const POLICY_NAMES: [&str; 7] = ["lru", "lfu", "fifo", "mru", "filo", "priority", "slru"];
+
+impl Policy {
+    /// Parses a policy name; `slru_threshold` is used by `slru`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an unknown name.
+    pub fn parse(name: &str, slru_threshold: u64) -> KvResult<Policy> {
+        Ok(match name {
+            "lru" => Policy::Lru,
+            "lfu" => Policy::Lfu,
+            "fifo" => Policy::Fifo,
+            "mru" => Policy::Mru,
+            "filo" => Policy::Filo,
+            "priority" => Policy::Priority,
+            "slru" => Policy::Slru { threshold: slru_threshold },
+            _ => {
+                return Err(KvError::invalid(format!(
+                    "unknown eviction policy {name:?}; expected one of {}",
+                    POLICY_NAMES.join(", ")
+                )))
+            }
+        })
+    }
+
+    /// The policy's name.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Lru => "lru",
+            Policy::Lfu => "lfu",
+            Policy::Fifo => "fifo",
+            Policy::Mru => "mru",
+            Policy::Filo => "filo",
+            Policy::Priority => "priority",
+            Policy::Slru { .. } => "slru",
+        }
+    }
+
+    fn key(self, n: &Node) -> EvictKey {
+        let (a, b) = match self {
+            Policy::Lru => (n.last_access, 0),
+            Policy::Lfu => (n.hit_count, n.last_access),
+            Policy::Fifo => (n.created, 0),
+            Policy::Mru => (u64::MAX - n.last_access, 0),
+            Policy::Filo => (u64::MAX - n.created, 0),
+            #[allow(clippy::cast_sign_loss)]
+            Policy::Priority => ((n.priority as u64) ^ (1 << 63), n.last_access),
+            Policy::Slru { threshold } => (u64::from(n.hit_count >= threshold), n.last_access),
+        };
+        (a, b, n.seq)
+    }
+}
+
+impl RadixTree {
+    /// Puts `id` in the evictable set iff it is an unlocked childless
+    /// non-root node, and takes it out otherwise. O(log L).
+    pub(super) fn update_leaf_status(&mut self, id: NodeId) {
+        let n = &self.nodes[id.idx()];
+        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && n.children.is_empty();
+        match (want, n.evict_key) {
+            (true, None) => {
+                let k = self.policy.key(n);
+                self.nodes[id.idx()].evict_key = Some(k);
+                self.evictable.insert((k, id));
+            }
+            (false, Some(k)) => {
+                self.nodes[id.idx()].evict_key = None;
+                self.evictable.remove(&(k, id));
+            }
+            _ => {}
+        }
+    }
+
+    /// Re-files `id` under its current key if it is in the evictable set. O(log L).
+    pub(super) fn rekey(&mut self, id: NodeId) {
+        let n = &self.nodes[id.idx()];
+        if let Some(old) = n.evict_key {
+            let k = self.policy.key(n);
+            if k != old {
+                self.evictable.remove(&(old, id));
+                self.evictable.insert((k, id));
+                self.nodes[id.idx()].evict_key = Some(k);
+            }
+        }
+    }
+
+    /// The policy key of a live node. O(1).
+    #[must_use]
+    pub fn evict_key(&self, id: NodeId) -> EvictKey {
+        self.policy.key(&self.nodes[id.idx()])
+    }
+
+    /// Evicts whole unlocked leaves, lowest key first, until at least
+    /// `num_tokens` tokens are freed or nothing is evictable; a parent that
+    /// becomes an unlocked leaf joins the order in the same call (cascade).
+    /// May free more than asked (whole leaves). Appends the freed values to
+    /// `freed` (the caller releases them) and returns the tokens freed.
+    /// Never touches a locked node or an ancestor of one; never leaves an
+    /// unreachable node. O(log L + pages) per removed node.
+    pub fn evict(&mut self, num_tokens: usize, freed: &mut Vec<BlockId>) -> usize {
+        let mut done = 0;
+        while done < num_tokens {
+            let Some((k, x)) = self.evictable.pop_first() else { break };
+            let node = std::mem::replace(&mut self.nodes[x.idx()], Node::empty(0));
+            debug_assert_eq!(node.evict_key, Some(k));
+            done += node.key.len();
+            freed.extend_from_slice(&node.value);
+            super::unmark_all(&mut self.in_tree, &node.value);
+            if let Some(ev) = &mut self.events {
+                ev.push(KvEvent::BlockRemoved { block_hashes: node.hashes });
+            }
+            let parent = node.parent;
+            let ck = child_key(node.ns, &node.key[..self.page_size]);
+            let kids = &mut self.nodes[parent.idx()].children;
+            let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
+                Kids::One(c) => {
+                    assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
+                    true
+                }
+                Kids::Many(v) => {
+                    let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
+                    v.remove(pos);
+                    if v.len() == 1 {
+                        let last = v[0];
+                        kids.insert(ck, Kids::One(last));
+                    }
+                    false
+                }
+            };
+            if remove_entry {
+                kids.remove(&ck);
+            }
+            if parent == NodeId::ROOT {
+                self.ns.remove_root_child(node.ns);
+            }
+            self.evictable_size -= node.key.len();
+            // Restore the generation so release_node bumps it.
+            self.nodes[x.idx()].generation = node.generation;
+            self.nodes[x.idx()].live = true;
+            self.release_node(x);
+            self.update_leaf_status(parent);
+        }
+        done
+    }
+}

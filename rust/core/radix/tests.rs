@@ -1,0 +1,728 @@
+//! Unit tests (seed examples, SGLang scenarios) and a proptest of random
+//! operation sequences against a naive oracle.
+
+use proptest::prelude::*;
+
+use super::*;
+
+fn b(v: &[u32]) -> Vec<BlockId> {
+    v.iter().map(|&x| BlockId(x)).collect()
+}
+
+fn tree(ps: usize) -> RadixTree {
+    RadixTree::new(ps, Policy::Lru, false).expect("valid page size")
+}
+
+/// Inserts with values `base..base + pages`; returns the prefix length.
+fn ins(t: &mut RadixTree, toks: &[i32], ns: Option<&str>, base: u32) -> usize {
+    let pages = u32::try_from(toks.len() / t.page_size()).expect("small");
+    let vals: Vec<BlockId> = (base..base + pages).map(BlockId).collect();
+    let mut dups = Vec::new();
+    t.insert(toks, &vals, ns, 0, &[], &mut dups).expect("valid insert")
+}
+
+fn hit(t: &mut RadixTree, toks: &[i32], ns: Option<&str>) -> (usize, Vec<BlockId>, NodeId) {
+    let mut out = Vec::new();
+    let m = t.match_prefix(toks, ns, &mut out);
+    (m.len, out, m.node)
+}
+
+#[test]
+fn seed_split_example() {
+    let mut t = tree(1);
+    assert_eq!(ins(&mut t, &[1, 2, 3, 4, 5, 6], None, 10), 0);
+    assert_eq!(ins(&mut t, &[1, 2, 3, 7, 8, 9], None, 20), 3);
+    t.check_invariants().expect("invariants");
+    assert_eq!(t.num_nodes(), 3);
+    let root_kids = t.children_of(NodeId::ROOT);
+    assert_eq!(root_kids.len(), 1);
+    let abc = root_kids[0];
+    assert_eq!(t.nodes[abc.idx()].key, vec![1, 2, 3]);
+    let mut kids: Vec<Vec<i32>> = t.children_of(abc).iter().map(|c| t.nodes[c.idx()].key.clone()).collect();
+    kids.sort();
+    assert_eq!(kids, vec![vec![4, 5, 6], vec![7, 8, 9]]);
+    // The shared prefix keeps the first insert's values.
+    assert_eq!(hit(&mut t, &[1, 2, 3, 7, 8, 9], None).1, b(&[10, 11, 12, 23, 24, 25]));
+    assert_eq!(t.total_size(), 9);
+}
+
+#[test]
+fn shared_100_tokens_page_sizes() {
+    for (ps, want) in [(1, 100), (16, 96)] {
+        let mut t = tree(ps);
+        let mut a: Vec<i32> = (0..100).collect();
+        let mut c = a.clone();
+        a.extend([1000, 1001, 1002, 1003, 1004, 1005, 1006, 1007, 1008, 1009, 1010, 1011]);
+        c.extend([2000, 2001, 2002, 2003, 2004, 2005, 2006, 2007, 2008, 2009, 2010, 2011]);
+        let a = &a[..a.len() / ps * ps];
+        ins(&mut t, a, None, 0);
+        assert_eq!(hit(&mut t, &c, None).0, want, "page_size {ps}");
+        t.check_invariants().expect("invariants");
+    }
+}
+
+#[test]
+fn lru_order_and_locked_path_survives() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3], None, 0);
+    ins(&mut t, &[4, 5, 6], None, 10);
+    ins(&mut t, &[7, 8, 9], None, 20);
+    hit(&mut t, &[1, 2, 3], None); // [1 2 3] is now the most recent
+    let mut freed = Vec::new();
+    assert_eq!(t.evict(1, &mut freed), 3);
+    assert_eq!(freed, b(&[10, 11, 12]));
+    freed.clear();
+    assert_eq!(t.evict(1, &mut freed), 3);
+    assert_eq!(freed, b(&[20, 21, 22]));
+    // A locked path survives; its unlocked parent chain stays matchable.
+    ins(&mut t, &[1, 2, 3, 4, 5], None, 30);
+    let (_, _, leaf) = hit(&mut t, &[1, 2, 3, 4, 5], None);
+    t.lock(leaf);
+    assert_eq!(t.protected_size(), 5);
+    freed.clear();
+    assert_eq!(t.evict(100, &mut freed), 0);
+    assert_eq!(hit(&mut t, &[1, 2, 3, 4, 5], None).0, 5);
+    t.unlock(leaf).expect("locked");
+    assert_eq!(t.evict(100, &mut freed), 5, "cascade: leaf then parent in one call");
+    assert_eq!(t.total_size(), 0);
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn match_mid_edge_splits_and_keeps_lock() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3, 4, 5, 6, 7, 8], None, 0);
+    let (_, _, n) = hit(&mut t, &[1, 2, 3, 4, 5, 6, 7, 8], None);
+    t.lock(n);
+    let (len, vals, upper) = hit(&mut t, &[1, 2, 3, 4, 999], None);
+    assert_eq!((len, vals), (4, b(&[0, 1, 2, 3])));
+    assert_eq!(t.lock_ref(upper), 1, "split node keeps the lock count");
+    assert_eq!((t.total_size(), t.protected_size(), t.evictable_size()), (8, 8, 0));
+    t.check_invariants().expect("invariants");
+    t.unlock(n).expect("locked");
+    assert!(t.unlock(n).is_err(), "double unlock is refused");
+    assert_eq!(t.evictable_size(), 8);
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn insert_strict_prefix_splits_and_reinsert_is_noop() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3], None, 0);
+    assert_eq!(ins(&mut t, &[1, 2], None, 10), 2);
+    assert_eq!(t.num_nodes(), 2);
+    assert_eq!(ins(&mut t, &[1, 2, 3], None, 20), 3);
+    assert_eq!(t.num_nodes(), 2);
+    assert_eq!(t.total_size(), 3);
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn duplicates_are_returned_and_tree_values_refused() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3], None, 0);
+    let mut dups = Vec::new();
+    // Prefix values equal to the tree's are not duplicates; differing ones are.
+    let p = t.insert(&[1, 2, 3, 4], &b(&[0, 50, 2, 51]), None, 0, &[], &mut dups).expect("valid");
+    assert_eq!((p, dups.clone()), (3, b(&[50])));
+    // A value the tree holds elsewhere, or one passed twice, is refused.
+    let before = t.dump();
+    dups.clear();
+    assert!(t.insert(&[9, 9], &b(&[1, 60]), None, 0, &[], &mut dups).is_err());
+    assert!(t.insert(&[9, 9], &b(&[60, 60]), None, 0, &[], &mut dups).is_err());
+    assert!(t.insert(&[1, 2, 3, 4, 5], &b(&[70, 2, 1, 51, 71]), None, 0, &[], &mut dups).is_err());
+    assert!(dups.is_empty());
+    assert_eq!(t.dump(), before, "state unchanged on error");
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn namespaces_isolate() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3], Some("key1"), 0);
+    ins(&mut t, &[1, 2, 3], Some("key2"), 10);
+    ins(&mut t, &[1, 2, 3], None, 20);
+    assert_eq!(hit(&mut t, &[1, 2, 3], Some("key1")).1, b(&[0, 1, 2]));
+    assert_eq!(hit(&mut t, &[1, 2, 3], Some("key2")).1, b(&[10, 11, 12]));
+    assert_eq!(hit(&mut t, &[1, 2, 3], None).1, b(&[20, 21, 22]));
+    assert_eq!(hit(&mut t, &[1, 2, 3], Some("nope")).0, 0);
+    assert_eq!(hit(&mut t, &[1, 2, 3], Some("")).0, 0, "\"\" is its own namespace");
+    t.check_invariants().expect("invariants");
+    let mut freed = Vec::new();
+    t.evict(usize::MAX, &mut freed);
+    assert_eq!(t.ns.ids.len(), 0, "namespace ids are recycled once empty");
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn page_alignment() {
+    for (ps, len) in [(1, 5), (2, 5), (4, 6)] {
+        let mut t = tree(ps);
+        let toks: Vec<i32> = (1..=len).collect();
+        let al = &toks[..toks.len() / ps * ps];
+        ins(&mut t, al, None, 0);
+        let (h, _, _) = hit(&mut t, &toks, None);
+        assert_eq!(h % ps, 0);
+        assert_eq!(h, al.len());
+    }
+    // Shorter than a page: 0 and nothing touched.
+    let mut t = tree(4);
+    ins(&mut t, &[1, 2, 3, 4], None, 0);
+    let clock = t.clock();
+    assert_eq!(hit(&mut t, &[1, 2, 3], None).0, 0);
+    assert_eq!(t.clock(), clock);
+    let mut dups = Vec::new();
+    assert!(t.insert(&[1, 2, 3], &b(&[0]), None, 0, &[], &mut dups).is_err(), "unaligned key");
+    assert!(t.insert(&[1, 2, 3, 4], &b(&[0, 1]), None, 0, &[], &mut dups).is_err(), "wrong value count");
+}
+
+#[test]
+fn sglang_split_scenarios() {
+    for ps in [1usize, 2] {
+        let mut t = tree(ps);
+        let a: Vec<i32> = (1..=8).collect();
+        ins(&mut t, &a, None, 100);
+        ins(&mut t, &[1, 2, 9, 10], None, 200);
+        assert_eq!(t.total_size(), 10);
+        let (h, v, _) = hit(&mut t, &[1, 2, 3, 4, 999, 1000], None);
+        assert_eq!(h, 4);
+        let want: Vec<u32> = (100..100 + u32::try_from(4 / ps).expect("small")).collect();
+        assert_eq!(v, b(&want));
+        assert_eq!(t.total_size(), 10);
+        assert_eq!(hit(&mut t, &a, None).0, 8);
+        assert_eq!(hit(&mut t, &[1, 2, 3, 4, 5, 6, 777, 888], None).0, 6);
+        assert_eq!(hit(&mut t, &[1, 2, 9, 10], None).0, 4);
+        t.check_invariants().expect("invariants");
+    }
+}
+
+#[test]
+fn policies_order() {
+    // Three leaves under the root with different access patterns.
+    let run = |p: Policy| {
+        let mut t = RadixTree::new(1, p, false).expect("ok");
+        ins(&mut t, &[1, 1], None, 0); // created 1
+        ins(&mut t, &[2, 2], None, 10); // created 2
+        ins(&mut t, &[3, 3], None, 20); // created 3
+        ins(&mut t, &[2, 2], None, 30); // [2 2] hit twice
+        hit(&mut t, &[1, 1], None); // [1 1] most recent
+        let mut order = Vec::new();
+        for _ in 0..3 {
+            let mut f = Vec::new();
+            t.evict(1, &mut f);
+            order.push(f[0].0 / 10);
+        }
+        order
+    };
+    assert_eq!(run(Policy::Lru), vec![2, 1, 0]);
+    assert_eq!(run(Policy::Mru), vec![0, 1, 2]);
+    assert_eq!(run(Policy::Fifo), vec![0, 1, 2]);
+    assert_eq!(run(Policy::Filo), vec![2, 1, 0]);
+    assert_eq!(run(Policy::Lfu), vec![2, 0, 1]);
+    assert_eq!(run(Policy::Slru { threshold: 2 }), vec![2, 0, 1]);
+    // Priority: lower first, then LRU.
+    let mut t = RadixTree::new(1, Policy::Priority, false).expect("ok");
+    let mut d = Vec::new();
+    t.insert(&[1], &b(&[1]), None, 5, &[], &mut d).expect("ok");
+    t.insert(&[2], &b(&[2]), None, -1, &[], &mut d).expect("ok");
+    t.insert(&[3], &b(&[3]), None, 5, &[], &mut d).expect("ok");
+    let mut f = Vec::new();
+    t.evict(3, &mut f);
+    assert_eq!(f, b(&[2, 1, 3]));
+}
+
+#[test]
+fn handles_go_stale() {
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2], None, 0);
+    let (_, _, n) = hit(&mut t, &[1, 2], None);
+    let h = t.handle(n);
+    assert_eq!(t.resolve(h), Ok(n));
+    assert_eq!(t.handle(NodeId::ROOT), NodeHandle(0));
+    let mut f = Vec::new();
+    t.evict(1, &mut f);
+    assert_eq!(t.resolve(h).map_err(|e| e.kind), Err(ErrorKind::StaleHandle));
+    ins(&mut t, &[3, 4], None, 10); // reuses the arena slot
+    assert!(t.resolve(h).is_err(), "a reused slot has a new generation");
+    let (_, _, n2) = hit(&mut t, &[3, 4], None);
+    let h2 = t.handle(n2);
+    t.reset(&mut f);
+    assert!(t.resolve(h2).is_err());
+    assert_eq!(t.resolve(NodeHandle(0)), Ok(NodeId::ROOT));
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
+fn events_chain_and_split() {
+    let mut t = RadixTree::new(4, Policy::Lru, true).expect("ok");
+    let toks = [1, 2, 3, 4, 1, 2, 3, 4];
+    ins(&mut t, &toks, None, 0);
+    let ev = t.take_events();
+    let KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, .. } = &ev[0] else {
+        panic!("expected BlockStored")
+    };
+    assert_eq!(block_hashes.len(), 2);
+    assert_ne!(block_hashes[0], block_hashes[1], "repeated pages hash differently");
+    assert_eq!((*parent_block_hash, token_ids.len(), *block_size), (None, 8, 4));
+    let first = block_hashes.clone();
+    // Split at the page boundary, then a new branch: its parent is page 0.
+    ins(&mut t, &[1, 2, 3, 4, 9, 9, 9, 9], None, 10);
+    let ev = t.take_events();
+    let KvEvent::BlockStored { parent_block_hash, .. } = &ev[0] else { panic!("expected BlockStored") };
+    assert_eq!(*parent_block_hash, Some(first[0]));
+    t.check_invariants().expect("invariants");
+    // Namespaces seed the chain differently.
+    let mut u = RadixTree::new(4, Policy::Lru, true).expect("ok");
+    ins(&mut u, &toks, Some("k"), 0);
+    let ev = u.take_events();
+    let KvEvent::BlockStored { block_hashes, .. } = &ev[0] else { panic!("expected BlockStored") };
+    assert_ne!(block_hashes[0], first[0]);
+    let mut f = Vec::new();
+    u.evict(1, &mut f);
+    assert!(matches!(&u.take_events()[0], KvEvent::BlockRemoved { block_hashes } if block_hashes.len() == 2));
+    u.reset(&mut f);
+    assert_eq!(u.take_events(), vec![KvEvent::AllBlocksCleared]);
+}
+
+#[test]
+fn colliding_children_share_a_list() {
+    FORCE_COLLISIONS.with(|c| c.set(true));
+    for ps in [1usize, 2] {
+        let mut t = tree(ps);
+        ins(&mut t, &[1, 2, 5, 5], None, 0);
+        ins(&mut t, &[3, 4, 6, 6], None, 10);
+        ins(&mut t, &[7, 8, 7, 7], None, 20);
+        assert_eq!(t.nodes[0].children.len(), 1, "one key, one list");
+        assert_eq!(t.children_of(NodeId::ROOT).len(), 3);
+        assert_eq!(hit(&mut t, &[3, 4, 6, 6], None).0, 4);
+        assert_eq!(hit(&mut t, &[3, 4, 6, 9], None).0, if ps == 1 { 3 } else { 2 });
+        t.check_invariants().expect("invariants");
+        let mut f = Vec::new();
+        t.evict(1, &mut f);
+        t.evict(1, &mut f);
+        t.check_invariants().expect("invariants");
+        assert_eq!(t.children_of(NodeId::ROOT).len(), 1);
+    }
+    FORCE_COLLISIONS.with(|c| c.set(false));
+}
+
+#[test]
+fn page_size_many_children_share_first_token() {
+    let mut t = tree(2);
+    ins(&mut t, &[1, 2, 5, 5], None, 0);
+    ins(&mut t, &[1, 3, 6, 6], None, 10);
+    ins(&mut t, &[1, 4, 7, 7], None, 20);
+    assert_eq!(t.children_of(NodeId::ROOT).len(), 3);
+    assert_eq!(hit(&mut t, &[1, 3, 6, 6], None).1, b(&[10, 11]));
+    assert_eq!(hit(&mut t, &[1, 9, 6, 6], None).0, 0);
+    t.check_invariants().expect("invariants");
+    let mut f = Vec::new();
+    t.evict(2, &mut f);
+    t.check_invariants().expect("invariants");
+    assert_eq!(t.children_of(NodeId::ROOT).len(), 2);
+}
+
+#[test]
+fn common_prefix_lengths() {
+    let a: Vec<i32> = (0..1000).collect();
+    for cut in [0usize, 1, 15, 16, 17, 63, 64, 65, 200, 999] {
+        let mut c = a.clone();
+        c[cut] = -1;
+        assert_eq!(common_prefix(&a, &c), cut);
+    }
+    assert_eq!(common_prefix(&a, &a), 1000);
+    assert_eq!(common_prefix(&a[..10], &a), 10);
+}
+
+// ---------------------------------------------------------------- proptest
+
+#[derive(Clone, Debug)]
+enum Op {
+    Match(Vec<i32>, u8),
+    Insert(Vec<i32>, u8, i8),
+    Lock(usize),
+    Unlock(usize),
+    Evict(usize),
+    Reset,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let seq = proptest::collection::vec(0i32..3, 0..14);
+    prop_oneof![
+        4 => (seq.clone(), 0u8..3).prop_map(|(s, n)| Op::Match(s, n)),
+        5 => (seq, 0u8..3, -2i8..3).prop_map(|(s, n, p)| Op::Insert(s, n, p)),
+        2 => (0usize..8).prop_map(Op::Lock),
+        2 => (0usize..8).prop_map(Op::Unlock),
+        2 => (0usize..12).prop_map(Op::Evict),
+        1 => Just(Op::Reset),
+    ]
+}
+
+fn ns_of(n: u8) -> Option<&'static str> {
+    [None, Some("a"), Some("b")][n as usize]
+}
+
+/// Longest page-aligned common prefix of `q` with any cached sequence of `ns`.
+fn oracle_hit(seqs: &[(Option<String>, Vec<i32>)], q: &[i32], ns: Option<&str>, ps: usize) -> usize {
+    let q = &q[..q.len() / ps * ps];
+    seqs.iter()
+        .filter(|(n, _)| n.as_deref() == ns)
+        .map(|(_, s)| common_prefix(s, q) / ps * ps)
+        .max()
+        .unwrap_or(0)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 200, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_ops_keep_invariants(ps in prop_oneof![Just(1usize), Just(2), Just(4)],
+                                  policy in 0usize..7,
+                                  collide in proptest::bool::weighted(0.3),
+                                  ops in proptest::collection::vec(op(), 1..60)) {
+        FORCE_COLLISIONS.with(|c| c.set(collide));
+        let policy = Policy::parse(evict::POLICY_NAMES[policy], 2).expect("known");
+        let mut t = RadixTree::new(ps, policy, true).expect("ok");
+        let mut next = 1u32;
+        // Handles we matched: (handle, path tokens, namespace); locks we hold per handle.
+        let mut handles: Vec<(NodeHandle, Vec<i32>, Option<&str>)> = Vec::new();
+        let mut locks: rustc_hash::FxHashMap<NodeHandle, u32> = rustc_hash::FxHashMap::default();
+        for op in ops {
+            let seqs = t.sequences();
+            let sizes = (t.total_size(), t.evictable_size(), t.protected_size());
+            match op {
+                Op::Match(q, n) => {
+                    let ns = ns_of(n);
+                    let want = oracle_hit(&seqs, &q, ns, ps);
+                    let mut out = Vec::new();
+                    let m = t.match_prefix(&q, ns, &mut out);
+                    prop_assert_eq!(m.len, want);
+                    prop_assert_eq!(out.len() * ps, m.len);
+                    prop_assert_eq!(t.path_len(m.node), m.len);
+                    prop_assert_eq!(sizes, (t.total_size(), t.evictable_size(), t.protected_size()));
+                    prop_assert_eq!(&seqs, &t.sequences());
+                    if m.node != NodeId::ROOT && handles.len() < 8 {
+                        handles.push((t.handle(m.node), q[..m.len].to_vec(), ns));
+                    }
+                }
+                Op::Insert(s, n, prio) => {
+                    let ns = ns_of(n);
+                    let al = &s[..s.len() / ps * ps];
+                    let want = oracle_hit(&seqs, al, ns, ps);
+                    let vals: Vec<BlockId> = (0..al.len() / ps).map(|i| BlockId(next + u32::try_from(i).expect("small"))).collect();
+                    next += 100;
+                    let mut dups = Vec::new();
+                    let p = t.insert(al, &vals, ns, i64::from(prio), &[], &mut dups).expect("fresh values");
+                    prop_assert_eq!(p, want);
+                    prop_assert_eq!(&dups[..], &vals[..p / ps], "fresh values in the prefix are duplicates");
+                    prop_assert_eq!(t.total_size(), sizes.0 + al.len() - p);
+                    prop_assert_eq!(oracle_hit(&t.sequences(), al, ns, ps), al.len());
+                }
+                Op::Lock(i) => {
+                    if let Some(h) = handles.get(i) {
+                        if t.lock_handle(h.0).is_ok() {
+                            *locks.entry(h.0).or_default() += 1;
+                        }
+                    }
+                }
+                Op::Unlock(i) => {
+                    if let Some(h) = handles.get(i) {
+                        let held = locks.entry(h.0).or_default();
+                        match t.unlock_handle(h.0) {
+                            Ok(()) => { prop_assert!(*held > 0); *held -= 1; }
+                            Err(e) => prop_assert!(
+                                *held == 0 && matches!(e.kind, ErrorKind::StaleHandle | ErrorKind::Lock)
+                            ),
+                        }
+                    }
+                }
+                Op::Evict(k) => {
+                    let ev = t.evictable_size();
+                    let mut freed = Vec::new();
+                    let got = t.evict(k, &mut freed);
+                    prop_assert!(got >= k.min(ev));
+                    prop_assert_eq!(freed.len() * ps, got);
+                    prop_assert_eq!(t.total_size(), sizes.0 - got);
+                    prop_assert_eq!(t.protected_size(), sizes.2);
+                    for v in &freed {
+                        prop_assert!(!t.contains_value(*v));
+                    }
+                }
+                Op::Reset => {
+                    let mut freed = Vec::new();
+                    t.reset(&mut freed);
+                    prop_assert_eq!(freed.len() * ps, sizes.0);
+                    handles.clear();
+                    locks.clear();
+                }
+            }
+            t.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // Every locked path stays matchable (reference invariant 12).
+            for (h, path, ns) in &handles {
+                if locks.get(h).copied().unwrap_or(0) > 0 {
+                    prop_assert!(t.resolve(*h).is_ok());
+                    prop_assert_eq!(t.probe(path, *ns).len, path.len());
+                }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------- request-level radix cache
+
+mod request_cache {
+    use proptest::prelude::*;
+
+    use crate::core::hash::KeySpec;
+    use crate::core::ids::{BlockId, RequestId};
+    use crate::core::radix::Policy;
+    use crate::core::radix_cache::RadixPrefixCache;
+
+    fn cache(pages: usize, ps: usize) -> RadixPrefixCache {
+        RadixPrefixCache::new(pages, ps, Policy::Lru, true).expect("valid")
+    }
+
+    fn ok(c: &RadixPrefixCache) {
+        c.check_invariants().expect("invariants");
+    }
+
+    #[test]
+    fn lifecycle_hits_after_finish() {
+        for ps in [1usize, 4] {
+            let mut c = cache(64, ps);
+            let spec = KeySpec::default();
+            let p: Vec<i32> = (0..20).collect();
+            assert_eq!(c.admit(RequestId(1), &p, &spec, false).expect("ok"), Some(0));
+            assert!(c.append(RequestId(1), &[100, 101, 102]).expect("ok"));
+            ok(&c);
+            c.free(RequestId(1)).expect("ok");
+            ok(&c);
+            // Full pages of prompt + output are cached; the hit stops at n - 1.
+            let mut q = p.clone();
+            q.extend([100, 101, 102, 7]);
+            let want = (q.len() - 1) / ps * ps;
+            assert_eq!(c.lookup(&q, &spec).expect("ok"), want.min(23 / ps * ps));
+            assert_eq!(c.admit(RequestId(2), &q, &spec, false).expect("ok"), Some(want.min(23 / ps * ps)));
+            ok(&c);
+            // Identical prompt: capped at n - 1.
+            assert_eq!(c.admit(RequestId(3), &p, &spec, false).expect("ok"), Some(19 / ps * ps));
+            ok(&c);
+            c.free_batch(&[2, 3]).expect("ok");
+            ok(&c);
+            assert_eq!(c.num_requests(), 0);
+        }
+    }
+
+    #[test]
+    fn eviction_inside_admit_and_none_when_locked() {
+        let mut c = cache(11, 1); // 10 usable slots
+        let spec = KeySpec::default();
+        assert_eq!(c.admit(RequestId(1), &[1, 2, 3, 4, 5, 6], &spec, false).expect("ok"), Some(0));
+        c.free(RequestId(1)).expect("ok");
+        assert_eq!(c.pool().num_free(), 4);
+        assert_eq!(c.num_free_blocks(), 10);
+        // Needs 8: evicts the cached leaf.
+        assert_eq!(c.admit(RequestId(2), &[9, 9, 9, 9, 9, 9, 9, 9], &spec, false).expect("ok"), Some(0));
+        ok(&c);
+        assert_eq!(c.tree().total_size(), 0);
+        // 2 free, none evictable: a 3-token prompt does not fit; nothing changes.
+        let before = c.tree().dump();
+        assert_eq!(c.admit(RequestId(3), &[5, 5, 5], &spec, false).expect("ok"), None);
+        assert_eq!(c.tree().dump(), before);
+        assert!(!c.append(RequestId(2), &[1, 2, 3]).expect("ok"));
+        assert!(c.append(RequestId(2), &[1, 2]).expect("ok"));
+        ok(&c);
+    }
+
+    #[test]
+    fn checkpoint_shares_running_prompt() {
+        let mut c = cache(32, 2);
+        let spec = KeySpec::default();
+        let p: Vec<i32> = (0..9).collect();
+        c.admit(RequestId(1), &p, &spec, false).expect("ok");
+        assert_eq!(c.lookup(&p, &spec).expect("ok"), 0);
+        c.checkpoint(RequestId(1)).expect("ok");
+        ok(&c);
+        assert_eq!(c.num_cached_tokens(RequestId(1)).expect("ok"), 8);
+        assert_eq!(c.admit(RequestId(2), &p, &spec, false).expect("ok"), Some(8));
+        assert_eq!(c.blocks(RequestId(2)).expect("ok")[..4], c.blocks(RequestId(1)).expect("ok")[..4]);
+        ok(&c);
+        // A duplicate computed meanwhile is swapped for the tree's page.
+        c.admit(RequestId(3), &p, &spec, true).expect("ok");
+        let own: Vec<BlockId> = c.blocks(RequestId(3)).expect("ok").to_vec();
+        c.checkpoint(RequestId(3)).expect("ok");
+        ok(&c);
+        assert_eq!(c.blocks(RequestId(3)).expect("ok")[..4], c.blocks(RequestId(1)).expect("ok")[..4]);
+        assert!(own[..4].iter().all(|p| c.pool().ref_count(*p) == 0), "duplicates returned to the pool");
+        c.free_batch(&[1, 2, 3]).expect("ok");
+        ok(&c);
+    }
+
+    #[test]
+    fn namespaces_and_errors() {
+        let mut c = cache(32, 1);
+        let salt = KeySpec::new(None, Some("s".into()), vec![]).expect("ok");
+        let none = KeySpec::default();
+        c.admit(RequestId(1), &[1, 2, 3, 4], &salt, false).expect("ok");
+        c.free(RequestId(1)).expect("ok");
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 5], &salt).expect("ok"), 4);
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 5], &none).expect("ok"), 0);
+        let empty_salt = KeySpec::new(None, Some(String::new()), vec![]).expect("ok");
+        assert_eq!(c.lookup(&[1, 2, 3, 4, 5], &empty_salt).expect("ok"), 0, "empty salt == no salt");
+        assert!(c.admit(RequestId(5), &[], &none, false).is_err());
+        c.admit(RequestId(5), &[1], &none, false).expect("ok");
+        assert!(c.admit(RequestId(5), &[1], &none, false).is_err());
+        assert!(c.free(RequestId(6)).is_err());
+        assert!(c.reset().is_err());
+        c.free(RequestId(5)).expect("ok");
+        assert!(c.free(RequestId(5)).is_err(), "double free");
+        c.reset().expect("ok");
+        ok(&c);
+        assert_eq!(c.pool().num_free(), 31);
+    }
+
+    #[derive(Clone, Debug)]
+    enum Op {
+        Admit(Vec<i32>, bool, bool),
+        Append(usize, Vec<i32>),
+        Checkpoint(usize),
+        Free(usize),
+        Evict(usize),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        let seq = proptest::collection::vec(0i32..3, 1..16);
+        prop_oneof![
+            4 => (seq.clone(), any::<bool>(), proptest::bool::weighted(0.1)).prop_map(|(s, n, k)| Op::Admit(s, n, k)),
+            3 => (0usize..6, proptest::collection::vec(0i32..3, 1..5)).prop_map(|(i, s)| Op::Append(i, s)),
+            1 => (0usize..6).prop_map(Op::Checkpoint),
+            3 => (0usize..6).prop_map(Op::Free),
+            1 => (0usize..10).prop_map(Op::Evict),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 150, ..ProptestConfig::default() })]
+
+        #[test]
+        fn random_requests_keep_ownership(ps in prop_oneof![Just(1usize), Just(2), Just(4)],
+                                          pages in 3usize..24,
+                                          ops in proptest::collection::vec(op(), 1..50)) {
+            let mut c = RadixPrefixCache::new(pages, ps, Policy::Lru, false).expect("ok");
+            let salt = KeySpec::new(None, Some("x".into()), vec![]).expect("ok");
+            let none = KeySpec::default();
+            let mut running: Vec<u64> = Vec::new();
+            let mut next = 0u64;
+            for op in ops {
+                match op {
+                    Op::Admit(s, ns, skip) => {
+                        let spec = if ns { &salt } else { &none };
+                        let look = c.lookup(&s, spec).expect("ok");
+                        let free = c.num_free_blocks();
+                        match c.admit(RequestId(next), &s, spec, skip).expect("ok") {
+                            Some(h) => {
+                                prop_assert_eq!(h, if skip { 0 } else { look });
+                                prop_assert!(h < s.len() && h % ps == 0);
+                                running.push(next);
+                            }
+                            None => {
+                                prop_assert!(s.len().div_ceil(ps) - look / ps > c.pool().num_free());
+                                prop_assert_eq!(c.num_free_blocks(), free, "nothing changed");
+                            }
+                        }
+                        next += 1;
+                    }
+                    Op::Append(i, s) => {
+                        if let Some(&id) = running.get(i) {
+                            let n = c.num_tokens(RequestId(id)).expect("ok");
+                            if c.append(RequestId(id), &s).expect("ok") {
+                                prop_assert_eq!(c.num_tokens(RequestId(id)).expect("ok"), n + s.len());
+                            }
+                        }
+                    }
+                    Op::Checkpoint(i) => {
+                        if let Some(&id) = running.get(i) {
+                            c.checkpoint(RequestId(id)).expect("ok");
+                        }
+                    }
+                    Op::Free(i) => {
+                        if i < running.len() {
+                            let id = running.remove(i);
+                            c.free(RequestId(id)).expect("ok");
+                        }
+                    }
+                    Op::Evict(k) => {
+                        c.evict(k);
+                    }
+                }
+                c.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+            for id in running {
+                c.free(RequestId(id)).expect("ok");
+            }
+            c.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(c.pool().num_free() + c.tree().total_size() / ps + 1, pages);
+        }
+    }
+}
+
+#[test]
+fn bitmap_mark_unmark_runs() {
+    let mut bits = vec![0u64; 4];
+    let v: Vec<BlockId> = [1, 2, 3, 64, 65, 200].iter().map(|&x| BlockId(x)).collect();
+    assert_eq!(mark_all(&mut bits, &v), Ok(()));
+    assert_eq!(bits[0], 0b1110);
+    assert_eq!(mark_all(&mut bits, &b(&[10, 11, 65])), Err(2), "conflict in the second word-run");
+    assert_eq!(bits[0], 0b1110 | 1 << 10 | 1 << 11, "the first run was flushed");
+    unmark_all(&mut bits, &b(&[10, 11]));
+    assert_eq!(mark_all(&mut bits, &b(&[30, 31, 30])), Err(0), "repeat inside one run");
+    assert_eq!(bits[0], 0b1110, "nothing of the failed run is marked");
+    unmark_all(&mut bits, &v);
+    assert!(bits.iter().all(|&w| w == 0));
+    unmark_all(&mut bits, &b(&[100_000])); // beyond the bitmap: ignored
+                                           // The tree reports the culprit and leaves the bitmap unchanged.
+    let mut t = tree(1);
+    ins(&mut t, &[1, 2, 3], None, 64);
+    let before = t.in_tree.clone();
+    let mut d = Vec::new();
+    let e =
+        t.insert(&[5, 6, 7, 8], &b(&[10, 11, 65, 12]), None, 0, &[], &mut d).expect_err("65 is in the tree");
+    assert!(e.msg.contains("65"), "{}", e.msg);
+    let e = t.insert(&[5, 6, 7, 8], &b(&[10, 11, 12, 11]), None, 0, &[], &mut d).expect_err("11 twice");
+    assert!(e.msg.contains("11"), "{}", e.msg);
+    assert_eq!(t.in_tree, before);
+    t.check_invariants().expect("invariants");
+}
+
+proptest! {
+    #[test]
+    fn bitmap_matches_a_set(groups in proptest::collection::vec(
+        prop_oneof![
+            (0u32..300, 1usize..130).prop_map(|(b, n)| (b..b + u32::try_from(n).expect("small")).collect::<Vec<u32>>()),
+            (0u32..300, 1usize..130).prop_map(|(b, n)| (b..b + u32::try_from(n).expect("small")).rev().collect::<Vec<u32>>()),
+            proptest::collection::vec(0u32..400, 0..90),
+        ], 1..6)) {
+        let mut bits = vec![0u64; 8];
+        let mut set = std::collections::BTreeSet::new();
+        for g in &groups {
+            let vals: Vec<BlockId> = g.iter().map(|&x| BlockId(x)).collect();
+            let before = bits.clone();
+            let fresh = g.iter().all(|x| !set.contains(x))
+                && g.iter().collect::<std::collections::BTreeSet<_>>().len() == g.len();
+            match mark_all(&mut bits, &vals) {
+                Ok(()) => {
+                    prop_assert!(fresh);
+                    set.extend(g.iter().copied());
+                }
+                Err(i) => {
+                    prop_assert!(!fresh);
+                    unmark_all(&mut bits, &vals[..i]);
+                    prop_assert_eq!(&bits, &before);
+                }
+            }
+            let want: Vec<u32> = set.iter().copied().collect();
+            let got: Vec<u32> = (0..512u32).filter(|&x| bits[x as usize / 64] >> (x % 64) & 1 == 1).collect();
+            prop_assert_eq!(got, want);
+        }
+    }
+}

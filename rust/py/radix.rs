@@ -1,0 +1,805 @@
+//! `RadixCache` (the tree) and `RadixPrefixCache` (the request-level cache):
+//! the Python faces of [`crate::core::radix::RadixTree`] and
+//! [`crate::core::radix_cache::RadixPrefixCache`].
+//!
+//! Threading: both classes are owned by one scheduler thread. Methods take
+//! `&mut self` and never release the GIL (they run for microseconds); on a
+//! free-threaded build a concurrent second caller gets `RuntimeError`
+//! (already borrowed), never corruption.
+//!
+//! Slots and pages: the core tree stores one value per page (the slot when
+//! `page_size == 1`, else the page id `slot // page_size`). This layer turns
+//! the caller's per-token slots into pages (with `page_size > 1` each page's
+//! slots must be a page-aligned run: `slot % page_size == 0` for the first,
+//! then consecutive) and pages back into per-token slots.
+
+use std::borrow::Cow;
+
+use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use super::arrays::{self, TokenArray};
+use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
+use super::{events, keys};
+use crate::core::hash_chain::Stats;
+use crate::core::ids::{BlockId, RequestId};
+use crate::core::radix::{NodeHandle, Policy, RadixTree};
+use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
+
+/// Reads a token array as int32 (int64 input is narrowed, with a range check).
+fn tokens_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {
+    match arr {
+        TokenArray::I32(a) => Ok(Cow::Borrowed(a.as_slice().expect("contiguity checked"))),
+        TokenArray::I64(a) => Ok(Cow::Owned(narrow_tokens(a.as_slice().expect("contiguity checked")).py()?)),
+    }
+}
+
+fn read_tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
+    arrays::tokens(obj, what)
+}
+
+/// Reads caller slots as non-negative int32 values.
+fn slots_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {
+    let s = tokens_i32(arr).map_err(|_| invalid("slots must fit in int32"))?;
+    // Branch-free sign check (vectorises); find the culprit only on error.
+    if s.iter().fold(0i32, |acc, &x| acc | x) < 0 {
+        let x = s.iter().find(|&&x| x < 0).copied().unwrap_or_default();
+        return Err(invalid(format!("slots must be non-negative, got {x}")));
+    }
+    Ok(s)
+}
+
+#[cold]
+fn misaligned(slots: &[i32], ps: usize) -> PyErr {
+    let j = slots.chunks(ps).position(|run| !is_run(run, ps)).unwrap_or(0);
+    invalid(format!(
+        "with page_size {ps} the slots of each page must be a page-aligned run \
+         (first slot % page_size == 0, then consecutive); page {j} starts at slot {}",
+        slots[j * ps]
+    ))
+}
+
+#[allow(clippy::cast_sign_loss)]
+fn is_run(run: &[i32], ps: usize) -> bool {
+    let base = run[0];
+    (base as usize).is_multiple_of(ps) && run.iter().zip(0i32..).all(|(&x, k)| x == base.wrapping_add(k))
+}
+
+/// Caller slots (non-negative) -> pages of the full pages, appended to `out`,
+/// and the page of the partial tail. With `page_size > 1` each page's slots
+/// must be a page-aligned run. O(slots), branch-free in the common case
+/// (unrolled for the usual power-of-two page sizes).
+#[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> PyResult<Option<BlockId>> {
+    let ps = pm.ps;
+    if ps == 1 {
+        out.extend(slots.iter().map(|&s| BlockId(s as u32)));
+        return Ok(None);
+    }
+    let full = slots.len() / ps;
+    out.reserve(full + 1);
+    let start = out.len();
+    let body = &slots[..full * ps];
+    let mut bad = match ps {
+        2 => runs_fixed::<2>(body, out),
+        4 => runs_fixed::<4>(body, out),
+        8 => runs_fixed::<8>(body, out),
+        16 => runs_fixed::<16>(body, out),
+        32 => runs_fixed::<32>(body, out),
+        64 => runs_fixed::<64>(body, out),
+        _ => 0,
+    };
+    let done = out.len() - start;
+    for run in slots[done * ps..].chunks(ps) {
+        let base = run[0];
+        bad |= run.iter().zip(0i32..).fold(0i32, |acc, (&x, k)| acc | (x ^ base.wrapping_add(k)));
+        bad |= i32::from(pm.rem(base as usize) != 0);
+        out.push(BlockId(pm.div(base as usize) as u32));
+    }
+    if bad != 0 {
+        return Err(misaligned(slots, ps));
+    }
+    Ok(if slots.len() > full * ps { out.pop() } else { None })
+}
+
+/// [`slots_to_pages`] for a page size known at compile time: pushes one page
+/// per `N` slots and returns non-zero if some page is not an aligned run.
+#[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
+    let mut iota = [0i32; N];
+    for (k, v) in iota.iter_mut().enumerate() {
+        *v = k as i32;
+    }
+    // Accumulate mismatches lane-wise (stays in vector registers) and
+    // reduce once at the end.
+    let mut lanes = [0i32; N];
+    let mut align = 0i32;
+    for run in slots.chunks_exact(N) {
+        let run: &[i32; N] = run.try_into().expect("chunks_exact");
+        let base = run[0];
+        align |= base & (N as i32 - 1);
+        for k in 0..N {
+            lanes[k] |= run[k] ^ base.wrapping_add(iota[k]);
+        }
+        out.push(BlockId((base as u32) >> N.trailing_zeros()));
+    }
+    lanes.iter().fold(align, |acc, &x| acc | x)
+}
+
+/// Division by the page size, by shifting when it is a power of two.
+#[derive(Clone, Copy)]
+struct PageMath {
+    ps: usize,
+    shift: Option<u32>,
+}
+
+impl PageMath {
+    fn new(ps: usize) -> Self {
+        PageMath { ps, shift: ps.is_power_of_two().then(|| ps.trailing_zeros()) }
+    }
+
+    #[inline]
+    fn div(self, x: usize) -> usize {
+        match self.shift {
+            Some(s) => x >> s,
+            None => x / self.ps,
+        }
+    }
+
+    #[inline]
+    fn rem(self, x: usize) -> usize {
+        match self.shift {
+            Some(_) => x & (self.ps - 1),
+            None => x % self.ps,
+        }
+    }
+}
+
+/// Pages -> per-token slots (int32), appended to `out`. Values come from
+/// int32 slots or from a pool smaller than 2^31 pages, so the casts are
+/// lossless.
+#[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+fn pages_to_slots(pages: &[BlockId], ps: usize, out: &mut Vec<i32>) {
+    match ps {
+        1 => out.extend(pages.iter().map(|&p| p.0 as i32)),
+        4 => expand_fixed::<4>(pages, out),
+        8 => expand_fixed::<8>(pages, out),
+        16 => expand_fixed::<16>(pages, out),
+        32 => expand_fixed::<32>(pages, out),
+        64 => expand_fixed::<64>(pages, out),
+        _ => {
+            let ps32 = ps as i32;
+            out.reserve(pages.len() * ps);
+            for &p in pages {
+                let base = p.0 as i32 * ps32;
+                out.extend(base..base + ps32);
+            }
+        }
+    }
+}
+
+/// [`pages_to_slots`] for a page size known at compile time: one vector add
+/// and one fixed-size copy per page.
+#[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+fn expand_fixed<const N: usize>(pages: &[BlockId], out: &mut Vec<i32>) {
+    let iota: [i32; N] = std::array::from_fn(|k| k as i32);
+    out.reserve(pages.len() * N);
+    for &p in pages {
+        let base = (p.0 as i32).wrapping_mul(N as i32);
+        let run: [i32; N] = std::array::from_fn(|k| base + iota[k]);
+        out.extend_from_slice(&run);
+    }
+}
+
+fn slot_array<'py>(py: Python<'py>, pages: &[BlockId], ps: usize) -> Bound<'py, PyArray1<i32>> {
+    let mut out = Vec::with_capacity(pages.len() * ps);
+    pages_to_slots(pages, ps, &mut out);
+    PyArray1::from_vec(py, out)
+}
+
+fn parse_policy(policy: &str, slru_threshold: i64) -> PyResult<Policy> {
+    let th = u64::try_from(slru_threshold)
+        .map_err(|_| invalid(format!("slru_threshold must be >= 0, got {slru_threshold}")))?;
+    Policy::parse(policy, th).py()
+}
+
+fn page_size_arg(page_size: i64, what: &str) -> PyResult<usize> {
+    usize::try_from(page_size).map_err(|_| invalid(format!("{what} must be >= 1, got {page_size}")))
+}
+
+/// Result of `RadixCache.match_prefix`: iterable as `(hit_len, slots, node)`.
+#[pyclass(module = "kvindex._core", frozen, get_all)]
+pub struct MatchResult {
+    /// Matched tokens (a multiple of the page size).
+    hit_len: usize,
+    /// KV slots of the matched tokens (int32, one per token).
+    slots: Py<PyArray1<i32>>,
+    /// Handle of the last matched node (0, the root, on a miss): lock it.
+    node: u64,
+}
+
+#[pymethods]
+impl MatchResult {
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let t = (me.hit_len, me.slots.clone_ref(py), me.node).into_pyobject(py)?;
+        Ok(t.into_any().try_iter()?.into_any())
+    }
+
+    fn __len__(&self) -> usize {
+        3
+    }
+
+    fn __repr__(&self) -> String {
+        format!("MatchResult(hit_len={}, node={})", self.hit_len, self.node)
+    }
+}
+
+/// Result of `RadixCache.insert`: iterable as `(prefix_len, to_free)`.
+#[pyclass(module = "kvindex._core", frozen, get_all)]
+pub struct InsertResult {
+    /// Leading tokens that were already in the tree (a multiple of the page size).
+    prefix_len: usize,
+    /// Slots passed in that the tree did not take (duplicates of its prefix,
+    /// and the unaligned tail when page_size > 1): the caller frees exactly these.
+    to_free: Py<PyArray1<i32>>,
+}
+
+#[pymethods]
+impl InsertResult {
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let t = (me.prefix_len, me.to_free.clone_ref(py)).into_pyobject(py)?;
+        Ok(t.into_any().try_iter()?.into_any())
+    }
+
+    fn __len__(&self) -> usize {
+        2
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("InsertResult(prefix_len={}, to_free={})", self.prefix_len, self.to_free.bind(py).repr()?))
+    }
+}
+
+/// Radix tree over token ids with SGLang `RadixCache` semantics.
+#[pyclass(module = "kvindex._core", name = "RadixCache")]
+pub struct PyRadixCache {
+    inner: RadixTree,
+    /// Scratch: pages out of the core (matches, duplicates, evictions).
+    pages: Vec<BlockId>,
+    /// Scratch: the caller's slots as pages.
+    in_pages: Vec<BlockId>,
+}
+
+#[pymethods]
+impl PyRadixCache {
+    #[new]
+    #[pyo3(signature = (page_size = 1, *, policy = "lru", slru_threshold = 2, enable_events = false))]
+    fn new(page_size: i64, policy: &str, slru_threshold: i64, enable_events: bool) -> PyResult<Self> {
+        let ps = page_size_arg(page_size, "page_size")?;
+        let policy = parse_policy(policy, slru_threshold)?;
+        Ok(PyRadixCache {
+            inner: RadixTree::new(ps, policy, enable_events).py()?,
+            pages: Vec::new(),
+            in_pages: Vec::new(),
+        })
+    }
+
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.policy().name()
+    }
+
+    #[getter]
+    fn total_size(&self) -> usize {
+        self.inner.total_size()
+    }
+
+    #[getter]
+    fn evictable_size(&self) -> usize {
+        self.inner.evictable_size()
+    }
+
+    #[getter]
+    fn protected_size(&self) -> usize {
+        self.inner.protected_size()
+    }
+
+    #[getter]
+    fn num_nodes(&self) -> usize {
+        self.inner.num_nodes()
+    }
+
+    #[getter]
+    fn clock(&self) -> u64 {
+        self.inner.clock()
+    }
+
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn match_prefix(
+        &mut self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        namespace: Option<&str>,
+    ) -> PyResult<MatchResult> {
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        let ps = self.inner.page_size();
+        // One pass: tree values straight into the Vec numpy will own.
+        let mut out: Vec<i32> = Vec::with_capacity(toks.len());
+        let m = self.inner.match_prefix_with(&toks, namespace, |vals| pages_to_slots(vals, ps, &mut out));
+        let slots = PyArray1::from_vec(py, out);
+        Ok(MatchResult { hit_len: m.len, slots: slots.unbind(), node: self.inner.handle(m.node).0 })
+    }
+
+    #[pyo3(signature = (tokens, namespace = None))]
+    fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        Ok(self.inner.probe(&toks, namespace).len)
+    }
+
+    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0))]
+    fn insert(
+        &mut self,
+        py: Python<'_>,
+        tokens: &Bound<'_, PyAny>,
+        slots: &Bound<'_, PyAny>,
+        namespace: Option<&str>,
+        priority: i64,
+    ) -> PyResult<InsertResult> {
+        let tarr = read_tokens(tokens, "tokens")?;
+        let sarr = read_tokens(slots, "slots")?;
+        let toks = tokens_i32(&tarr)?;
+        let slots = slots_i32(&sarr)?;
+        if slots.len() != toks.len() {
+            return Err(invalid(format!(
+                "slots ({}) must have one slot per token ({})",
+                slots.len(),
+                toks.len()
+            )));
+        }
+        let ps = self.inner.page_size();
+        let mut pages = std::mem::take(&mut self.in_pages);
+        pages.clear();
+        let extra = slots_to_pages(&slots, PageMath::new(ps), &mut pages);
+        let full = toks.len() / ps * ps;
+        self.pages.clear();
+        let res = extra.and_then(|extra| {
+            self.inner
+                .insert(&toks[..full], &pages, namespace, priority, extra.as_slice(), &mut self.pages)
+                .py()
+        });
+        self.in_pages = pages;
+        let prefix = res?;
+        let mut out = Vec::with_capacity(self.pages.len() * ps + (toks.len() - full));
+        pages_to_slots(&self.pages, ps, &mut out);
+        out.extend_from_slice(&slots[full..]);
+        Ok(InsertResult { prefix_len: prefix, to_free: PyArray1::from_vec(py, out).unbind() })
+    }
+
+    fn lock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let h = NodeHandle(arrays::id(node, "node")?);
+        self.inner.lock_handle(h).py()
+    }
+
+    fn unlock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let h = NodeHandle(arrays::id(node, "node")?);
+        self.inner.unlock_handle(h).py()
+    }
+
+    fn lock_ref(&self, node: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let id = self.inner.resolve(NodeHandle(arrays::id(node, "node")?)).py()?;
+        Ok(self.inner.lock_ref(id))
+    }
+
+    fn path_slots<'py>(
+        &self,
+        py: Python<'py>,
+        node: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let id = self.inner.resolve(NodeHandle(arrays::id(node, "node")?)).py()?;
+        let mut pages = Vec::new();
+        self.inner.path_values(id, &mut pages);
+        Ok(slot_array(py, &pages, self.inner.page_size()))
+    }
+
+    fn all_slots<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let mut pages = Vec::new();
+        self.inner.all_values(&mut pages);
+        slot_array(py, &pages, self.inner.page_size())
+    }
+
+    fn evict<'py>(&mut self, py: Python<'py>, num_tokens: i64) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let n = usize::try_from(num_tokens)
+            .map_err(|_| invalid(format!("num_tokens must be >= 0, got {num_tokens}")))?;
+        self.pages.clear();
+        self.inner.evict(n, &mut self.pages);
+        Ok(slot_array(py, &self.pages, self.inner.page_size()))
+    }
+
+    fn reset<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        self.pages.clear();
+        self.inner.reset(&mut self.pages);
+        slot_array(py, &self.pages, self.inner.page_size())
+    }
+
+    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        events::to_list(py, self.inner.take_events())
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner.check_invariants().map_err(inv_to_py)
+    }
+
+    fn dump(&self) -> String {
+        self.inner.dump()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.total_size()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RadixCache(page_size={}, policy={:?}, total_size={}, evictable_size={}, protected_size={}, nodes={})",
+            self.inner.page_size(),
+            self.inner.policy().name(),
+            self.inner.total_size(),
+            self.inner.evictable_size(),
+            self.inner.protected_size(),
+            self.inner.num_nodes()
+        )
+    }
+}
+
+/// Result of a successful `RadixPrefixCache.admit` (the same shape as
+/// `Admission`): iterable as `(num_cached_tokens, block_ids)`.
+#[pyclass(module = "kvindex._core", frozen, get_all)]
+pub struct RadixAdmission {
+    /// Prompt tokens served from the tree (a multiple of the page size).
+    num_cached_tokens: usize,
+    /// The request's page table (int32 block ids).
+    block_ids: Py<PyArray1<i32>>,
+}
+
+#[pymethods]
+impl RadixAdmission {
+    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
+        let py = slf.py();
+        let me = slf.get();
+        let t = (me.num_cached_tokens, me.block_ids.clone_ref(py)).into_pyobject(py)?;
+        Ok(t.into_any().try_iter()?.into_any())
+    }
+
+    fn __len__(&self) -> usize {
+        2
+    }
+
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!(
+            "RadixAdmission(num_cached_tokens={}, block_ids={})",
+            self.num_cached_tokens,
+            self.block_ids.bind(py).repr()?
+        ))
+    }
+}
+
+fn block_ids_array<'py>(py: Python<'py>, blocks: &[BlockId]) -> Bound<'py, PyArray1<i32>> {
+    PyArray1::from_vec(py, blocks.iter().map(|b| i32::try_from(b.0).expect("block ids fit i32")).collect())
+}
+
+/// Request-level prefix cache over the radix tree, driven like `HashChainCache`.
+#[pyclass(module = "kvindex._core", name = "RadixPrefixCache")]
+pub struct PyRadixPrefixCache {
+    inner: RadixPrefixCache,
+}
+
+#[pymethods]
+impl PyRadixPrefixCache {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, *, policy = "lru", slru_threshold = 2, enable_events = false))]
+    fn new(
+        num_blocks: i64,
+        block_size: i64,
+        policy: &str,
+        slru_threshold: i64,
+        enable_events: bool,
+    ) -> PyResult<Self> {
+        let nb = usize::try_from(num_blocks)
+            .map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
+        let bs = page_size_arg(block_size, "block_size")?;
+        let policy = parse_policy(policy, slru_threshold)?;
+        Ok(PyRadixPrefixCache { inner: RadixPrefixCache::new(nb, bs, policy, enable_events).py()? })
+    }
+
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.pool().num_pages()
+    }
+
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.page_size()
+    }
+
+    #[getter]
+    fn page_size(&self) -> usize {
+        self.inner.page_size()
+    }
+
+    #[getter]
+    fn policy(&self) -> &'static str {
+        self.inner.tree().policy().name()
+    }
+
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.num_free_blocks()
+    }
+
+    #[getter]
+    fn num_unused_blocks(&self) -> usize {
+        self.inner.pool().num_free()
+    }
+
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.usage()
+    }
+
+    #[getter]
+    fn num_requests(&self) -> usize {
+        self.inner.num_requests()
+    }
+
+    #[getter]
+    fn num_cached_blocks(&self) -> usize {
+        self.inner.tree().total_size() / self.inner.page_size()
+    }
+
+    #[getter]
+    fn cached_tokens(&self) -> usize {
+        self.inner.tree().total_size()
+    }
+
+    #[getter]
+    fn evictable_size(&self) -> usize {
+        self.inner.tree().evictable_size()
+    }
+
+    #[getter]
+    fn protected_size(&self) -> usize {
+        self.inner.tree().protected_size()
+    }
+
+    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = arrays::id(request_id, "request_id")?;
+        Ok(self.inner.num_tokens(RequestId(id)).is_ok())
+    }
+
+    #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
+    #[allow(clippy::too_many_arguments)]
+    fn admit<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+        skip_reading: bool,
+    ) -> PyResult<Option<RadixAdmission>> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        let Some(hit) = self.inner.admit(id, &toks, &spec, skip_reading).py()? else { return Ok(None) };
+        let blocks = self.inner.blocks(id).py()?;
+        Ok(Some(RadixAdmission { num_cached_tokens: hit, block_ids: block_ids_array(py, blocks).unbind() }))
+    }
+
+    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
+    fn lookup<'py>(
+        &mut self,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<usize> {
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        self.inner.lookup(&toks, &spec).py()
+    }
+
+    fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        self.inner.append(id, &toks).py()
+    }
+
+    #[pyo3(signature = (request_ids, tokens, offsets = None))]
+    fn append_batch(
+        &mut self,
+        request_ids: &Bound<'_, PyAny>,
+        tokens: &Bound<'_, PyAny>,
+        offsets: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<bool> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let arr = read_tokens(tokens, "tokens")?;
+        let toks = tokens_i32(&arr)?;
+        let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
+        let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
+        self.inner.append_batch(&ids, &toks, off_slice).py()
+    }
+
+    fn checkpoint(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        self.inner.checkpoint(id).py()
+    }
+
+    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
+        let id = RequestId(arrays::id(request_id, "request_id")?);
+        self.inner.free(id).py()
+    }
+
+    fn free_batch(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        self.inner.free_batch(&ids).py()
+    }
+
+    fn evict(&mut self, num_tokens: i64) -> PyResult<usize> {
+        let n = usize::try_from(num_tokens)
+            .map_err(|_| invalid(format!("num_tokens must be >= 0, got {num_tokens}")))?;
+        Ok(self.inner.evict(n))
+    }
+
+    fn reset(&mut self) -> PyResult<()> {
+        self.inner.reset().py()
+    }
+
+    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        events::to_list(py, self.inner.take_events())
+    }
+
+    #[getter]
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, self.inner.stats())
+    }
+
+    fn take_stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, self.inner.take_stats())
+    }
+
+    #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
+    fn block_tables<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        max_blocks: Option<i64>,
+        out: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let width = match max_blocks {
+            Some(w) => {
+                usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?
+            }
+            None => match out {
+                Some(o) => o.cast::<PyArray2<i32>>().map(|a| a.shape()[1]).unwrap_or(0),
+                None => self.inner.max_blocks(&ids).py()?,
+            },
+        };
+        let arr = match out {
+            Some(o) => {
+                let a = o
+                    .cast::<PyArray2<i32>>()
+                    .map_err(|_| dtype("out must be a 2-D int32 numpy array"))?
+                    .clone();
+                if a.shape() != [ids.len(), width] || !a.is_c_contiguous() {
+                    return Err(invalid(format!(
+                        "out must be C-contiguous with shape ({}, {width})",
+                        ids.len()
+                    )));
+                }
+                a
+            }
+            None => PyArray2::zeros(py, [ids.len(), width], false),
+        };
+        {
+            let mut w: PyReadwriteArray2<'_, i32> = arr.readwrite();
+            let s = w.as_slice_mut().map_err(|_| invalid("out must be C-contiguous"))?;
+            self.inner.fill_block_tables(&ids, width, s).py()?;
+        }
+        Ok(arr)
+    }
+
+    fn slot_mapping<'py>(
+        &self,
+        py: Python<'py>,
+        request_ids: &Bound<'py, PyAny>,
+        query_lens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
+        let ids = arrays::ids(request_ids, "request_ids")?;
+        let q = arrays::int64(query_lens, "query_lens")?;
+        let v = self.inner.slot_mapping(&ids, q.as_slice().expect("contiguity checked")).py()?;
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.num_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
+    }
+
+    fn num_cached_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        self.inner.num_cached_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
+    }
+
+    fn request_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        request_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
+        Ok(block_ids_array(py, blocks))
+    }
+
+    fn free_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let v: Vec<BlockId> = self.inner.pool().free_pages().collect();
+        block_ids_array(py, &v)
+    }
+
+    fn cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+        let mut v = Vec::new();
+        self.inner.tree().all_values(&mut v);
+        block_ids_array(py, &v)
+    }
+
+    fn ref_count(&self, block_id: i64) -> PyResult<u32> {
+        let n = self.inner.pool().num_pages();
+        let b = u32::try_from(block_id)
+            .ok()
+            .filter(|&b| (b as usize) < n)
+            .ok_or_else(|| invalid(format!("block id {block_id} out of range 0..{n}")))?;
+        Ok(self.inner.pool().ref_count(BlockId(b)))
+    }
+
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner.check_invariants().map_err(inv_to_py)
+    }
+
+    fn dump(&self) -> String {
+        self.inner.tree().dump()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "RadixPrefixCache(num_blocks={}, block_size={}, policy={:?}, free={}, cached_tokens={}, requests={})",
+            self.inner.pool().num_pages(),
+            self.inner.page_size(),
+            self.inner.tree().policy().name(),
+            self.inner.num_free_blocks(),
+            self.inner.tree().total_size(),
+            self.inner.num_requests()
+        )
+    }
+}
+
+fn stats_dict(py: Python<'_>, s: Stats) -> PyResult<Bound<'_, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("requests", s.requests)?;
+    d.set_item("queries", s.queries)?;
+    d.set_item("hits", s.hits)?;
+    #[allow(clippy::cast_precision_loss)]
+    d.set_item("hit_rate", if s.queries == 0 { 0.0 } else { s.hits as f64 / s.queries as f64 })?;
+    Ok(d)
+}
