@@ -41,6 +41,7 @@ from kvindex.exceptions import (
     UnknownRequestError,
 )
 from kvindex.protocol import PrefixCache, make_cache
+from kvindex.sizing import kv_bytes_per_token, kv_pool_size
 
 __all__ = [
     "HASH_ALGOS",
@@ -67,6 +68,8 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "block_hashes",
+    "kv_bytes_per_token",
+    "kv_pool_size",
     "make_cache",
     "none_hash",
 ]

@@ -1,0 +1,13 @@
+"""Errors of ``kvindex simulate``: caller mistakes reported as one clear line, not a traceback."""
+
+from __future__ import annotations
+
+__all__ = ["SimulationError", "TraceFormatError"]
+
+
+class SimulationError(ValueError):
+    """A bad simulator input: unknown design, bad capacity, a request that cannot fit."""
+
+
+class TraceFormatError(SimulationError):
+    """A malformed trace line; the message starts with ``FILE:LINE:``."""

@@ -1,0 +1,453 @@
+"""The continuous-batching model that drives a prefix cache through a workload.
+
+Time advances in steps (one forward pass). Each step, in this order:
+
+1. **Arrivals** join the back of the waiting queue: a request at its arrival step, a
+   follow-up turn its think time after the turn it follows has finished.
+2. **Decode**: every running request whose prefill is done computes one output token
+   (one ``append_batch`` call for all of them). If blocks run short, the most recently
+   admitted running request is **preempted** (freed; it goes back to the front of the queue
+   and is later re-admitted with its prompt and the output so far, recomputing what the
+   cache no longer holds), and the batch is retried.
+3. **Prefill**: requests admitted earlier continue their prefill (chunked prefill, in
+   admission order) within the per-step token budget left after decode.
+4. **Admission**, in arrival order (first come, first served, no skipping): while the
+   budget is not spent and fewer than ``max_running`` requests run, the head of the queue is
+   admitted — the cache hits its longest cached prefix and allocates blocks for the whole
+   prompt; its uncached tokens start prefilling in this step's budget. If the cache is out of
+   blocks the head **waits** (counted once per step) and admission stops for this step.
+5. A request whose prefill completed decodes from the next step on; with the radix design
+   and ``radix_insert="prefill"`` its prompt is inserted into the tree now (SGLang's
+   ``cache_unfinished_req``), with ``"finish"`` only when it is freed.
+6. Requests that produced their last output token are **freed** (their blocks stay cached).
+
+A step with nothing running and nothing waiting jumps to the next arrival. Capacity is in
+blocks of the pool (kvindex's null block excluded); every request must fit alone
+(``ceil((prompt + output) / block_size)`` blocks), so the model always makes progress. The
+index's CPU time is measured around its own calls only (admit, free, checkpoint — failed
+admission attempts included: per request; append_batch: per decode step) and reported
+apart from the exact figures.
+
+Evictions count, per admit / append_batch call, the cached block hashes (radix: tree pages)
+that the call removed for good. The hash chain's count is derived from
+``num_cached_blocks`` and the blocks each call caches; ``tests/test_simulate.py`` checks it
+against the caches' KV events.
+
+**More capacity can lower the hit rate.** Capacity changes the schedule: a small pool makes
+a request wait until an earlier one finishes, a large one runs them together. Two identical
+prompts arriving together under the radix design with ``radix_insert="finish"``: in a pool
+that holds one of them the second waits and then hits the whole prompt; in a larger pool both
+run at once and the second hits nothing (``test_more_capacity_can_lower_the_hit_rate``).
+The hash chain registers a prompt's blocks at admission, so this case does not affect it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol, cast, runtime_checkable
+
+import numpy as np
+
+from kvindex.protocol import PrefixCache, make_cache
+from kvindex.simulate.capacity import Capacity
+from kvindex.simulate.errors import SimulationError
+from kvindex.simulate.ledger import ExactMatcher, HitTally
+from kvindex.simulate.workloads import SENTINEL, Request, Tokens, Workload
+
+__all__ = [
+    "RADIX_INSERT",
+    "RunResult",
+    "RunSpec",
+    "Timing",
+    "check_spec",
+    "infinite_blocks",
+    "simulate_run",
+]
+
+#: When the radix design inserts a request's sequence into its tree.
+RADIX_INSERT: tuple[str, ...] = ("prefill", "finish")
+_SENTINEL = np.array([SENTINEL], dtype=np.int32)
+
+
+@runtime_checkable
+class _CountsCached(Protocol):
+    @property
+    def num_cached_blocks(self) -> int: ...
+
+
+@runtime_checkable
+class _Checkpoints(Protocol):
+    def checkpoint(self, request_id: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One simulated configuration."""
+
+    design: str
+    block_size: int
+    capacity: Capacity
+    max_running: int = 64
+    max_batched_tokens: int = 8192
+    hash_algo: str = "xxh3_128"
+    policy: str = "lru"
+    radix_insert: str = "prefill"
+
+    def cache_kwargs(self) -> dict[str, Any]:
+        """Keywords of :func:`kvindex.make_cache` for this design."""
+        if self.design == "hash_chain":
+            return {"algo": self.hash_algo}
+        return {"policy": self.policy}
+
+    def label(self) -> str:
+        """``design bs=B cap=...`` for progress lines."""
+        return f"{self.design} bs={self.block_size} cap={self.capacity.label}"
+
+
+@dataclass(slots=True)
+class Timing:
+    """Measured wall-clock costs (not reproducible, reported apart from the exact figures)."""
+
+    index_request_ns: int = 0
+    index_step_ns: int = 0
+    admissions: int = 0
+    decode_steps: int = 0
+    wall_s: float = 0.0
+
+    def as_dict(self, requests: int) -> dict[str, float]:
+        """µs of index time per request (admit + free + checkpoint) and per decode step."""
+        return {
+            "index_us_per_request": self.index_request_ns / 1e3 / max(requests, 1),
+            "index_us_per_step": self.index_step_ns / 1e3 / max(self.decode_steps, 1),
+            "index_seconds": (self.index_request_ns + self.index_step_ns) / 1e9,
+            "wall_seconds": self.wall_s,
+        }
+
+
+@dataclass(slots=True)
+class RunResult:
+    """Everything one run measured. All fields but :attr:`timing` are exact."""
+
+    spec: RunSpec
+    usable_blocks: int
+    tally: HitTally
+    prefill_tokens: int = 0
+    resumed_tokens: int = 0
+    resumed_hit_tokens: int = 0
+    evicted_blocks: int = 0
+    waits: int = 0
+    requests_waited: int = 0
+    preemptions: int = 0
+    peak_blocks: int = 0
+    steps: int = 0
+    decode_tokens: int = 0
+    timing: Timing = field(default_factory=Timing)
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Token slots of the pool: usable blocks × block size."""
+        return self.usable_blocks * self.spec.block_size
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every figure; measured times under ``"timing"``."""
+        spec = asdict(self.spec)
+        cap = spec.pop("capacity")
+        d: dict[str, Any] = {
+            **spec,
+            "capacity": cap["label"],
+            "capacity_kind": cap["kind"],
+            "capacity_tokens": self.capacity_tokens,
+            "usable_blocks": self.usable_blocks,
+            **self.tally.as_dict(),
+            "prefill_tokens": self.prefill_tokens,
+            "resumed_tokens": self.resumed_tokens,
+            "resumed_hit_tokens": self.resumed_hit_tokens,
+            "evicted_blocks": self.evicted_blocks,
+            "waits": self.waits,
+            "requests_waited": self.requests_waited,
+            "preemptions": self.preemptions,
+            "peak_blocks": self.peak_blocks,
+            "peak_usage": self.peak_blocks / max(self.usable_blocks, 1),
+            "steps": self.steps,
+            "decode_tokens": self.decode_tokens,
+        }
+        d["timing"] = self.timing.as_dict(self.tally.requests)
+        return d
+
+
+def infinite_blocks(workload: Workload, block_size: int) -> int:
+    """Blocks for ``inf``: every request's final size at once (nothing ever evicted)."""
+    return sum(-(-(r.prompt_len + r.output_len) // block_size) for r in workload.requests)
+
+
+class _Live:
+    """A request's progress through the scheduler."""
+
+    __slots__ = (
+        "admitted_once",
+        "decoding",
+        "generated",
+        "held",
+        "output",
+        "prefill_left",
+        "prompt",
+        "req",
+        "waited",
+    )
+
+    def __init__(self, req: Request, prompt: Tokens, output: Tokens) -> None:
+        self.req = req
+        self.prompt = prompt
+        self.output = output
+        self.generated = 0
+        self.held = 0
+        self.prefill_left = 0
+        self.decoding = False
+        self.admitted_once = False
+        self.waited = False
+
+    def sequence(self) -> Tokens:
+        """Prompt plus the output generated so far."""
+        if self.generated == 0:
+            return self.prompt
+        return np.concatenate((self.prompt, self.output[: self.generated]))
+
+
+def check_spec(workload: Workload, spec: RunSpec) -> int:
+    """Validates ``spec`` against ``workload``; returns the usable blocks of its pool.
+
+    Raises :class:`SimulationError` for an unknown design or radix insert mode, a bad
+    scheduler limit, or a pool smaller than the largest request.
+    """
+    from kvindex.protocol import DESIGNS
+
+    if spec.design not in DESIGNS:
+        raise SimulationError(
+            f"unknown design {spec.design!r}; expected one of {', '.join(DESIGNS)}"
+        )
+    if spec.block_size < 1:
+        raise SimulationError(f"block size must be >= 1, got {spec.block_size}")
+    if spec.max_running < 1:
+        raise SimulationError(f"max_running must be >= 1, got {spec.max_running}")
+    if spec.max_batched_tokens < spec.max_running:
+        raise SimulationError(
+            f"max_batched_tokens ({spec.max_batched_tokens}) must be >= max_running "
+            f"({spec.max_running}): every running request decodes a token per step"
+        )
+    if spec.radix_insert not in RADIX_INSERT:
+        raise SimulationError(f"radix_insert must be one of {', '.join(RADIX_INSERT)}")
+    b = spec.block_size
+    usable = spec.capacity.usable_blocks(b, infinite_blocks(workload, b))
+    worst = max(workload.requests, key=lambda r: r.prompt_len + r.output_len)
+    need = -(-(worst.prompt_len + worst.output_len) // b)
+    if need > usable:
+        raise SimulationError(
+            f"capacity {spec.capacity.label} gives {usable:,} blocks of {b} tokens "
+            f"({usable * b:,} tokens), below request {worst.rid}'s need of {need:,} blocks "
+            f"({worst.prompt_len:,} prompt + {worst.output_len:,} output tokens)"
+        )
+    return usable
+
+
+def simulate_run(
+    workload: Workload,
+    spec: RunSpec,
+    *,
+    progress: Callable[[int], None] | None = None,
+    check_every: int = 0,
+    extra_cache_kw: dict[str, Any] | None = None,
+    inspect: Callable[[PrefixCache], None] | None = None,
+) -> RunResult:
+    """Replays ``workload`` through a fresh cache of ``spec`` (see the module docstring).
+
+    ``progress(n)`` is called with the number of requests that just finished.
+    ``check_every > 0`` runs the cache's ``check_invariants`` every that many steps and at
+    the end; ``extra_cache_kw`` go to :func:`kvindex.make_cache` and ``inspect(cache)`` is
+    called after the run (tests: events, stats). Raises :class:`SimulationError` if a request
+    cannot fit at all.
+    """
+    t_start = time.perf_counter()
+    b = spec.block_size
+    usable = check_spec(workload, spec)
+    cache: PrefixCache = make_cache(
+        spec.design, usable + 1, b, **spec.cache_kwargs(), **(extra_cache_kw or {})
+    )
+    counts = cast(_CountsCached, cache)
+    hash_chain = spec.design == "hash_chain"
+    checkpoint = (
+        cache.checkpoint
+        if not hash_chain and spec.radix_insert == "prefill" and isinstance(cache, _Checkpoints)
+        else None
+    )
+    total = sum(r.prompt_len + r.output_len + 2 for r in workload.requests)
+    matcher = ExactMatcher(total)
+    res = RunResult(spec, usable, HitTally(b))
+    tm = res.timing
+    perf = time.perf_counter_ns
+
+    reqs = workload.requests
+    followers: dict[int, list[int]] = {}
+    arrivals: list[tuple[int, int]] = []
+    for r in reqs:
+        if r.after >= 0:
+            followers.setdefault(r.after, []).append(r.rid)
+        else:
+            arrivals.append((r.arrival, r.rid))
+    heapq.heapify(arrivals)
+    waiting: deque[_Live] = deque()
+    running: list[_Live] = []
+    finished = 0
+    now = 0
+
+    def admit(lv: _Live) -> bool:
+        tokens = lv.sequence()
+        n = len(tokens)
+        rid = lv.req.rid
+        dup = 0
+        before = counts.num_cached_blocks
+        if hash_chain and n % b == 0 and matcher.match(tokens) == n:
+            # A fully cached block-aligned prompt recomputes its last block into a copy
+            # that adds no new cached hash (the full-hit rule); see the eviction count below.
+            dup = int(cache.lookup(np.concatenate((tokens, _SENTINEL))) == n)
+        t0 = perf()
+        adm = cache.admit(rid, tokens)
+        tm.index_request_ns += perf() - t0
+        if adm is None:
+            return False
+        tm.admissions += 1
+        hit = adm.num_cached_tokens
+        after = counts.num_cached_blocks
+        if hash_chain:
+            res.evicted_blocks += (n // b - hit // b - dup) - (after - before)
+        else:
+            res.evicted_blocks += before - after
+        if lv.admitted_once:
+            res.resumed_tokens += n
+            res.resumed_hit_tokens += hit
+        else:
+            lv.admitted_once = True
+            res.tally.add(n, hit, matcher.match_and_insert(tokens))
+        res.prefill_tokens += n - hit
+        lv.held = n
+        lv.prefill_left = n - hit
+        return True
+
+    def release(lv: _Live) -> None:
+        t0 = perf()
+        cache.free(lv.req.rid)
+        tm.index_request_ns += perf() - t0
+        matcher.insert(lv.sequence())
+
+    while finished < len(reqs):
+        while arrivals and arrivals[0][0] <= now:
+            rid = heapq.heappop(arrivals)[1]
+            waiting.append(_Live(reqs[rid], workload.prompt(rid), workload.output(rid)))
+        if not running and not waiting:
+            if not arrivals:
+                raise RuntimeError("scheduler stalled: no request left to arrive")
+            now = arrivals[0][0]
+            continue
+        res.steps += 1
+        budget = spec.max_batched_tokens
+
+        # 2. Decode, preempting the latest admitted request while blocks run short.
+        dec = [lv for lv in running if lv.decoding]
+        while dec:
+            ids = np.fromiter((lv.req.rid for lv in dec), dtype=np.int64, count=len(dec))
+            toks = np.fromiter(
+                (lv.output[lv.generated] for lv in dec), dtype=np.int32, count=len(dec)
+            )
+            before = counts.num_cached_blocks
+            t0 = perf()
+            ok = cache.append_batch(ids, toks)
+            tm.index_step_ns += perf() - t0
+            if ok:
+                after = counts.num_cached_blocks
+                if hash_chain:
+                    filled = sum(1 for lv in dec if (lv.held + 1) % b == 0)
+                    res.evicted_blocks += filled - (after - before)
+                else:
+                    res.evicted_blocks += before - after
+                break
+            victim = running.pop()
+            release(victim)
+            res.preemptions += 1
+            victim.decoding = False
+            victim.prefill_left = 0
+            victim.held = 0
+            waiting.appendleft(victim)
+            if victim in dec:
+                dec.remove(victim)
+        if dec:
+            tm.decode_steps += 1
+            res.decode_tokens += len(dec)
+            budget -= len(dec)
+            for lv in dec:
+                lv.generated += 1
+                lv.held += 1
+
+        # 3. Chunked prefill of requests admitted in earlier steps.
+        prefilled: list[_Live] = []
+        for lv in running:
+            if lv.prefill_left and budget > 0:
+                take = min(lv.prefill_left, budget)
+                budget -= take
+                lv.prefill_left -= take
+                if not lv.prefill_left:
+                    prefilled.append(lv)
+
+        # 4. First-come-first-served admission.
+        while waiting and budget > 0 and len(running) < spec.max_running:
+            lv = waiting[0]
+            if not admit(lv):
+                res.waits += 1
+                if not lv.waited:
+                    lv.waited = True
+                    res.requests_waited += 1
+                break
+            waiting.popleft()
+            running.append(lv)
+            take = min(lv.prefill_left, budget)
+            budget -= take
+            lv.prefill_left -= take
+            if not lv.prefill_left:
+                prefilled.append(lv)
+        res.peak_blocks = max(res.peak_blocks, usable - cache.num_free_blocks)
+
+        # 5. Prefill done: decode from the next step (radix: insert the prompt now).
+        for lv in prefilled:
+            lv.decoding = True
+            if checkpoint is not None and lv.generated < lv.req.output_len:
+                t0 = perf()
+                checkpoint(lv.req.rid)
+                tm.index_request_ns += perf() - t0
+
+        # 6. Free finished requests; release the turns that follow them.
+        done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
+        if done:
+            running = [
+                lv for lv in running if not (lv.decoding and lv.generated >= lv.req.output_len)
+            ]
+            for lv in done:
+                release(lv)
+                for f in followers.get(lv.req.rid, ()):
+                    heapq.heappush(arrivals, (now + 1 + reqs[f].arrival, f))
+            finished += len(done)
+            if progress is not None:
+                progress(len(done))
+        if check_every and res.steps % check_every == 0:
+            cache.check_invariants()
+        now += 1
+
+    if cache.num_requests:
+        raise RuntimeError(f"{cache.num_requests} requests still held after the run")
+    if check_every:
+        cache.check_invariants()
+    if inspect is not None:
+        inspect(cache)
+    tm.wall_s = time.perf_counter() - t_start
+    return res
