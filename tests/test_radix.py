@@ -607,3 +607,21 @@ def test_protocol_and_factory(design: str) -> None:
     c.check_invariants()
     with pytest.raises(InvalidArgumentError):
         kvindex.make_cache("btree", 32, 4)
+
+
+@pytest.mark.parametrize("design", ["hash_chain", "radix"])
+def test_common_prefix_blocks_both_designs(design: str) -> None:  # issue 7 §2
+    c = kvindex.make_cache(design, 64, 16)
+    assert c.num_common_prefix_blocks == 0  # nothing runs
+    system = np.arange(64, dtype=np.int32)  # 4 full blocks
+    c.admit(0, np.concatenate([system, np.arange(1000, 1040, dtype=np.int32)]))
+    assert c.num_common_prefix_blocks == 7  # a lone request shares all its blocks
+    c.free(0)
+    c.admit(1, np.concatenate([system, np.arange(2000, 2040, dtype=np.int32)]))
+    c.admit(2, np.concatenate([system, np.arange(3000, 3020, dtype=np.int32)]))
+    assert c.num_common_prefix_blocks == 4  # the system prompt, cached by request 0
+    c.admit(3, np.arange(500, 540, dtype=np.int32))  # diverges at block 0
+    assert c.num_common_prefix_blocks == 0
+    c.free_batch(np.array([1, 2, 3], dtype=np.int64))
+    assert c.num_common_prefix_blocks == 0
+    c.check_invariants()

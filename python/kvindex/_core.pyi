@@ -381,6 +381,11 @@ class RadixPrefixCache:
     @property
     def stats(self) -> dict[str, Any]: ...
     def take_stats(self) -> dict[str, Any]: ...
+    @property
+    def num_common_prefix_blocks(self) -> int:
+        """Pages shared by every running request, counted from page 0: the tree path every
+        running request has locked (a single request counts all its pages); 0 when none
+        runs. O(shared pages)."""
     def __contains__(self, request_id: int, /) -> bool: ...
     def admit(
         self,

@@ -100,6 +100,11 @@ class PrefixCache(Protocol):
         ...
 
     @property
+    def num_common_prefix_blocks(self) -> int:
+        """Blocks shared by every running request, from block 0 (what cascade attention shares)."""
+        ...
+
+    @property
     def stats(self) -> dict[str, Any]:
         """``requests``, ``queries`` (prompt tokens), ``hits``, ``hit_rate``."""
         ...

@@ -508,6 +508,23 @@ impl RadixPrefixCache {
         Ok(self.get(id)?.cached)
     }
 
+    /// Pages shared by every running request: from page 0 of any running
+    /// request's table, the pages that every running request holds — the part
+    /// of the tree path that every request has locked (each holder takes one
+    /// page reference, the tree one more for the pages it stores). 0 when
+    /// nothing runs. O(shared pages).
+    #[must_use]
+    pub fn num_common_prefix_blocks(&self) -> usize {
+        let n = self.reqs.len();
+        let Some(r) = self.reqs.values().next() else { return 0 };
+        let tree_pages = r.cached / self.page_size;
+        r.pages
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &p)| self.pool.ref_count(p) as usize == n + usize::from(i < tree_pages))
+            .count()
+    }
+
     /// Largest table length among `ids`.
     ///
     /// # Errors

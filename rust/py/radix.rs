@@ -563,6 +563,11 @@ impl PyRadixPrefixCache {
     }
 
     #[getter]
+    fn num_common_prefix_blocks(&self) -> usize {
+        self.inner.num_common_prefix_blocks()
+    }
+
+    #[getter]
     fn num_cached_blocks(&self) -> usize {
         self.inner.tree().total_size() / self.inner.page_size()
     }
