@@ -162,10 +162,13 @@ impl HashAlgo {
 
 /// A token id as the hasher reads it; implemented for the dtypes the API takes.
 pub trait Token: Copy + Send + Sync {
+    /// Whether every value of the type fits in i32 (no range check needed).
+    const ALWAYS_NARROW: bool = false;
     /// The token as i64.
     fn get(self) -> i64;
 }
 impl Token for i32 {
+    const ALWAYS_NARROW: bool = true;
     #[inline]
     fn get(self) -> i64 {
         i64::from(self)
@@ -273,7 +276,7 @@ fn compact_block<T: Token>(buf: &mut Vec<u8>, parent: &[u8], tokens: &[T], keys:
     buf.extend_from_slice(parent);
     #[allow(clippy::cast_possible_truncation)]
     buf.extend_from_slice(&(tokens.len() as u32).to_le_bytes());
-    let narrow = tokens.iter().all(|t| i32::try_from(t.get()).is_ok());
+    let narrow = T::ALWAYS_NARROW || tokens.iter().all(|t| i32::try_from(t.get()).is_ok());
     let width = if narrow { 4 } else { 8 };
     #[allow(clippy::cast_possible_truncation)]
     buf.push(width as u8);
