@@ -50,6 +50,9 @@ def block_hashes(
     Releases the GIL for 4096 tokens or more.
     """
 
+def _force_panic_for_tests() -> None:
+    """Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``)."""
+
 def none_hash(*, algo: str = "xxh3_128", seed: str | None = None) -> bytes:
     """The chain's root parent ``H(serialize(seed))`` for ``algo``."""
 

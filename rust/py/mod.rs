@@ -12,6 +12,14 @@ pub mod hashing;
 pub mod keys;
 pub mod radix;
 
+/// Test-only hook (issue 6 §4): panics as a broken internal invariant would,
+/// so a test can show that the panic reaches Python as an exception rather
+/// than aborting the process.
+#[pyfunction]
+fn _force_panic_for_tests() {
+    panic!("forced panic: kvindex test hook for the panic policy");
+}
+
 /// The native module `kvindex._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
@@ -19,6 +27,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("HASH_ALGOS", crate::core::hash::ALGO_NAMES.to_vec())?;
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
+    m.add_function(wrap_pyfunction!(_force_panic_for_tests, m)?)?;
     m.add_class::<hash_chain::PyHashChainCache>()?;
     m.add_class::<hash_chain::Admission>()?;
     m.add_class::<events::BlockStored>()?;
