@@ -58,7 +58,7 @@ def none_hash(*, algo: str = "xxh3_128", seed: str | None = None) -> bytes:
 
 @final
 class Admission:
-    """Result of :meth:`HashChainCache.admit`; unpacks as ``(num_cached_tokens, block_ids)``."""
+    """A successful ``admit`` (either cache); unpacks as ``(num_cached_tokens, block_ids)``."""
 
     @property
     def num_cached_tokens(self) -> int:
@@ -145,7 +145,7 @@ class HashChainCache:
     @property
     def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
-        (cached blocks that lost their hash), ``hit_rate``."""
+        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``."""
     def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
     def __contains__(self, request_id: int, /) -> bool: ...
@@ -325,17 +325,6 @@ class RadixCache:
     def __len__(self) -> int: ...
 
 @final
-class RadixAdmission:
-    """Result of :meth:`RadixPrefixCache.admit`; unpacks as ``(num_cached_tokens, block_ids)``."""
-
-    @property
-    def num_cached_tokens(self) -> int: ...
-    @property
-    def block_ids(self) -> npt.NDArray[np.int32]: ...
-    def __iter__(self) -> Iterator[Any]: ...
-    def __len__(self) -> int: ...
-
-@final
 class RadixPrefixCache:
     """Request-level prefix cache over the radix tree, driven like :class:`HashChainCache`.
 
@@ -399,7 +388,7 @@ class RadixPrefixCache:
         lora: _Lora = None,
         mm_items: _MmItems = None,
         skip_reading: bool = False,
-    ) -> RadixAdmission | None: ...
+    ) -> Admission | None: ...
     def lookup(
         self,
         tokens: _Tokens,

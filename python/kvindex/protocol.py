@@ -48,7 +48,7 @@ DESIGNS: tuple[str, ...] = ("hash_chain", "radix")
 
 
 class AdmissionLike(Protocol):
-    """What ``admit`` returns on success (``Admission`` / ``RadixAdmission``).
+    """What ``admit`` returns on success (:class:`kvindex.Admission`, shared by both caches).
 
     Iterable as ``(num_cached_tokens, block_ids)``.
     """

@@ -54,6 +54,7 @@ use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId, RequestId};
+use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
 /// A running request's state.
@@ -481,31 +482,14 @@ impl HashChainCache {
         tokens: &[T],
         offsets: Option<&[i64]>,
     ) -> KvResult<bool> {
-        let range = |i: usize| -> (usize, usize) {
-            match offsets {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                Some(o) => (o[i] as usize, o[i + 1] as usize),
-                None => (i, i + 1),
-            }
-        };
-        match offsets {
-            Some(o) => check_offsets(o, ids.len(), tokens.len())?,
-            None if tokens.len() != ids.len() => {
-                return Err(KvError::invalid(format!(
-                    "without offsets, tokens ({}) must hold one token per request ({})",
-                    tokens.len(),
-                    ids.len()
-                )))
-            }
-            None => {}
-        }
+        let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
         self.epoch += 1;
         let epoch = self.epoch;
         let mut need = 0usize;
         let mut slots = std::mem::take(&mut self.scratch_slots);
         slots.clear();
         for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = range(i);
+            let (a, b) = ranges.get(i);
             let Some(&slot) = self.index.get(&RequestId(id)) else {
                 self.scratch_slots = slots;
                 return Err(unknown(RequestId(id)));
@@ -522,7 +506,7 @@ impl HashChainCache {
         let ok = need <= self.pool.num_free();
         if ok {
             for (i, &slot) in slots.iter().enumerate() {
-                let (a, b) = range(i);
+                let (a, b) = ranges.get(i);
                 self.apply_append(slot, &tokens[a..b]);
             }
         }
@@ -656,85 +640,6 @@ impl HashChainCache {
         req.blocks.iter().take_while(|&&b| self.pool.ref_count(b) as usize == n).count()
     }
 
-    /// Largest table length among `ids`.
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn max_blocks(&self, ids: &[u64]) -> KvResult<usize> {
-        let mut m = 0;
-        for &id in ids {
-            m = m.max(self.get(RequestId(id))?.blocks.len());
-        }
-        Ok(m)
-    }
-
-    /// Writes the block tables of `ids` into `out` (`ids.len() * width`,
-    /// row-major), padded with the null block.
-    ///
-    /// # Errors
-    /// `UnknownRequest`; `InvalidArgument` if a table is wider than `width`
-    /// or `out` has the wrong length. Nothing is written on error.
-    pub fn fill_block_tables(&self, ids: &[u64], width: usize, out: &mut [i32]) -> KvResult<()> {
-        if out.len() != ids.len() * width {
-            return Err(KvError::invalid(format!(
-                "out has {} entries, expected {}",
-                out.len(),
-                ids.len() * width
-            )));
-        }
-        let need = self.max_blocks(ids)?;
-        if need > width {
-            return Err(KvError::invalid(format!(
-                "a block table has {need} blocks, more than max_blocks={width}"
-            )));
-        }
-        for (row, &id) in out.chunks_exact_mut(width.max(1)).zip(ids) {
-            let blocks = &self.get(RequestId(id))?.blocks;
-            for (o, b) in row.iter_mut().zip(
-                blocks.iter().map(|b| i32::try_from(b.0).expect("ids fit i32")).chain(std::iter::repeat(0)),
-            ) {
-                *o = b;
-            }
-        }
-        Ok(())
-    }
-
-    /// Slot mapping (`block * block_size + offset`) of each request's last
-    /// `query_lens[i]` tokens, concatenated.
-    ///
-    /// # Errors
-    /// `UnknownRequest`; `InvalidArgument` for mismatched lengths or a query
-    /// longer than the request.
-    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[i64]) -> KvResult<Vec<i64>> {
-        if ids.len() != query_lens.len() {
-            return Err(KvError::invalid("request_ids and query_lens differ in length"));
-        }
-        let mut total = 0usize;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let n = self.get(RequestId(id))?.tokens.len();
-            #[allow(clippy::cast_possible_wrap)]
-            if q < 0 || q > n as i64 {
-                return Err(KvError::invalid(format!("query length {q} for request {id} with {n} tokens")));
-            }
-            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-            {
-                total += q as usize;
-            }
-        }
-        let bs = self.block_size;
-        let mut out = Vec::with_capacity(total);
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let req = self.get(RequestId(id))?;
-            let n = req.tokens.len();
-            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-            for pos in n - q as usize..n {
-                #[allow(clippy::cast_possible_wrap)]
-                out.push((req.blocks[pos / bs].idx() * bs + pos % bs) as i64);
-            }
-        }
-        Ok(out)
-    }
-
     /// Checks the pool's and every request's invariants (module header). O(all tokens).
     ///
     /// # Errors
@@ -820,6 +725,17 @@ impl HashChainCache {
     }
 }
 
+impl TableSource for HashChainCache {
+    fn table_block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)> {
+        let r = self.get(id)?;
+        Ok((&r.blocks, r.tokens.len()))
+    }
+}
+
 fn event_key(k: &ExtraKey<'_>) -> EventKey {
     match *k {
         ExtraKey::Lora(name, _) => EventKey::Str(name.to_owned()),
@@ -834,24 +750,6 @@ fn unknown(id: RequestId) -> KvError {
         ErrorKind::UnknownRequest,
         format!("unknown request id {} (never admitted, or already freed)", id.0),
     )
-}
-
-/// Validates CSR offsets: `n + 1` entries, 0 first, `total` last, non-decreasing.
-///
-/// # Errors
-/// `InvalidArgument` describing the first problem.
-pub fn check_offsets(o: &[i64], n: usize, total: usize) -> KvResult<()> {
-    if o.len() != n + 1 {
-        return Err(KvError::invalid(format!("offsets must have {} entries, got {}", n + 1, o.len())));
-    }
-    #[allow(clippy::cast_possible_wrap)]
-    if o[0] != 0 || o[n] != total as i64 {
-        return Err(KvError::invalid(format!("offsets must start at 0 and end at {total}")));
-    }
-    if o.windows(2).any(|w| w[1] < w[0]) {
-        return Err(KvError::invalid("offsets must not decrease"));
-    }
-    Ok(())
 }
 
 /// Registers table entries `num_cached..num_full` of `req` under their

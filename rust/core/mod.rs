@@ -10,6 +10,7 @@
 //! | [`hash_chain`] | request-level prefix cache with vLLM `KVCacheManager` semantics |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
 //! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
+//! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | request-level prefix cache over the radix tree (hash-chain-like API) |
 
 pub mod block_pool;
@@ -22,3 +23,4 @@ pub mod ids;
 pub mod radix;
 pub mod radix_cache;
 pub mod slot_pool;
+pub mod tables;

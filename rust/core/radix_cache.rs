@@ -58,10 +58,11 @@ use rustc_hash::FxHashMap;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
-use crate::core::hash_chain::{check_offsets, Stats};
+use crate::core::hash_chain::Stats;
 use crate::core::ids::{BlockId, RequestId};
 use crate::core::radix::{NodeId, Policy, RadixTree};
 use crate::core::slot_pool::SlotPool;
+use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
 /// A running request.
@@ -226,6 +227,7 @@ impl RadixPrefixCache {
         let mut freed = std::mem::take(&mut self.scratch);
         freed.clear();
         self.tree.evict((need - free) * self.page_size, &mut freed);
+        self.stats.evictions += freed.len() as u64;
         self.pool.decref(&freed);
         self.scratch = freed;
         assert!(self.pool.num_free() >= need, "evictable tree pages are held by the tree alone");
@@ -324,29 +326,12 @@ impl RadixPrefixCache {
     /// `UnknownRequest`, or `InvalidArgument` for a repeated id or bad
     /// offsets; checked before anything changes.
     pub fn append_batch(&mut self, ids: &[u64], tokens: &[i32], offsets: Option<&[i64]>) -> KvResult<bool> {
-        let range = |i: usize| -> (usize, usize) {
-            match offsets {
-                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-                Some(o) => (o[i] as usize, o[i + 1] as usize),
-                None => (i, i + 1),
-            }
-        };
-        match offsets {
-            Some(o) => check_offsets(o, ids.len(), tokens.len())?,
-            None if tokens.len() != ids.len() => {
-                return Err(KvError::invalid(format!(
-                    "without offsets, tokens ({}) must hold one token per request ({})",
-                    tokens.len(),
-                    ids.len()
-                )))
-            }
-            None => {}
-        }
+        let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
         self.epoch += 1;
         let epoch = self.epoch;
         let mut need = 0usize;
         for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = range(i);
+            let (a, b) = ranges.get(i);
             let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
             if req.epoch == epoch {
                 return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
@@ -358,7 +343,7 @@ impl RadixPrefixCache {
             return Ok(false);
         }
         for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = range(i);
+            let (a, b) = ranges.get(i);
             let need = self.pages_needed(self.get(RequestId(id))?, b - a);
             self.apply_append(RequestId(id), &tokens[a..b], need);
         }
@@ -456,6 +441,7 @@ impl RadixPrefixCache {
         let mut freed = std::mem::take(&mut self.scratch);
         freed.clear();
         let n = self.tree.evict(num_tokens, &mut freed);
+        self.stats.evictions += freed.len() as u64;
         self.pool.decref(&freed);
         self.scratch = freed;
         n
@@ -525,83 +511,6 @@ impl RadixPrefixCache {
             .count()
     }
 
-    /// Largest table length among `ids`.
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn max_blocks(&self, ids: &[u64]) -> KvResult<usize> {
-        let mut m = 0;
-        for &id in ids {
-            m = m.max(self.get(RequestId(id))?.pages.len());
-        }
-        Ok(m)
-    }
-
-    /// Writes the page tables of `ids` into `out` (`ids.len() * width`,
-    /// row-major), padded with the null page.
-    ///
-    /// # Errors
-    /// `UnknownRequest`; `InvalidArgument` if a table is wider than `width`
-    /// or `out` has the wrong length. Nothing is written on error.
-    pub fn fill_block_tables(&self, ids: &[u64], width: usize, out: &mut [i32]) -> KvResult<()> {
-        if out.len() != ids.len() * width {
-            return Err(KvError::invalid(format!(
-                "out has {} entries, expected {}",
-                out.len(),
-                ids.len() * width
-            )));
-        }
-        let need = self.max_blocks(ids)?;
-        if need > width {
-            return Err(KvError::invalid(format!(
-                "a block table has {need} blocks, more than max_blocks={width}"
-            )));
-        }
-        for (row, &id) in out.chunks_exact_mut(width.max(1)).zip(ids) {
-            let pages = &self.get(RequestId(id))?.pages;
-            let vals = pages
-                .iter()
-                .map(|p| i32::try_from(p.0).expect("page ids fit i32"))
-                .chain(std::iter::repeat(0));
-            for (o, v) in row.iter_mut().zip(vals) {
-                *o = v;
-            }
-        }
-        Ok(())
-    }
-
-    /// Slot mapping (`page * page_size + offset`) of each request's last
-    /// `query_lens[i]` tokens, concatenated.
-    ///
-    /// # Errors
-    /// `UnknownRequest`; `InvalidArgument` for mismatched lengths or a query
-    /// longer than the request.
-    pub fn slot_mapping(&self, ids: &[u64], query_lens: &[i64]) -> KvResult<Vec<i64>> {
-        if ids.len() != query_lens.len() {
-            return Err(KvError::invalid("request_ids and query_lens differ in length"));
-        }
-        let mut total = 0usize;
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let n = self.get(RequestId(id))?.tokens.len();
-            let q = usize::try_from(q).ok().filter(|&q| q <= n).ok_or_else(|| {
-                KvError::invalid(format!("query length {q} for request {id} with {n} tokens"))
-            })?;
-            total += q;
-        }
-        let ps = self.page_size;
-        let mut out = Vec::with_capacity(total);
-        for (&id, &q) in ids.iter().zip(query_lens) {
-            let req = self.get(RequestId(id))?;
-            let n = req.tokens.len();
-            #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-            for pos in n - q as usize..n {
-                #[allow(clippy::cast_possible_wrap)]
-                out.push((req.pages[pos / ps].idx() * ps + pos % ps) as i64);
-            }
-        }
-        Ok(out)
-    }
-
     /// Checks the tree's, the pool's and the ownership invariants (module
     /// header). O(pages + tokens + nodes).
     ///
@@ -667,5 +576,16 @@ impl RadixPrefixCache {
             ensure_inv!(rc == c, "page {i}: ref count {rc}, held by {c} (tree + tables)");
         }
         Ok(())
+    }
+}
+
+impl TableSource for RadixPrefixCache {
+    fn table_block_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)> {
+        let r = self.get(id)?;
+        Ok((&r.pages, r.tokens.len()))
     }
 }

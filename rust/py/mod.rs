@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 pub mod arrays;
+pub mod common;
 pub mod errors;
 pub mod events;
 pub mod hash_chain;
@@ -29,7 +30,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
     m.add_function(wrap_pyfunction!(_force_panic_for_tests, m)?)?;
     m.add_class::<hash_chain::PyHashChainCache>()?;
-    m.add_class::<hash_chain::Admission>()?;
+    m.add_class::<common::Admission>()?;
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
@@ -37,7 +38,6 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<radix::PyRadixPrefixCache>()?;
-    m.add_class::<radix::RadixAdmission>()?;
     m.add("RADIX_POLICIES", crate::core::radix::POLICY_NAMES.to_vec())?;
     Ok(())
 }

@@ -15,14 +15,14 @@
 
 use std::borrow::Cow;
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods, PyReadwriteArray2, PyUntypedArrayMethods};
+use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
 use super::arrays::{self, TokenArray};
-use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
+use super::common;
+use super::errors::{inv_to_py, invalid, IntoPyResult};
 use super::{events, keys};
-use crate::core::hash_chain::Stats;
 use crate::core::ids::{BlockId, RequestId};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
@@ -462,42 +462,6 @@ impl PyRadixCache {
     }
 }
 
-/// Result of a successful `RadixPrefixCache.admit` (the same shape as
-/// `Admission`): iterable as `(num_cached_tokens, block_ids)`.
-#[pyclass(module = "kvindex._core", frozen, get_all)]
-pub struct RadixAdmission {
-    /// Prompt tokens served from the tree (a multiple of the page size).
-    num_cached_tokens: usize,
-    /// The request's page table (int32 block ids).
-    block_ids: Py<PyArray1<i32>>,
-}
-
-#[pymethods]
-impl RadixAdmission {
-    fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
-        let py = slf.py();
-        let me = slf.get();
-        let t = (me.num_cached_tokens, me.block_ids.clone_ref(py)).into_pyobject(py)?;
-        Ok(t.into_any().try_iter()?.into_any())
-    }
-
-    fn __len__(&self) -> usize {
-        2
-    }
-
-    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
-        Ok(format!(
-            "RadixAdmission(num_cached_tokens={}, block_ids={})",
-            self.num_cached_tokens,
-            self.block_ids.bind(py).repr()?
-        ))
-    }
-}
-
-fn block_ids_array<'py>(py: Python<'py>, blocks: &[BlockId]) -> Bound<'py, PyArray1<i32>> {
-    PyArray1::from_vec(py, blocks.iter().map(|b| i32::try_from(b.0).expect("block ids fit i32")).collect())
-}
-
 /// Request-level prefix cache over the radix tree, driven like `HashChainCache`.
 #[pyclass(module = "kvindex._core", name = "RadixPrefixCache")]
 pub struct PyRadixPrefixCache {
@@ -603,14 +567,14 @@ impl PyRadixPrefixCache {
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
         skip_reading: bool,
-    ) -> PyResult<Option<RadixAdmission>> {
+    ) -> PyResult<Option<common::Admission>> {
         let id = RequestId(arrays::id(request_id, "request_id")?);
         let arr = read_tokens(tokens, "tokens")?;
         let toks = tokens_i32(&arr)?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
         let Some(hit) = self.inner.admit(id, &toks, &spec, skip_reading).py()? else { return Ok(None) };
         let blocks = self.inner.blocks(id).py()?;
-        Ok(Some(RadixAdmission { num_cached_tokens: hit, block_ids: block_ids_array(py, blocks).unbind() }))
+        Ok(Some(common::Admission::new(py, hit, blocks)))
     }
 
     #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
@@ -680,11 +644,11 @@ impl PyRadixPrefixCache {
 
     #[getter]
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        stats_dict(py, self.inner.stats())
+        common::stats_dict(py, self.inner.stats())
     }
 
     fn take_stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        stats_dict(py, self.inner.take_stats())
+        common::stats_dict(py, self.inner.take_stats())
     }
 
     #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
@@ -695,38 +659,7 @@ impl PyRadixPrefixCache {
         max_blocks: Option<i64>,
         out: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        let width = match max_blocks {
-            Some(w) => {
-                usize::try_from(w).map_err(|_| invalid(format!("max_blocks must be >= 0, got {w}")))?
-            }
-            None => match out {
-                Some(o) => o.cast::<PyArray2<i32>>().map(|a| a.shape()[1]).unwrap_or(0),
-                None => self.inner.max_blocks(&ids).py()?,
-            },
-        };
-        let arr = match out {
-            Some(o) => {
-                let a = o
-                    .cast::<PyArray2<i32>>()
-                    .map_err(|_| dtype("out must be a 2-D int32 numpy array"))?
-                    .clone();
-                if a.shape() != [ids.len(), width] || !a.is_c_contiguous() {
-                    return Err(invalid(format!(
-                        "out must be C-contiguous with shape ({}, {width})",
-                        ids.len()
-                    )));
-                }
-                a
-            }
-            None => PyArray2::zeros(py, [ids.len(), width], false),
-        };
-        {
-            let mut w: PyReadwriteArray2<'_, i32> = arr.readwrite();
-            let s = w.as_slice_mut().map_err(|_| invalid("out must be C-contiguous"))?;
-            self.inner.fill_block_tables(&ids, width, s).py()?;
-        }
-        Ok(arr)
+        common::block_tables(py, &self.inner, self.inner.pool().num_pages(), request_ids, max_blocks, out)
     }
 
     fn slot_mapping<'py>(
@@ -735,10 +668,7 @@ impl PyRadixPrefixCache {
         request_ids: &Bound<'py, PyAny>,
         query_lens: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        let q = arrays::int64(query_lens, "query_lens")?;
-        let v = self.inner.slot_mapping(&ids, q.as_slice().expect("contiguity checked")).py()?;
-        Ok(PyArray1::from_vec(py, v))
+        common::slot_mapping(py, &self.inner, request_ids, query_lens)
     }
 
     fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
@@ -755,18 +685,18 @@ impl PyRadixPrefixCache {
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
-        Ok(block_ids_array(py, blocks))
+        Ok(common::block_ids_array(py, blocks))
     }
 
     fn free_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let v: Vec<BlockId> = self.inner.pool().free_pages().collect();
-        block_ids_array(py, &v)
+        common::block_ids_array(py, &v)
     }
 
     fn cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
         let mut v = Vec::new();
         self.inner.tree().all_values(&mut v);
-        block_ids_array(py, &v)
+        common::block_ids_array(py, &v)
     }
 
     fn ref_count(&self, block_id: i64) -> PyResult<u32> {
@@ -797,14 +727,4 @@ impl PyRadixPrefixCache {
             self.inner.num_requests()
         )
     }
-}
-
-fn stats_dict(py: Python<'_>, s: Stats) -> PyResult<Bound<'_, PyDict>> {
-    let d = PyDict::new(py);
-    d.set_item("requests", s.requests)?;
-    d.set_item("queries", s.queries)?;
-    d.set_item("hits", s.hits)?;
-    #[allow(clippy::cast_precision_loss)]
-    d.set_item("hit_rate", if s.queries == 0 { 0.0 } else { s.hits as f64 / s.queries as f64 })?;
-    Ok(d)
 }
