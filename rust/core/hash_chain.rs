@@ -293,6 +293,10 @@ impl HashChainCache {
     fn hash_with_memo<T: Token>(&mut self, tokens: &[T], spec: &KeySpec, out: &mut Vec<BlockHash>) {
         out.clear();
         let bs = self.block_size;
+        if !self.use_memo {
+            self.hasher.extend_chain(tokens, bs, spec, out);
+            return;
+        }
         let mut keys: Vec<ExtraKey<'_>> = Vec::new();
         let mut parent: Option<BlockHash> = None;
         for (i, blk) in tokens.chunks_exact(bs).enumerate() {
@@ -301,7 +305,7 @@ impl HashChainCache {
                 spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
             }
             let p = parent.unwrap_or_else(|| self.hasher.none_hash());
-            let probe = self.use_memo && keys.is_empty();
+            let probe = keys.is_empty();
             let h = match probe.then(|| self.memo.probe(&self.pool, p, blk)).flatten() {
                 Some(h) => h,
                 None => self.hasher.hash_block(Some(&p), blk, &keys),

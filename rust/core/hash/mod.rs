@@ -252,8 +252,12 @@ impl BlockHasher {
         spec: &KeySpec,
         out: &mut Vec<BlockHash>,
     ) {
-        let mut keys: Vec<ExtraKey<'_>> = Vec::new();
         let nfull = tokens.len() / block_size;
+        if self.algo.serial() == Serial::Compact && spec.is_empty() && T::ALWAYS_NARROW {
+            self.extend_compact_narrow(tokens, block_size, nfull, out);
+            return;
+        }
+        let mut keys: Vec<ExtraKey<'_>> = Vec::new();
         let mut parent = out.last().copied();
         for i in out.len()..nfull {
             let start = i * block_size;
@@ -262,6 +266,41 @@ impl BlockHasher {
             let h = self.hash_block(parent.as_ref(), &tokens[start..start + block_size], &keys);
             out.push(h);
             parent = Some(h);
+        }
+    }
+}
+
+impl BlockHasher {
+    /// The compact encoding's common case (no extra keys, int32 tokens): the
+    /// payload layout is fixed, so the header and key count are written once
+    /// and each block only overwrites the parent digest and the token bytes.
+    /// Produces exactly the bytes of [`compact_block`].
+    fn extend_compact_narrow<T: Token>(
+        &mut self,
+        tokens: &[T],
+        bs: usize,
+        nfull: usize,
+        out: &mut Vec<BlockHash>,
+    ) {
+        let d = self.algo.digest_len();
+        let buf = &mut self.buf;
+        buf.clear();
+        buf.resize(d, 0);
+        #[allow(clippy::cast_possible_truncation)]
+        buf.extend_from_slice(&(bs as u32).to_le_bytes());
+        buf.push(4);
+        let tok_start = buf.len();
+        buf.resize(tok_start + 4 * bs, 0);
+        buf.extend_from_slice(&0u32.to_le_bytes());
+        let mut parent = out.last().copied().unwrap_or(self.none_hash);
+        for blk in tokens[out.len() * bs..nfull * bs].chunks_exact(bs) {
+            buf[..d].copy_from_slice(parent.as_bytes());
+            for (dst, t) in buf[tok_start..tok_start + 4 * bs].chunks_exact_mut(4).zip(blk) {
+                #[allow(clippy::cast_possible_truncation)]
+                dst.copy_from_slice(&(t.get() as i32).to_le_bytes());
+            }
+            parent = self.algo.digest(buf);
+            out.push(parent);
         }
     }
 }
