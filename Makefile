@@ -12,7 +12,7 @@ PIP_FLAGS := --disable-pip-version-check -q
 export PYTHONHASHSEED := 0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: help venv wheel install run test test-rust lint check-wheel check-core-import pytest bench fmt
+.PHONY: help venv wheel install-core install run test test-rust lint check-wheel check-core-import pytest bench fmt
 
 help:
 	@sed -n '2,6p' Makefile
@@ -29,12 +29,16 @@ wheel: venv
 	rm -rf dist
 	$(VENV)/bin/maturin build --release -o dist -i $(VPY)
 
-# Install the built wheel with its test and kernel extras (torch + triton, pinned).
-install: wheel
+# Install the built wheel with its core dependency (numpy) only.
+install-core: wheel
 	$(VPY) -m pip install $(PIP_FLAGS) --force-reinstall --no-deps dist/kvindex-*.whl
+	$(VPY) -m pip install $(PIP_FLAGS) "$$(ls dist/kvindex-*.whl)"
+
+# ... plus the test and kernel extras (torch + triton, pinned) and the cross-check libraries.
+install: install-core
 	$(VPY) -m pip install $(PIP_FLAGS) "$$(ls dist/kvindex-*.whl)[kernels,test,plot]" cbor2 xxhash
 
-run: install
+run: install-core
 	$(VENV)/bin/kvindex
 
 test: install test-rust check-wheel check-core-import lint pytest
