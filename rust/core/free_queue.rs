@@ -11,7 +11,7 @@
 //!
 //! # Costs
 //! Every operation is O(1) (`prepend`/`append` of k blocks: O(k)); no
-//! allocation after construction. Memory: 8 bytes per block.
+//! allocation after construction. Memory: 8 bytes per block (both links of a block in one 8-byte record).
 
 use crate::core::error::InvariantViolation;
 use crate::core::ids::BlockId;
@@ -22,8 +22,8 @@ pub const NONE: u32 = u32::MAX;
 /// The free queue. Sentinels are ids `n` (head) and `n + 1` (tail).
 #[derive(Clone, Debug)]
 pub struct FreeQueue {
-    prev: Vec<u32>,
-    next: Vec<u32>,
+    /// `links[b] = [prev, next]`: both links of a block share a cache line.
+    links: Vec<[u32; 2]>,
     len: usize,
     head: u32,
     tail: u32,
@@ -38,10 +38,9 @@ impl FreeQueue {
     pub fn new(n: u32) -> Self {
         assert!(n < u32::MAX - 2, "too many blocks");
         let size = n as usize + 2;
-        let mut q =
-            FreeQueue { prev: vec![NONE; size], next: vec![NONE; size], len: 0, head: n, tail: n + 1 };
-        q.next[q.head as usize] = q.tail;
-        q.prev[q.tail as usize] = q.head;
+        let mut q = FreeQueue { links: vec![[NONE; 2]; size], len: 0, head: n, tail: n + 1 };
+        q.links[q.head as usize][1] = q.tail;
+        q.links[q.tail as usize][0] = q.head;
         q
     }
 
@@ -60,23 +59,23 @@ impl FreeQueue {
     /// Whether `b` is queued. O(1).
     #[must_use]
     pub fn contains(&self, b: BlockId) -> bool {
-        self.prev[b.idx()] != NONE
+        self.links[b.idx()][0] != NONE
     }
 
     /// The head block (next victim), if any. O(1).
     #[must_use]
     pub fn front(&self) -> Option<BlockId> {
-        let h = self.next[self.head as usize];
+        let h = self.links[self.head as usize][1];
         (h != self.tail).then_some(BlockId(h))
     }
 
     fn link_after(&mut self, at: u32, b: BlockId) {
         debug_assert!(!self.contains(b), "block {} queued twice", b.0);
-        let nxt = self.next[at as usize];
-        self.prev[b.idx()] = at;
-        self.next[b.idx()] = nxt;
-        self.next[at as usize] = b.0;
-        self.prev[nxt as usize] = b.0;
+        let nxt = self.links[at as usize][1];
+        self.links[b.idx()][0] = at;
+        self.links[b.idx()][1] = nxt;
+        self.links[at as usize][1] = b.0;
+        self.links[nxt as usize][0] = b.0;
         self.len += 1;
     }
 
@@ -92,18 +91,18 @@ impl FreeQueue {
     /// # Panics
     /// If `b` is not queued (a broken invariant of the caller).
     pub fn remove(&mut self, b: BlockId) {
-        let (p, n) = (self.prev[b.idx()], self.next[b.idx()]);
+        let (p, n) = (self.links[b.idx()][0], self.links[b.idx()][1]);
         assert!(p != NONE, "block {} is not in the free queue", b.0);
-        self.next[p as usize] = n;
-        self.prev[n as usize] = p;
-        self.prev[b.idx()] = NONE;
-        self.next[b.idx()] = NONE;
+        self.links[p as usize][1] = n;
+        self.links[n as usize][0] = p;
+        self.links[b.idx()][0] = NONE;
+        self.links[b.idx()][1] = NONE;
         self.len -= 1;
     }
 
     /// Appends `b` at the tail. O(1).
     pub fn push_back(&mut self, b: BlockId) {
-        let last = self.prev[self.tail as usize];
+        let last = self.links[self.tail as usize][0];
         self.link_after(last, b);
     }
 
@@ -119,13 +118,13 @@ impl FreeQueue {
 
     /// Queued blocks from head to tail. O(len).
     pub fn iter(&self) -> impl Iterator<Item = BlockId> + '_ {
-        let mut cur = self.next[self.head as usize];
+        let mut cur = self.links[self.head as usize][1];
         std::iter::from_fn(move || {
             if cur == self.tail {
                 None
             } else {
                 let b = cur;
-                cur = self.next[cur as usize];
+                cur = self.links[cur as usize][1];
                 Some(BlockId(b))
             }
         })
@@ -139,9 +138,9 @@ impl FreeQueue {
         let mut seen = 0usize;
         let mut cur = self.head;
         loop {
-            let nxt = self.next[cur as usize];
+            let nxt = self.links[cur as usize][1];
             crate::ensure_inv!(nxt != NONE, "free queue broken after {cur}");
-            crate::ensure_inv!(self.prev[nxt as usize] == cur, "free queue: prev[next[{cur}]] != {cur}");
+            crate::ensure_inv!(self.links[nxt as usize][0] == cur, "free queue: prev[next[{cur}]] != {cur}");
             if nxt == self.tail {
                 break;
             }
@@ -150,7 +149,7 @@ impl FreeQueue {
             cur = nxt;
         }
         crate::ensure_inv!(seen == self.len, "free queue has {seen} blocks, length says {}", self.len);
-        let linked = self.prev[..self.head as usize].iter().filter(|&&p| p != NONE).count();
+        let linked = self.links[..self.head as usize].iter().filter(|l| l[0] != NONE).count();
         crate::ensure_inv!(linked == self.len, "{linked} blocks carry links but {} are queued", self.len);
         Ok(())
     }

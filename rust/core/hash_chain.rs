@@ -57,18 +57,21 @@ use crate::core::ids::{BlockHash, BlockId, RequestId};
 use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
-/// A running request's state.
+/// A running request's state. `repr(C)` keeps the fields a decode step
+/// touches (epoch, tokens, blocks, num_cached) together at the front, in the
+/// first cache line; the key spec is boxed to keep the record small.
 #[derive(Clone, Debug)]
+#[repr(C)]
 struct Request {
-    id: RequestId,
+    /// Batch epoch in which the request was last seen (duplicate detection).
+    epoch: u64,
     tokens: Vec<i64>,
-    spec: KeySpec,
-    hashes: Vec<BlockHash>,
     blocks: Vec<BlockId>,
     /// Table entries `0..num_cached` are registered in the map.
     num_cached: usize,
-    /// Batch epoch in which the request was last seen (duplicate detection).
-    epoch: u64,
+    hashes: Vec<BlockHash>,
+    id: RequestId,
+    spec: Box<KeySpec>,
 }
 
 /// Prefix-cache statistics (vLLM `PrefixCacheStats`).
@@ -397,7 +400,8 @@ impl HashChainCache {
         self.pool.touch(&blocks);
         self.pool.allocate(new, &mut blocks);
         self.forget_evicted();
-        let mut req = Request { id, tokens: owned, spec, hashes, blocks, num_cached: k, epoch: 0 };
+        let mut req =
+            Request { id, tokens: owned, spec: Box::new(spec), hashes, blocks, num_cached: k, epoch: 0 };
         let memo = self.use_memo.then_some(&mut self.memo);
         cache_new_full_blocks(&mut self.pool, memo, self.hasher.none_hash(), bs, &mut req);
         self.stats.requests += 1;
