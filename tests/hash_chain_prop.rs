@@ -22,6 +22,7 @@ use _core::core::error::ErrorKind;
 use _core::core::hash::{BlockHasher, HashAlgo, KeySpec, ALGO_NAMES};
 use _core::core::hash_chain::{HashChainCache, Stats};
 use _core::core::ids::{BlockHash, BlockId, RequestId};
+use _core::core::tables::TableSource;
 
 // ---------------------------------------------------------------------------------------
 // Operations

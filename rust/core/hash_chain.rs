@@ -611,22 +611,6 @@ impl HashChainCache {
         self.pool.take_events()
     }
 
-    /// The block table of request `id`.
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn blocks(&self, id: RequestId) -> KvResult<&[BlockId]> {
-        Ok(&self.get(id)?.blocks)
-    }
-
-    /// Number of tokens request `id` holds (prompt + appended).
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn num_tokens(&self, id: RequestId) -> KvResult<usize> {
-        Ok(self.get(id)?.tokens.len())
-    }
-
     /// The chained block hashes of request `id`'s full blocks.
     ///
     /// # Errors

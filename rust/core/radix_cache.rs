@@ -470,22 +470,6 @@ impl RadixPrefixCache {
         self.tree.take_events()
     }
 
-    /// Request `id`'s page table.
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn blocks(&self, id: RequestId) -> KvResult<&[BlockId]> {
-        Ok(&self.get(id)?.pages)
-    }
-
-    /// Tokens request `id` holds (prompt + appended).
-    ///
-    /// # Errors
-    /// `UnknownRequest`.
-    pub fn num_tokens(&self, id: RequestId) -> KvResult<usize> {
-        Ok(self.get(id)?.tokens.len())
-    }
-
     /// Leading tokens of request `id` served by (locked) tree pages.
     ///
     /// # Errors

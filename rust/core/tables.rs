@@ -20,6 +20,22 @@ pub trait TableSource {
     /// `UnknownRequest` if `id` is not running.
     fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)>;
 
+    /// Request `id`'s block table. O(1).
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    fn blocks(&self, id: RequestId) -> KvResult<&[BlockId]> {
+        Ok(self.table(id)?.0)
+    }
+
+    /// Number of tokens request `id` holds (prompt + appended). O(1).
+    ///
+    /// # Errors
+    /// `UnknownRequest`.
+    fn num_tokens(&self, id: RequestId) -> KvResult<usize> {
+        Ok(self.table(id)?.1)
+    }
+
     /// Largest table length among `ids`. O(ids).
     ///
     /// # Errors

@@ -17,6 +17,7 @@ use super::{events, keys};
 use crate::core::hash::{HashAlgo, Token};
 use crate::core::hash_chain as core;
 use crate::core::ids::{BlockId, RequestId};
+use crate::core::tables::TableSource;
 
 fn check_block_id(inner: &core::HashChainCache, block_id: i64) -> PyResult<BlockId> {
     if block_id < 0 || block_id >= inner.pool().num_blocks() as i64 {

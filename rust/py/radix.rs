@@ -26,6 +26,7 @@ use super::{events, keys};
 use crate::core::ids::{BlockId, RequestId};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
+use crate::core::tables::TableSource;
 
 /// Reads a token array as int32 (int64 input is narrowed, with a range check).
 fn tokens_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {

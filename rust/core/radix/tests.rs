@@ -477,6 +477,7 @@ mod request_cache {
     use crate::core::ids::{BlockId, RequestId};
     use crate::core::radix::Policy;
     use crate::core::radix_cache::RadixPrefixCache;
+    use crate::core::tables::TableSource;
 
     fn cache(pages: usize, ps: usize) -> RadixPrefixCache {
         RadixPrefixCache::new(pages, ps, Policy::Lru, true).expect("valid")
