@@ -30,6 +30,7 @@ from kvindex._core import (
 )
 from kvindex.exceptions import (
     BlockInUseError,
+    CapacityError,
     DTypeError,
     DuplicateRequestError,
     InvalidArgumentError,
@@ -48,6 +49,7 @@ __all__ = [
     "Admission",
     "AllBlocksCleared",
     "BlockInUseError",
+    "CapacityError",
     "BlockRemoved",
     "BlockStored",
     "DTypeError",

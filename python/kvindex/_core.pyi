@@ -4,7 +4,8 @@ Conventions: token arrays are 1-D C-contiguous ``int32`` or ``int64`` numpy arra
 id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
 ``TypeError``) instead of being copied silently. Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
-(out of blocks) is a return value (``None`` / ``False``).
+(out of blocks) is a return value (``None`` / ``False``). A constructor whose size
+this machine cannot allocate raises ``CapacityError`` (a ``MemoryError``).
 
 Threading: cache objects belong to one scheduler thread. Their methods never
 release the GIL (each runs for microseconds); on a free-threaded interpreter a

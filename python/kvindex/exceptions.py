@@ -9,6 +9,7 @@ from __future__ import annotations
 
 __all__ = [
     "BlockInUseError",
+    "CapacityError",
     "DTypeError",
     "DuplicateRequestError",
     "InvalidArgumentError",
@@ -56,6 +57,10 @@ class StaleHandleError(KvIndexError, KeyError):
 
 class LockError(KvIndexError, RuntimeError):
     """Unlocking a radix node that holds no lock."""
+
+
+class CapacityError(KvIndexError, MemoryError):
+    """A size (``num_blocks``, ...) whose tables this machine cannot allocate; nothing was built."""
 
 
 class InvariantViolation(AssertionError):

@@ -1,13 +1,14 @@
-//! Ref-counted block pool with a hash -> block map and lazy eviction
+//! Ref-counted block pool with a hash -> block index and lazy eviction
 //! (vLLM 0.33 `BlockPool` semantics for one full-attention group).
 //!
 //! # Invariants (checked by [`BlockPool::check_invariants`])
 //! 1. Block 0 is the null block: never queued, never hashed, ref count 0.
 //! 2. For every other block: `ref_cnt == 0` iff it is in the free queue.
 //! 3. `num_free + #(ref_cnt > 0) + 1 == num_blocks`.
-//! 4. Map <-> blocks: every block listed under a key in the map carries that
-//!    key as its hash, every hashed block is listed under its hash exactly
-//!    once, and no key maps to an empty list.
+//! 4. Index <-> blocks: every hashed block is listed exactly once under its
+//!    hash: as the index entry (the first copy) or in `dups` (later copies,
+//!    oldest first); the index holds one entry per distinct hash, every
+//!    `dups` list is non-empty and its hash has an index entry.
 //!
 //! # Eviction order
 //! The free queue is the LRU: new blocks come from its head. A cached block
@@ -18,32 +19,24 @@
 //! it is.
 //!
 //! # Costs
-//! Lookup, touch, allocation and free are O(1) per block (hash map + linked
-//! list); memory is about 50 bytes per block plus the map.
+//! Lookup, touch, allocation and free are O(1) per block (hash table + linked
+//! list). The index stores only 4-byte block ids, keyed by the digest's first
+//! 8 bytes and compared in full against the block's own hash, so it stays
+//! small enough to live in cache: memory is about 50 bytes per block, plus
+//! ~5 bytes per cached hash.
 
+use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
-use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
-/// Blocks cached under one hash, first inserted first (vLLM allows duplicate
-/// physical copies of a hash; lookups return the first).
-#[derive(Clone, Debug)]
-enum Copies {
-    One(BlockId),
-    Many(Vec<BlockId>),
-}
-
-impl Copies {
-    fn first(&self) -> BlockId {
-        match self {
-            Copies::One(b) => *b,
-            Copies::Many(v) => v[0],
-        }
-    }
+/// The index key of block `b`'s hash (it must have one).
+fn key_of(hash: &[Option<BlockHash>], b: BlockId) -> u64 {
+    hash[b.idx()].as_ref().expect("indexed blocks are hashed").key64()
 }
 
 /// The block pool.
@@ -52,7 +45,11 @@ pub struct BlockPool {
     ref_cnt: Vec<u32>,
     hash: Vec<Option<BlockHash>>,
     queue: FreeQueue,
-    map: FxHashMap<BlockHash, Copies>,
+    /// First copy of each cached hash (module header, invariant 4).
+    index: HashTable<BlockId>,
+    /// Later copies of a hash, oldest first (vLLM allows duplicate physical
+    /// copies; lookups return the first). Rare: empty in most workloads.
+    dups: FxHashMap<BlockHash, Vec<BlockId>>,
     events: Option<Vec<KvEvent>>,
     /// Blocks that lost their hash since the owner last drained this log
     /// (kept only when `log_evictions` is on).
@@ -65,7 +62,8 @@ impl BlockPool {
     /// queued in id order.
     ///
     /// # Errors
-    /// `InvalidArgument` if `num_blocks < 2` or it does not fit in `u32`.
+    /// `InvalidArgument` if `num_blocks < 2` or it does not fit in `u32`;
+    /// `Capacity` if its tables cannot be allocated.
     pub fn new(num_blocks: usize, enable_events: bool) -> KvResult<Self> {
         if num_blocks < 2 {
             return Err(KvError::invalid(format!(
@@ -76,15 +74,19 @@ impl BlockPool {
             .ok()
             .filter(|&n| n <= i32::MAX as u32) // block ids travel as int32
             .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_blocks}")))?;
-        let mut queue = FreeQueue::new(n);
+        // Largest table first: a size the allocator refuses fails before
+        // anything else is touched.
+        let hash = try_filled(num_blocks, None, "block hashes")?;
+        let mut queue = FreeQueue::new(n)?;
         for i in 1..n {
             queue.push_back(BlockId(i));
         }
         Ok(BlockPool {
-            ref_cnt: vec![0; num_blocks],
-            hash: vec![None; num_blocks],
+            ref_cnt: try_filled(num_blocks, 0, "block ref counts")?,
+            hash,
             queue,
-            map: FxHashMap::default(),
+            index: HashTable::new(),
+            dups: FxHashMap::default(),
             events: enable_events.then(Vec::new),
             evicted: Vec::new(),
             log_evictions: false,
@@ -137,13 +139,14 @@ impl BlockPool {
     /// Number of distinct cached hashes. O(1).
     #[must_use]
     pub fn num_cached_hashes(&self) -> usize {
-        self.map.len()
+        self.index.len()
     }
 
     /// The first-inserted block cached under `h`; no side effects. O(1).
     #[must_use]
     pub fn get_cached(&self, h: &BlockHash) -> Option<BlockId> {
-        self.map.get(h).map(Copies::first)
+        let hash = &self.hash;
+        self.index.find(h.key64(), |&b| hash[b.idx()] == Some(*h)).copied()
     }
 
     /// Takes a reference on each block, removing free ones from the queue. O(k).
@@ -173,27 +176,35 @@ impl BlockPool {
         }
     }
 
-    /// Drops `b`'s hash from the map (and emits `BlockRemoved`) if it has one.
+    /// Drops `b`'s hash from the index (and emits `BlockRemoved`) if it has one.
     fn evict_hash(&mut self, b: BlockId) {
-        let Some(h) = self.hash[b.idx()].take() else { return };
-        let remove_key = match self.map.get_mut(&h).expect("hashed block is in the map") {
-            Copies::One(x) => {
-                assert_eq!(*x, b, "map lists another block under this hash");
-                true
-            }
-            Copies::Many(v) => {
-                let pos = v.iter().position(|&x| x == b).expect("hashed block listed under its hash");
-                v.remove(pos);
-                if v.len() == 1 {
-                    let last = v[0];
-                    self.map.insert(h, Copies::One(last));
-                }
-                false
-            }
+        let Some(h) = self.hash[b.idx()] else { return };
+        let hash = &self.hash;
+        let Ok(entry) = self.index.find_entry(h.key64(), |&x| hash[x.idx()] == Some(h)) else {
+            panic!("hashed block {} is not in the index", b.0);
         };
-        if remove_key {
-            self.map.remove(&h);
+        if *entry.get() == b {
+            // The first copy: the next one (if any) takes its place.
+            match self.dups.get_mut(&h) {
+                None => {
+                    entry.remove();
+                }
+                Some(v) => {
+                    *entry.into_mut() = v.remove(0);
+                    if v.is_empty() {
+                        self.dups.remove(&h);
+                    }
+                }
+            }
+        } else {
+            let v = self.dups.get_mut(&h).expect("a later copy is listed in dups");
+            let pos = v.iter().position(|&x| x == b).expect("hashed block listed under its hash");
+            v.remove(pos);
+            if v.is_empty() {
+                self.dups.remove(&h);
+            }
         }
+        self.hash[b.idx()] = None;
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::BlockRemoved { block_hashes: vec![h.low_u64()] });
         }
@@ -218,17 +229,14 @@ impl BlockPool {
     /// O(1) amortised. The caller emits the `BlockStored` event for the run.
     pub fn cache_block(&mut self, b: BlockId, h: BlockHash) {
         assert!(self.hash[b.idx()].is_none(), "block {} already hashed", b.0);
-        self.hash[b.idx()] = Some(h);
-        match self.map.get_mut(&h) {
-            None => {
-                self.map.insert(h, Copies::One(b));
-            }
-            Some(Copies::One(first)) => {
-                let first = *first;
-                self.map.insert(h, Copies::Many(vec![first, b]));
-            }
-            Some(Copies::Many(v)) => v.push(b),
+        let hash = &self.hash;
+        let first = self.index.find(h.key64(), |&x| hash[x.idx()] == Some(h)).is_some();
+        if first {
+            self.dups.entry(h).or_default().push(b);
+        } else {
+            self.index.insert_unique(h.key64(), b, |&x| key_of(hash, x));
         }
+        self.hash[b.idx()] = Some(h);
     }
 
     /// Releases one reference on each block of `ordered` (already in release
@@ -310,7 +318,8 @@ impl BlockPool {
                 format!("cannot reset the prefix cache while {in_use} blocks are in use"),
             ));
         }
-        self.map.clear();
+        self.index.clear();
+        self.dups.clear();
         self.hash.iter_mut().for_each(|h| *h = None);
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::AllBlocksCleared);
@@ -359,30 +368,100 @@ impl BlockPool {
             used += usize::from(self.ref_cnt[i] > 0);
             if let Some(h) = self.hash[i] {
                 hashed += 1;
-                let listed = match self.map.get(&h) {
-                    None => 0,
-                    Some(Copies::One(x)) => usize::from(*x == b),
-                    Some(Copies::Many(v)) => v.iter().filter(|&&x| x == b).count(),
-                };
+                let listed = usize::from(self.get_cached(&h) == Some(b))
+                    + self.dups.get(&h).map_or(0, |v| v.iter().filter(|&&x| x == b).count());
                 ensure_inv!(listed == 1, "block {i} listed {listed} times under its hash");
             }
         }
         ensure_inv!(self.queue.len() + used + 1 == self.num_blocks(), "free + used + 1 != num_blocks");
         let mut entries = 0;
-        for (h, c) in &self.map {
-            let list: &[BlockId] = match c {
-                Copies::One(b) => std::slice::from_ref(b),
-                Copies::Many(v) => {
-                    ensure_inv!(v.len() >= 2, "multi-copy entry with {} blocks", v.len());
-                    v
-                }
+        for &b in &self.index {
+            let Some(h) = self.hash[b.idx()] else {
+                return Err(InvariantViolation(format!("index lists unhashed block {}", b.0)));
             };
-            for b in list {
-                ensure_inv!(self.hash[b.idx()] == Some(*h), "map lists block {} under a hash it lacks", b.0);
-            }
-            entries += list.len();
+            ensure_inv!(self.get_cached(&h) == Some(b), "index entry of block {} is unreachable", b.0);
+            entries += 1;
         }
-        ensure_inv!(entries == hashed, "map holds {entries} blocks, {hashed} blocks are hashed");
+        for (h, v) in &self.dups {
+            ensure_inv!(!v.is_empty(), "empty duplicate list");
+            ensure_inv!(self.get_cached(h).is_some(), "duplicate copies of a hash with no first copy");
+            for b in v {
+                ensure_inv!(self.hash[b.idx()] == Some(*h), "dups lists block {} under a hash it lacks", b.0);
+            }
+            entries += v.len();
+        }
+        ensure_inv!(entries == hashed, "index holds {entries} blocks, {hashed} blocks are hashed");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: u8) -> BlockHash {
+        BlockHash::from_digest(&[x; 16])
+    }
+
+    /// Three physical copies of one hash: lookups return the oldest remaining
+    /// copy as copies are evicted from the front, the middle and the back.
+    #[test]
+    fn duplicate_copies_keep_first_copy_order() {
+        let mut p = BlockPool::new(8, true).expect("pool");
+        let mut blocks = Vec::new();
+        p.allocate(5, &mut blocks);
+        assert_eq!(blocks, [1, 2, 3, 4, 5].map(BlockId));
+        for &b in &blocks[..3] {
+            p.cache_block(b, h(7));
+        }
+        p.cache_block(blocks[3], h(8));
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.num_cached_hashes(), 2);
+        assert_eq!(p.get_cached(&h(7)), Some(BlockId(1)));
+        let mut scratch = Vec::new();
+        p.free(blocks.iter().rev().copied(), &mut scratch);
+        p.check_invariants().expect("invariants");
+        // Middle copy first: the first copy still answers.
+        assert_eq!(p.evict_blocks(&[2]).expect("idle"), 1);
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.get_cached(&h(7)), Some(BlockId(1)));
+        // First copy: the next-oldest takes over.
+        assert_eq!(p.evict_blocks(&[1]).expect("idle"), 1);
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.get_cached(&h(7)), Some(BlockId(3)));
+        assert_eq!(p.num_cached_hashes(), 2);
+        // Last copy: the hash is gone, the other hash stays.
+        assert_eq!(p.evict_blocks(&[3, 3]).expect("idle"), 1);
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.get_cached(&h(7)), None);
+        assert_eq!(p.get_cached(&h(8)), Some(BlockId(4)));
+        assert_eq!(p.num_cached_hashes(), 1);
+        let removed = p.take_events().len();
+        assert_eq!(removed, 3, "one BlockRemoved per evicted copy");
+    }
+
+    /// Hashes that share the 8-byte index key but differ later are distinct.
+    #[test]
+    fn index_key_collisions_compare_full_digests() {
+        let mut p = BlockPool::new(4, false).expect("pool");
+        let mut blocks = Vec::new();
+        p.allocate(2, &mut blocks);
+        let mut a = [1u8; 16];
+        let b = a;
+        a[15] = 2;
+        let (ha, hb) = (BlockHash::from_digest(&a), BlockHash::from_digest(&b));
+        assert_eq!(ha.key64(), hb.key64());
+        p.cache_block(blocks[0], ha);
+        p.cache_block(blocks[1], hb);
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.get_cached(&ha), Some(blocks[0]));
+        assert_eq!(p.get_cached(&hb), Some(blocks[1]));
+        assert_eq!(p.num_cached_hashes(), 2);
+        let mut scratch = Vec::new();
+        p.free(blocks.iter().copied(), &mut scratch);
+        assert_eq!(p.evict_blocks(&[1]).expect("idle"), 1);
+        p.check_invariants().expect("invariants");
+        assert_eq!(p.get_cached(&ha), None);
+        assert_eq!(p.get_cached(&hb), Some(blocks[1]));
     }
 }

@@ -26,6 +26,8 @@ pub enum ErrorKind {
     StaleHandle,
     /// Unlocking a node that holds no lock (`RuntimeError`).
     Lock,
+    /// A size whose tables cannot be allocated on this machine (`MemoryError`).
+    Capacity,
 }
 
 /// A caller error: its kind and a human-readable message.
@@ -82,4 +84,38 @@ macro_rules! ensure_inv {
             return Err($crate::core::error::InvariantViolation(format!($($arg)+)));
         }
     };
+}
+
+/// A vector of `n` copies of `v`, or a `Capacity` error (instead of an abort)
+/// when the allocator refuses `n` elements. For tables sized by a caller's
+/// argument (`num_blocks`, ...). O(n).
+///
+/// # Errors
+/// `Capacity` naming `what` and the bytes asked for.
+pub fn try_filled<T: Clone>(n: usize, v: T, what: &str) -> KvResult<Vec<T>> {
+    let mut out = Vec::new();
+    if out.try_reserve_exact(n).is_err() {
+        let bytes = n.saturating_mul(std::mem::size_of::<T>());
+        #[allow(clippy::cast_precision_loss)]
+        let gib = bytes as f64 / f64::from(1u32 << 30);
+        return Err(KvError::new(
+            ErrorKind::Capacity,
+            format!("cannot allocate {what}: {n} entries ({gib:.1} GiB) do not fit in this machine's memory"),
+        ));
+    }
+    out.resize(n, v);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn try_filled_refuses_impossible_sizes() {
+        let e = try_filled(usize::MAX / 4, 0u64, "a table").expect_err("cannot fit");
+        assert_eq!(e.kind, ErrorKind::Capacity);
+        assert!(e.msg.contains("a table"), "{}", e.msg);
+        assert_eq!(try_filled(3, 7u8, "x").expect("small"), vec![7, 7, 7]);
+    }
 }

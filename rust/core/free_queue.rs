@@ -13,7 +13,7 @@
 //! Every operation is O(1) (`prepend`/`append` of k blocks: O(k)); no
 //! allocation after construction. Memory: 8 bytes per block (both links of a block in one 8-byte record).
 
-use crate::core::error::InvariantViolation;
+use crate::core::error::{try_filled, InvariantViolation, KvResult};
 use crate::core::ids::BlockId;
 
 /// Link value meaning "not in the queue".
@@ -32,16 +32,19 @@ pub struct FreeQueue {
 impl FreeQueue {
     /// An empty queue for block ids `0..n`.
     ///
+    /// # Errors
+    /// `Capacity` if the links cannot be allocated.
+    ///
     /// # Panics
     /// If `n` does not leave room for the two sentinel ids in `u32`.
-    #[must_use]
-    pub fn new(n: u32) -> Self {
+    pub fn new(n: u32) -> KvResult<Self> {
         assert!(n < u32::MAX - 2, "too many blocks");
         let size = n as usize + 2;
-        let mut q = FreeQueue { links: vec![[NONE; 2]; size], len: 0, head: n, tail: n + 1 };
+        let links = try_filled(size, [NONE; 2], "the free queue")?;
+        let mut q = FreeQueue { links, len: 0, head: n, tail: n + 1 };
         q.links[q.head as usize][1] = q.tail;
         q.links[q.tail as usize][0] = q.head;
-        q
+        Ok(q)
     }
 
     /// Number of queued blocks. O(1).
@@ -165,7 +168,7 @@ mod tests {
 
     #[test]
     fn operations_keep_order() {
-        let mut q = FreeQueue::new(6);
+        let mut q = FreeQueue::new(6).expect("small queue");
         for i in 1..6 {
             q.push_back(BlockId(i));
         }

@@ -18,16 +18,15 @@
 //! # Prefix memo (no re-hashing of cached prefixes)
 //! A scheduler sees the same system prompt in thousands of requests; vLLM
 //! re-hashes it every time. kvindex keeps, for each cached block without extra
-//! keys, a memo entry `(parent hash, fingerprint of its tokens) -> block` and a
-//! copy of the block's tokens. Hashing a prompt block first probes the memo and,
+//! keys, a memo entry `(parent hash, tokens) -> block` ([`crate::core::memo`]). Hashing a prompt block first probes the memo and,
 //! when the tokens compare *exactly* equal, reuses the cached block's hash
 //! (which is `H(parent, tokens, None)` by construction) instead of serialising
 //! and digesting again. The fingerprint only selects the bucket, so a crafted
 //! fingerprint collision cannot produce a wrong hash. Entries leave when their
 //! block loses its hash, so the memo never outgrows the cache. A memo probe
-//! costs a few cache misses (~150 ns cold), less than a SHA-256 block
-//! (~250-400 ns with serialisation) but more than an XXH3 block (~40 ns), so
-//! the memo is used with the SHA-256 algorithms only.
+//! costs ~3 cache misses, less than a SHA-256 block (~150-300 ns with
+//! serialisation) but about an XXH3 block (~30-40 ns), so the memo is used
+//! with the SHA-256 algorithms only.
 //!
 //! A refused admission (out of blocks) keeps its prompt's hashes, for up to
 //! 32 prompts, so the scheduler's retry of the same request id and prompt is
@@ -54,6 +53,7 @@ use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId, RequestId};
+use crate::core::memo::Memo;
 use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
@@ -87,8 +87,6 @@ pub struct Stats {
     pub evictions: u64,
 }
 
-type MemoKey = (BlockHash, u64);
-
 /// A prompt whose admission ran short of blocks, kept (with its hashes) so the
 /// scheduler's retry of the same request id does not hash it again.
 #[derive(Clone, Debug)]
@@ -101,86 +99,6 @@ struct Pending {
 
 /// How many refused prompts keep their hashes (oldest dropped first).
 const MAX_PENDING: usize = 32;
-
-/// The prefix memo (module header): cached blocks without extra keys, by
-/// `(parent hash, token fingerprint)`, with a copy of their tokens.
-#[derive(Clone, Debug)]
-struct Memo {
-    map: FxHashMap<MemoKey, BlockId>,
-    /// Per block: the key under which the memo lists it.
-    key_of: Vec<Option<MemoKey>>,
-    /// Per block: its tokens (`block_size` entries), valid while memoised.
-    tokens: Vec<i64>,
-}
-
-/// Bucket selector for the memo (FxHash-style, four independent lanes so the
-/// multiply chains overlap); equality is always checked exactly.
-fn fingerprint<T: Token>(tokens: &[T]) -> u64 {
-    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
-    #[allow(clippy::cast_sign_loss)]
-    let step = |h: u64, t: &T| (h.rotate_left(5) ^ t.get() as u64).wrapping_mul(K);
-    let mut lanes = [0u64, 1, 2, 3];
-    let mut chunks = tokens.chunks_exact(4);
-    for c in &mut chunks {
-        lanes[0] = step(lanes[0], &c[0]);
-        lanes[1] = step(lanes[1], &c[1]);
-        lanes[2] = step(lanes[2], &c[2]);
-        lanes[3] = step(lanes[3], &c[3]);
-    }
-    let mut h = chunks.remainder().iter().fold(lanes[0], step);
-    for l in &lanes[1..] {
-        h = (h.rotate_left(5) ^ l).wrapping_mul(K);
-    }
-    h
-}
-
-impl Memo {
-    fn new(num_blocks: usize, block_size: usize) -> Self {
-        // Zeroed allocation: pages of blocks never memoised are never touched.
-        Memo {
-            map: FxHashMap::default(),
-            key_of: vec![None; num_blocks],
-            tokens: vec![0; num_blocks * block_size],
-        }
-    }
-
-    fn block_tokens(&self, b: BlockId, bs: usize) -> &[i64] {
-        &self.tokens[b.idx() * bs..(b.idx() + 1) * bs]
-    }
-
-    /// The hash of the block `(parent, tokens)` if a cached block holds exactly it.
-    fn probe<T: Token>(&self, pool: &BlockPool, parent: BlockHash, tokens: &[T]) -> Option<BlockHash> {
-        let b = *self.map.get(&(parent, fingerprint(tokens)))?;
-        let same = self.block_tokens(b, tokens.len()).iter().zip(tokens).all(|(a, t)| *a == t.get());
-        if same {
-            Some(pool.block_hash(b).expect("memoised blocks are cached"))
-        } else {
-            None
-        }
-    }
-
-    fn insert(&mut self, b: BlockId, parent: BlockHash, tokens: &[i64]) {
-        let key = (parent, fingerprint(tokens));
-        if let std::collections::hash_map::Entry::Vacant(e) = self.map.entry(key) {
-            e.insert(b);
-            self.key_of[b.idx()] = Some(key);
-            let bs = tokens.len();
-            self.tokens[b.idx() * bs..(b.idx() + 1) * bs].copy_from_slice(tokens);
-        }
-    }
-
-    fn forget(&mut self, b: BlockId) {
-        if let Some(key) = self.key_of.get_mut(b.idx()).and_then(Option::take) {
-            let removed = self.map.remove(&key);
-            debug_assert_eq!(removed, Some(b));
-        }
-    }
-
-    fn clear(&mut self) {
-        self.map.clear();
-        self.key_of.iter_mut().for_each(|k| *k = None);
-    }
-}
 
 /// The hash-chain prefix cache.
 #[derive(Clone, Debug)]
@@ -233,7 +151,7 @@ impl HashChainCache {
             reqs: Vec::new(),
             free_slots: Vec::new(),
             // A disabled memo holds no per-block state at all.
-            memo: if algo.is_sha() { Memo::new(num_blocks, block_size) } else { Memo::new(0, 0) },
+            memo: if algo.is_sha() { Memo::new(num_blocks, block_size)? } else { Memo::new(0, 0)? },
             use_memo: algo.is_sha(),
             pending: std::collections::VecDeque::new(),
             stats: Stats::default(),
@@ -282,7 +200,7 @@ impl HashChainCache {
     /// Number of memoised blocks (at most the number of cached blocks).
     #[must_use]
     pub fn memo_len(&self) -> usize {
-        self.memo.map.len()
+        self.memo.len()
     }
 
     /// Number of full blocks a lookup may hit for a prompt of `n` tokens.
@@ -309,7 +227,7 @@ impl HashChainCache {
             }
             let p = parent.unwrap_or_else(|| self.hasher.none_hash());
             let probe = keys.is_empty();
-            let h = match probe.then(|| self.memo.probe(&self.pool, p, blk)).flatten() {
+            let h = match probe.then(|| self.memo.probe(&p, blk)).flatten() {
                 Some(h) => h,
                 None => self.hasher.hash_block(Some(&p), blk, &keys),
             };
@@ -686,28 +604,19 @@ impl HashChainCache {
             ensure_inv!(chain == p.hashes, "pending request {}: hashes differ from its prompt", p.id.0);
         }
         ensure_inv!(self.pending.len() <= MAX_PENDING, "{} pending prompts", self.pending.len());
-        for (key, &b) in &self.memo.map {
+        let entries = self.memo.entries().map_err(InvariantViolation)?;
+        for (b, own, parent, toks) in entries {
             ensure_inv!(
-                self.memo.key_of[b.idx()] == Some(*key),
-                "memo entry of block {} has another key",
+                self.pool.block_hash(b) == Some(own),
+                "memo block {} is not cached under its hash",
                 b.0
             );
-            let h = self.pool.block_hash(b);
-            ensure_inv!(h.is_some(), "memo names block {} which is not cached", b.0);
-            let toks = self.memo.block_tokens(b, bs);
-            ensure_inv!(key.1 == fingerprint(toks), "memo fingerprint of block {} is stale", b.0);
             ensure_inv!(
-                h == Some(hasher.hash_block(Some(&key.0), toks, &[])),
+                own == hasher.hash_block(Some(&parent), toks, &[]),
                 "memo block {} hash mismatch",
                 b.0
             );
         }
-        let listed = self.memo.key_of.iter().filter(|k| k.is_some()).count();
-        ensure_inv!(
-            listed == self.memo.map.len(),
-            "{listed} blocks keyed, memo holds {}",
-            self.memo.map.len()
-        );
         for (i, &c) in refs.iter().enumerate() {
             #[allow(clippy::cast_possible_truncation)]
             let rc = self.pool.ref_count(BlockId(i as u32));
@@ -769,7 +678,7 @@ fn cache_new_full_blocks(
         }
         if let (true, Some(memo)) = (keys.is_empty(), memo.as_deref_mut()) {
             let parent = if i == 0 { None } else { Some(req.hashes[i - 1]) };
-            memo.insert(b, parent.unwrap_or(none_hash), &req.tokens[i * bs..(i + 1) * bs]);
+            memo.insert(b, req.hashes[i], &parent.unwrap_or(none_hash), &req.tokens[i * bs..(i + 1) * bs]);
         }
     }
     req.num_cached = full;

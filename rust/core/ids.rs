@@ -75,13 +75,23 @@ impl BlockHash {
     }
 }
 
+impl BlockHash {
+    /// The first 8 digest bytes as a little-endian integer: digests are
+    /// uniformly distributed, so this is a ready-made hash-table key (not
+    /// unique: tables compare the whole digest).
+    #[inline]
+    #[must_use]
+    pub fn key64(&self) -> u64 {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&self.bytes[..8]);
+        u64::from_le_bytes(w)
+    }
+}
+
 impl Hash for BlockHash {
     #[inline]
     fn hash<H: Hasher>(&self, state: &mut H) {
-        // Digests are already uniformly distributed: 8 bytes are enough.
-        let mut w = [0u8; 8];
-        w.copy_from_slice(&self.bytes[..8]);
-        state.write_u64(u64::from_le_bytes(w));
+        state.write_u64(self.key64());
     }
 }
 

@@ -7,6 +7,7 @@
 //! | [`hash`] | chained block hashing: kvindex's own encodings and bit-exact vLLM modes |
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
+//! | [`memo`] | prefix memo: cached blocks by (parent hash, tokens), skips re-hashing |
 //! | [`hash_chain`] | request-level prefix cache with vLLM `KVCacheManager` semantics |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
 //! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
@@ -20,6 +21,7 @@ pub mod free_queue;
 pub mod hash;
 pub mod hash_chain;
 pub mod ids;
+pub mod memo;
 pub mod radix;
 pub mod radix_cache;
 pub mod slot_pool;

@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use crate::core::error::{InvariantViolation, KvError, KvResult};
+use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::ids::BlockId;
 use crate::ensure_inv;
 
@@ -38,7 +38,8 @@ impl SlotPool {
     /// A pool of `num_pages` pages (page 0 is the null page), all free.
     ///
     /// # Errors
-    /// `InvalidArgument` if `num_pages < 2` or too large for `u32` ids.
+    /// `InvalidArgument` if `num_pages < 2` or too large for `u32` ids;
+    /// `Capacity` if its tables cannot be allocated.
     pub fn new(num_pages: usize) -> KvResult<Self> {
         if num_pages < 2 {
             return Err(KvError::invalid(format!(
@@ -49,7 +50,12 @@ impl SlotPool {
             .ok()
             .filter(|&n| n < i32::MAX as u32)
             .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_pages}")))?;
-        Ok(SlotPool { ref_cnt: vec![0; num_pages], free: (1..n).map(BlockId).collect() })
+        let mut free = VecDeque::new();
+        free.try_reserve_exact(num_pages).map_err(|_| {
+            KvError::new(ErrorKind::Capacity, format!("cannot allocate the free list of {num_pages} pages"))
+        })?;
+        free.extend((1..n).map(BlockId));
+        Ok(SlotPool { ref_cnt: try_filled(num_pages, 0, "page ref counts")?, free })
     }
 
     /// Pages, the null page included. O(1).

@@ -19,6 +19,7 @@ fn class_name(kind: ErrorKind) -> &'static str {
         ErrorKind::BlockInUse => "BlockInUseError",
         ErrorKind::StaleHandle => "StaleHandleError",
         ErrorKind::Lock => "LockError",
+        ErrorKind::Capacity => "CapacityError",
     }
 }
 

@@ -59,6 +59,52 @@ pub fn array(buf: &mut Vec<u8>, n: usize) {
     head(buf, 4, n as u64);
 }
 
+/// Payload bytes of a CBOR integer argument by its bit length (0..=64).
+const PAYLOAD_LEN: [u8; 65] = {
+    let mut t = [8u8; 65];
+    let mut i = 0;
+    while i <= 64 {
+        t[i] = if i <= 8 {
+            1
+        } else if i <= 16 {
+            2
+        } else if i <= 32 {
+            4
+        } else {
+            8
+        };
+        i += 1;
+    }
+    t
+};
+
+/// Writes the CBOR integer `x` at `out[k..]` and returns its length (1 to 9).
+/// Always writes 9 bytes (the tail is scratch the next item overwrites), so
+/// there is one bounds check and no branch on the length per integer.
+#[inline(always)]
+fn put_int(out: &mut [u8], k: usize, x: i64) -> usize {
+    // Major type 0 for x >= 0, major type 1 with n = -1 - x (== !x) otherwise.
+    #[allow(clippy::cast_sign_loss)]
+    let (major, n) = if x >= 0 { (0u8, x as u64) } else { (0x20u8, !(x as u64)) };
+    let dst = &mut out[k..k + 9];
+    if n < 24 {
+        #[allow(clippy::cast_possible_truncation)]
+        let b = major | n as u8;
+        dst[0] = b;
+        return 1;
+    }
+    // Payload bytes from the bit length, without a data-dependent branch
+    // (token sizes are random, so branches here mispredict).
+    let len = usize::from(PAYLOAD_LEN[(64 - n.leading_zeros()) as usize]);
+    #[allow(clippy::cast_possible_truncation)]
+    let info = 24 + len.trailing_zeros() as u8;
+    dst[0] = major | info;
+    // The value's big-endian bytes, shifted to the front of the 8-byte field.
+    let v = n << (64 - 8 * len);
+    dst[1..9].copy_from_slice(&v.to_be_bytes());
+    1 + len
+}
+
 /// Encodes `(parent, tuple(tokens), extra_keys or None)`.
 pub fn block_payload(
     buf: &mut Vec<u8>,
@@ -69,9 +115,13 @@ pub fn block_payload(
     buf.push(0x83);
     bytes(buf, parent);
     array(buf, tokens.len());
+    let start = buf.len();
+    buf.resize(start + 9 * tokens.len() + 9, 0);
+    let mut k = start;
     for t in tokens {
-        int(buf, t);
+        k += put_int(buf, k, t);
     }
+    buf.truncate(k);
     if keys.is_empty() {
         buf.push(0xf6);
         return;

@@ -1,0 +1,269 @@
+//! Prefix memo of the hash-chain cache: cached blocks by `(parent hash,
+//! tokens)`, so hashing a prompt whose prefix is cached costs a table probe
+//! and an exact comparison per block instead of a serialisation and a SHA-256
+//! digest.
+//!
+//! # Layout
+//! A hash table of 4-byte block ids keyed by `parent.key64() ^ fingerprint
+//! (tokens)`, plus per block one record holding everything a probe reads:
+//! the full parent hash, the block's own hash (`H(parent, tokens, None)`, a
+//! copy of the pool's while the record is live) and its tokens as `i32`
+//! (inline up to [`INLINE`] tokens, in a side array for larger blocks; blocks
+//! with a token outside `i32` are not memoised). The key only selects
+//! buckets: a probe compares the full parent hash and every token exactly,
+//! so a crafted fingerprint collision cannot produce a wrong hash. One record
+//! per probe keeps the cache misses of a prefix walk to about one per block
+//! (the walk is a dependency chain: each key needs the previous hash).
+//!
+//! # Invariants (checked by the owner, see [`Memo::entries`])
+//! - the table lists exactly the blocks whose record is live, once each;
+//! - a live record's key is `parent.key64() ^ fingerprint(tokens)`, and its
+//!   block is cached under `H(parent, tokens, None)`.
+//!
+//! # Costs
+//! Probe, insert and forget are O(block_size); a probe touches the table and
+//! one record (~2 adjacent cache lines). Memory: 132 bytes per block of the
+//! pool (plus `4 * block_size` above 16 tokens per block).
+
+use hashbrown::HashTable;
+
+use crate::core::error::{try_filled, KvResult};
+use crate::core::hash::Token;
+use crate::core::ids::{BlockHash, BlockId};
+
+/// Tokens per block kept inside the record.
+pub const INLINE: usize = 16;
+
+/// A block's record; live iff `own` is non-empty.
+#[derive(Clone, Copy, Debug)]
+struct Rec {
+    parent: BlockHash,
+    own: BlockHash,
+    inline: [i32; INLINE],
+}
+
+impl Rec {
+    fn live(&self) -> bool {
+        !self.own.as_bytes().is_empty()
+    }
+}
+
+/// Bucket selector (FxHash-style, four independent lanes so the multiply
+/// chains overlap); equality is always checked exactly.
+fn fingerprint<T: Token>(tokens: &[T]) -> u64 {
+    const K: u64 = 0x51_7c_c1_b7_27_22_0a_95;
+    #[allow(clippy::cast_sign_loss)]
+    let step = |h: u64, t: &T| (h.rotate_left(5) ^ t.get() as u64).wrapping_mul(K);
+    let mut lanes = [0u64, 1, 2, 3];
+    let mut chunks = tokens.chunks_exact(4);
+    for c in &mut chunks {
+        lanes[0] = step(lanes[0], &c[0]);
+        lanes[1] = step(lanes[1], &c[1]);
+        lanes[2] = step(lanes[2], &c[2]);
+        lanes[3] = step(lanes[3], &c[3]);
+    }
+    let mut h = chunks.remainder().iter().fold(lanes[0], step);
+    for l in &lanes[1..] {
+        h = (h.rotate_left(5) ^ l).wrapping_mul(K);
+    }
+    h
+}
+
+fn key_of<T: Token>(parent: &BlockHash, tokens: &[T]) -> u64 {
+    parent.key64() ^ fingerprint(tokens)
+}
+
+/// One memo entry as the owner's invariant check sees it: the block, its
+/// hash, its parent's hash and its tokens.
+pub type Entry<'a> = (BlockId, BlockHash, BlockHash, &'a [i32]);
+
+/// The prefix memo (module header).
+#[derive(Clone, Debug)]
+pub struct Memo {
+    table: HashTable<BlockId>,
+    recs: Vec<Rec>,
+    /// Tokens of blocks larger than [`INLINE`] (`block_size` per block).
+    spill: Vec<i32>,
+    block_size: usize,
+}
+
+impl Memo {
+    /// A memo for a pool of `num_blocks` blocks of `block_size` tokens
+    /// (`Memo::new(0, 0)` is a disabled memo holding nothing).
+    ///
+    /// # Errors
+    /// `Capacity` if its records cannot be allocated.
+    pub fn new(num_blocks: usize, block_size: usize) -> KvResult<Self> {
+        let empty = BlockHash::from_digest(&[]);
+        let none = Rec { parent: empty, own: empty, inline: [0; INLINE] };
+        let spill = if block_size > INLINE { num_blocks.saturating_mul(block_size) } else { 0 };
+        Ok(Memo {
+            table: HashTable::new(),
+            recs: try_filled(num_blocks, none, "the prefix memo")?,
+            spill: try_filled(spill, 0, "the prefix memo")?,
+            block_size,
+        })
+    }
+
+    /// Number of memoised blocks. O(1).
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.table.len()
+    }
+
+    /// Whether nothing is memoised. O(1).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.table.is_empty()
+    }
+
+    fn block_tokens(&self, b: BlockId) -> &[i32] {
+        let bs = self.block_size;
+        if bs <= INLINE {
+            &self.recs[b.idx()].inline[..bs]
+        } else {
+            &self.spill[b.idx() * bs..(b.idx() + 1) * bs]
+        }
+    }
+
+    fn find<T: Token>(&self, key: u64, parent: &BlockHash, tokens: &[T]) -> Option<&Rec> {
+        self.table
+            .find(key, |&b| {
+                self.recs[b.idx()].parent == *parent
+                    && self.block_tokens(b).iter().zip(tokens).all(|(&a, t)| i64::from(a) == t.get())
+            })
+            .map(|&b| &self.recs[b.idx()])
+    }
+
+    /// The hash of the block `(parent, tokens)` if a cached block holds exactly it.
+    #[must_use]
+    pub fn probe<T: Token>(&self, parent: &BlockHash, tokens: &[T]) -> Option<BlockHash> {
+        debug_assert_eq!(tokens.len(), self.block_size);
+        Some(self.find(key_of(parent, tokens), parent, tokens)?.own)
+    }
+
+    /// Memoises cached block `b` = `(parent, tokens)`, whose hash is `own`,
+    /// unless an equal block is already memoised or a token does not fit in
+    /// `i32`. O(block_size).
+    pub fn insert(&mut self, b: BlockId, own: BlockHash, parent: &BlockHash, tokens: &[i64]) {
+        if tokens.iter().any(|&t| i32::try_from(t).is_err()) {
+            return;
+        }
+        let key = key_of(parent, tokens);
+        if self.find(key, parent, tokens).is_some() {
+            return;
+        }
+        let bs = self.block_size;
+        let r = &mut self.recs[b.idx()];
+        r.parent = *parent;
+        r.own = own;
+        let dst = if bs <= INLINE {
+            &mut r.inline[..bs]
+        } else {
+            &mut self.spill[b.idx() * bs..(b.idx() + 1) * bs]
+        };
+        for (d, &t) in dst.iter_mut().zip(tokens) {
+            *d = i32::try_from(t).expect("range checked above");
+        }
+        let (recs, spill) = (&self.recs, &self.spill);
+        self.table.insert_unique(key, b, |&x| {
+            let r = &recs[x.idx()];
+            let toks = if bs <= INLINE { &r.inline[..bs] } else { &spill[x.idx() * bs..(x.idx() + 1) * bs] };
+            key_of(&r.parent, toks)
+        });
+    }
+
+    /// Drops `b`'s entry, if any (its block lost its hash). O(1).
+    pub fn forget(&mut self, b: BlockId) {
+        let Some(r) = self.recs.get(b.idx()) else { return };
+        if !r.live() {
+            return;
+        }
+        let key = key_of(&r.parent, self.block_tokens(b));
+        self.recs[b.idx()].own = BlockHash::from_digest(&[]);
+        let Ok(entry) = self.table.find_entry(key, |&x| x == b) else {
+            panic!("live memo record of block {} is not in the table", b.0);
+        };
+        entry.remove();
+    }
+
+    /// Drops every entry. O(num_blocks).
+    pub fn clear(&mut self) {
+        self.table.clear();
+        let empty = BlockHash::from_digest(&[]);
+        self.recs.iter_mut().for_each(|r| r.own = empty);
+    }
+
+    /// Every entry as `(block, its hash, parent hash, tokens)`, after
+    /// checking that table and live records agree and every entry is found
+    /// under its key. For the owner's invariant check. O(entries).
+    ///
+    /// # Errors
+    /// A message naming the first disagreement.
+    pub fn entries(&self) -> Result<Vec<Entry<'_>>, String> {
+        let live = self.recs.iter().filter(|r| r.live()).count();
+        if live != self.table.len() {
+            return Err(format!("{live} live memo records, table holds {}", self.table.len()));
+        }
+        let mut out = Vec::with_capacity(self.table.len());
+        for &b in &self.table {
+            let r = &self.recs[b.idx()];
+            if !r.live() {
+                return Err(format!("memo table lists block {} without a live record", b.0));
+            }
+            let toks = self.block_tokens(b);
+            if self.find(key_of(&r.parent, toks), &r.parent, toks).is_none() {
+                return Err(format!("memo entry of block {} is not found under its key", b.0));
+            }
+            out.push((b, r.own, r.parent, toks));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(x: u8, last: u8) -> BlockHash {
+        let mut d = [x; 32];
+        d[31] = last;
+        BlockHash::from_digest(&d)
+    }
+
+    #[test]
+    fn probes_compare_parent_and_tokens_exactly() {
+        for bs in [4usize, 16, 20] {
+            let mut m = Memo::new(8, bs).expect("memo");
+            let toks: Vec<i64> = (0..bs as i64).collect();
+            let (parent, own) = (h(1, 0), h(9, 9));
+            m.insert(BlockId(3), own, &parent, &toks);
+            assert_eq!(m.len(), 1);
+            assert_eq!(m.probe(&parent, &toks), Some(own));
+            // Same 8-byte key, different parent digest: no hit.
+            let twin = h(1, 1);
+            assert_eq!(twin.key64(), parent.key64());
+            assert_eq!(m.probe(&twin, &toks), None);
+            let mut other = toks.clone();
+            other[bs - 1] += 1;
+            assert_eq!(m.probe(&parent, &other), None);
+            // An equal block is not memoised twice.
+            m.insert(BlockId(4), h(9, 8), &parent, &toks);
+            assert_eq!(m.len(), 1);
+            assert_eq!(m.entries().expect("consistent").len(), 1);
+            m.forget(BlockId(4));
+            assert_eq!(m.len(), 1);
+            m.forget(BlockId(3));
+            assert_eq!(m.probe(&parent, &toks), None);
+            assert!(m.is_empty());
+            // Tokens outside i32 are never memoised.
+            let wide: Vec<i64> = (0..bs as i64).map(|t| t + (1 << 40)).collect();
+            m.insert(BlockId(5), own, &parent, &wide);
+            assert!(m.is_empty());
+            m.insert(BlockId(5), own, &parent, &toks);
+            m.clear();
+            assert!(m.is_empty());
+            assert!(m.entries().expect("consistent").is_empty());
+        }
+    }
+}
