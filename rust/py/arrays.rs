@@ -8,13 +8,21 @@ use pyo3::prelude::*;
 
 use super::errors::{dtype, invalid};
 
-/// A token array: int32 or int64.
+/// A token array: int32 or int64, borrowed in place or (when small) copied.
 pub enum TokenArray<'py> {
     /// int32 tokens.
     I32(PyReadonlyArray1<'py, i32>),
     /// int64 tokens.
     I64(PyReadonlyArray1<'py, i64>),
+    /// A small int32 array, copied.
+    SmallI32(Vec<i32>),
+    /// A small int64 array, copied.
+    SmallI64(Vec<i64>),
 }
+
+/// Arrays up to this many elements are copied instead of borrowed: a copy
+/// of a decode step's tokens costs less than numpy's borrow registration.
+const COPY_MAX: usize = 512;
 
 /// Calls `$body` with `$s` bound to the token slice, whatever its dtype.
 macro_rules! with_tokens {
@@ -26,6 +34,14 @@ macro_rules! with_tokens {
             }
             $crate::py::arrays::TokenArray::I64(a) => {
                 let $s: &[i64] = a.as_slice().expect("contiguity checked");
+                $body
+            }
+            $crate::py::arrays::TokenArray::SmallI32(v) => {
+                let $s: &[i32] = v.as_slice();
+                $body
+            }
+            $crate::py::arrays::TokenArray::SmallI64(v) => {
+                let $s: &[i64] = v.as_slice();
                 $body
             }
         }
@@ -68,10 +84,17 @@ fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyUn
 /// Reads a 1-D contiguous int32 or int64 array.
 pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
     let arr = untyped(obj, what)?;
+    let small = arr.len() <= COPY_MAX;
     if let Ok(a) = arr.cast::<PyArray1<i32>>() {
+        if small {
+            return a.to_vec().map(TokenArray::SmallI32).map_err(|_| busy(what));
+        }
         return Ok(TokenArray::I32(a.try_readonly().map_err(|_| busy(what))?));
     }
     if let Ok(a) = arr.cast::<PyArray1<i64>>() {
+        if small {
+            return a.to_vec().map(TokenArray::SmallI64).map_err(|_| busy(what));
+        }
         return Ok(TokenArray::I64(a.try_readonly().map_err(|_| busy(what))?));
     }
     Err(dtype(format!("{what} must have dtype int32 or int64, got {}", dtype_name(&arr))))

@@ -33,6 +33,8 @@ fn tokens_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {
     match arr {
         TokenArray::I32(a) => Ok(Cow::Borrowed(a.as_slice().expect("contiguity checked"))),
         TokenArray::I64(a) => Ok(Cow::Owned(narrow_tokens(a.as_slice().expect("contiguity checked")).py()?)),
+        TokenArray::SmallI32(v) => Ok(Cow::Borrowed(v.as_slice())),
+        TokenArray::SmallI64(v) => Ok(Cow::Owned(narrow_tokens(v).py()?)),
     }
 }
 
