@@ -12,7 +12,7 @@ PIP_FLAGS := --disable-pip-version-check -q
 export PYTHONHASHSEED := 0
 export HYPOTHESIS_PROFILE ?= ci
 
-.PHONY: help venv wheel install-core install run test test-rust lint check-wheel check-core-import pytest bench fmt
+.PHONY: help venv wheel install-core install run test test-rust lint check-wheel check-core-import pytest bench fmt fuzz-smoke
 
 help:
 	@sed -n '2,6p' Makefile
@@ -41,7 +41,7 @@ install: install-core
 run: install-core
 	$(VENV)/bin/kvindex
 
-test: install test-rust check-wheel check-core-import lint pytest
+test: install test-rust check-wheel check-core-import lint pytest fuzz-smoke
 
 test-rust:
 	cargo fmt --all --check
@@ -74,6 +74,21 @@ lint:
 
 pytest:
 	$(VPY) -m pytest tests -q -p no:cacheprovider
+
+# Each cargo-fuzz target for FUZZ_SECONDS (libFuzzer, stable toolchain via RUSTC_BOOTSTRAP=1).
+# New inputs go to a temporary corpus; the committed one (fuzz/corpus/<t>) is only read.
+# A crash fails the target; its reproducer stays in fuzz/artifacts/<t>/ (see fuzz/README.md).
+FUZZ_TARGETS := hash_chain radix_tree radix_cache
+FUZZ_SECONDS ?= 60
+fuzz-smoke:
+	cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
+	for t in $(FUZZ_TARGETS); do \
+	  work=$$(mktemp -d); \
+	  RUSTC_BOOTSTRAP=1 cargo fuzz run $$t "$$work" fuzz/corpus/$$t -- \
+	    -max_total_time=$(FUZZ_SECONDS) -timeout=30 -print_final_stats=1 \
+	    || { rc=$$?; rm -rf "$$work"; echo "fuzz target $$t failed (exit $$rc)"; exit 1; }; \
+	  rm -rf "$$work"; \
+	done
 
 fmt:
 	cargo fmt --all

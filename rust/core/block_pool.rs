@@ -35,15 +35,23 @@ use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
 /// The index key of block `b`'s hash (it must have one).
-fn key_of(hash: &[Option<BlockHash>], b: BlockId) -> u64 {
-    hash[b.idx()].as_ref().expect("indexed blocks are hashed").key64()
+fn key_of(meta: &[Meta], b: BlockId) -> u64 {
+    meta[b.idx()].hash.as_ref().expect("indexed blocks are hashed").key64()
+}
+
+/// A block's ref count and hash.
+#[derive(Clone, Copy, Debug)]
+struct Meta {
+    hash: Option<BlockHash>,
+    ref_cnt: u32,
 }
 
 /// The block pool.
 #[derive(Clone, Debug)]
 pub struct BlockPool {
-    ref_cnt: Vec<u32>,
-    hash: Vec<Option<BlockHash>>,
+    /// Per block: ref count and hash side by side (one cache line per
+    /// block for lookups, pins, frees and evictions).
+    meta: Vec<Meta>,
     queue: FreeQueue,
     /// First copy of each cached hash (module header, invariant 4).
     index: HashTable<BlockId>,
@@ -76,14 +84,13 @@ impl BlockPool {
             .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_blocks}")))?;
         // Largest table first: a size the allocator refuses fails before
         // anything else is touched.
-        let hash = try_filled(num_blocks, None, "block hashes")?;
+        let meta = try_filled(num_blocks, Meta { hash: None, ref_cnt: 0 }, "block records")?;
         let mut queue = FreeQueue::new(n)?;
         for i in 1..n {
             queue.push_back(BlockId(i));
         }
         Ok(BlockPool {
-            ref_cnt: try_filled(num_blocks, 0, "block ref counts")?,
-            hash,
+            meta,
             queue,
             index: HashTable::new(),
             dups: FxHashMap::default(),
@@ -96,7 +103,7 @@ impl BlockPool {
     /// Total number of blocks, the null block included. O(1).
     #[must_use]
     pub fn num_blocks(&self) -> usize {
-        self.ref_cnt.len()
+        self.meta.len()
     }
 
     /// Free blocks (cached-but-idle ones included). O(1).
@@ -116,19 +123,20 @@ impl BlockPool {
     /// Ref count of a block. O(1).
     #[must_use]
     pub fn ref_count(&self, b: BlockId) -> u32 {
-        self.ref_cnt[b.idx()]
+        self.meta[b.idx()].ref_cnt
     }
 
     /// The hash a block is cached under, if any. O(1).
     #[must_use]
     pub fn block_hash(&self, b: BlockId) -> Option<BlockHash> {
-        self.hash[b.idx()]
+        self.meta[b.idx()].hash
     }
 
-    /// Whether `b` is in the free queue. O(1).
+    /// Whether `b` is in the free queue. O(1). Reads the ref count
+    /// (invariant 2), the field `touch` reads next, not the queue links.
     #[must_use]
     pub fn is_free(&self, b: BlockId) -> bool {
-        self.queue.contains(b)
+        b != BlockId::NULL && self.meta[b.idx()].ref_cnt == 0
     }
 
     /// The free queue from head (next victim) to tail. O(n).
@@ -145,18 +153,18 @@ impl BlockPool {
     /// The first-inserted block cached under `h`; no side effects. O(1).
     #[must_use]
     pub fn get_cached(&self, h: &BlockHash) -> Option<BlockId> {
-        let hash = &self.hash;
-        self.index.find(h.key64(), |&b| hash[b.idx()] == Some(*h)).copied()
+        let meta = &self.meta;
+        self.index.find(h.key64(), |&b| meta[b.idx()].hash == Some(*h)).copied()
     }
 
     /// Takes a reference on each block, removing free ones from the queue. O(k).
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {
             debug_assert!(b != BlockId::NULL);
-            if self.ref_cnt[b.idx()] == 0 {
+            if self.meta[b.idx()].ref_cnt == 0 {
                 self.queue.remove(b);
             }
-            self.ref_cnt[b.idx()] += 1;
+            self.meta[b.idx()].ref_cnt += 1;
         }
     }
 
@@ -170,17 +178,17 @@ impl BlockPool {
         for _ in 0..n {
             let b = self.queue.pop_front().expect("length checked above");
             self.evict_hash(b);
-            debug_assert_eq!(self.ref_cnt[b.idx()], 0);
-            self.ref_cnt[b.idx()] = 1;
+            debug_assert_eq!(self.meta[b.idx()].ref_cnt, 0);
+            self.meta[b.idx()].ref_cnt = 1;
             out.push(b);
         }
     }
 
     /// Drops `b`'s hash from the index (and emits `BlockRemoved`) if it has one.
     fn evict_hash(&mut self, b: BlockId) {
-        let Some(h) = self.hash[b.idx()] else { return };
-        let hash = &self.hash;
-        let Ok(entry) = self.index.find_entry(h.key64(), |&x| hash[x.idx()] == Some(h)) else {
+        let Some(h) = self.meta[b.idx()].hash else { return };
+        let meta = &self.meta;
+        let Ok(entry) = self.index.find_entry(h.key64(), |&x| meta[x.idx()].hash == Some(h)) else {
             panic!("hashed block {} is not in the index", b.0);
         };
         if *entry.get() == b {
@@ -204,7 +212,7 @@ impl BlockPool {
                 self.dups.remove(&h);
             }
         }
-        self.hash[b.idx()] = None;
+        self.meta[b.idx()].hash = None;
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::BlockRemoved { block_hashes: vec![h.low_u64()] });
         }
@@ -228,15 +236,15 @@ impl BlockPool {
     /// Caches block `b` (in use, unhashed) under `h`, after any existing copies.
     /// O(1) amortised. The caller emits the `BlockStored` event for the run.
     pub fn cache_block(&mut self, b: BlockId, h: BlockHash) {
-        assert!(self.hash[b.idx()].is_none(), "block {} already hashed", b.0);
-        let hash = &self.hash;
-        let first = self.index.find(h.key64(), |&x| hash[x.idx()] == Some(h)).is_some();
+        assert!(self.meta[b.idx()].hash.is_none(), "block {} already hashed", b.0);
+        let meta = &self.meta;
+        let first = self.index.find(h.key64(), |&x| meta[x.idx()].hash == Some(h)).is_some();
         if first {
             self.dups.entry(h).or_default().push(b);
         } else {
-            self.index.insert_unique(h.key64(), b, |&x| key_of(hash, x));
+            self.index.insert_unique(h.key64(), b, |&x| key_of(meta, x));
         }
-        self.hash[b.idx()] = Some(h);
+        self.meta[b.idx()].hash = Some(h);
     }
 
     /// Releases one reference on each block of `ordered` (already in release
@@ -248,11 +256,11 @@ impl BlockPool {
             if b == BlockId::NULL {
                 continue;
             }
-            let r = &mut self.ref_cnt[b.idx()];
+            let r = &mut self.meta[b.idx()].ref_cnt;
             assert!(*r > 0, "freeing block {} with ref count 0", b.0);
             *r -= 1;
             if *r == 0 {
-                if self.hash[b.idx()].is_some() {
+                if self.meta[b.idx()].hash.is_some() {
                     self.queue.push_back(b);
                 } else {
                     scratch.push(b);
@@ -276,7 +284,7 @@ impl BlockPool {
                 )));
             }
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-            let r = self.ref_cnt[id as usize];
+            let r = self.meta[id as usize].ref_cnt;
             if r > 0 {
                 return Err(KvError::new(
                     ErrorKind::BlockInUse,
@@ -298,7 +306,7 @@ impl BlockPool {
         for &id in ids {
             #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
             let b = BlockId(id as u32);
-            if self.hash[b.idx()].is_some() {
+            if self.meta[b.idx()].hash.is_some() {
                 self.evict_hash(b);
                 n += 1;
             }
@@ -320,7 +328,7 @@ impl BlockPool {
         }
         self.index.clear();
         self.dups.clear();
-        self.hash.iter_mut().for_each(|h| *h = None);
+        self.meta.iter_mut().for_each(|m| m.hash = None);
         if let Some(ev) = &mut self.events {
             ev.push(KvEvent::AllBlocksCleared);
         }
@@ -352,21 +360,21 @@ impl BlockPool {
     pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
         self.queue.check()?;
         ensure_inv!(!self.queue.contains(BlockId::NULL), "null block is in the free queue");
-        ensure_inv!(self.hash[0].is_none(), "null block is hashed");
-        ensure_inv!(self.ref_cnt[0] == 0, "null block has a ref count");
+        ensure_inv!(self.meta[0].hash.is_none(), "null block is hashed");
+        ensure_inv!(self.meta[0].ref_cnt == 0, "null block has a ref count");
         let mut used = 0;
         let mut hashed = 0;
         for i in 1..self.num_blocks() {
             #[allow(clippy::cast_possible_truncation)]
             let b = BlockId(i as u32);
             ensure_inv!(
-                (self.ref_cnt[i] == 0) == self.queue.contains(b),
+                (self.meta[i].ref_cnt == 0) == self.queue.contains(b),
                 "block {i}: ref count {} but queued={}",
-                self.ref_cnt[i],
+                self.meta[i].ref_cnt,
                 self.queue.contains(b)
             );
-            used += usize::from(self.ref_cnt[i] > 0);
-            if let Some(h) = self.hash[i] {
+            used += usize::from(self.meta[i].ref_cnt > 0);
+            if let Some(h) = self.meta[i].hash {
                 hashed += 1;
                 let listed = usize::from(self.get_cached(&h) == Some(b))
                     + self.dups.get(&h).map_or(0, |v| v.iter().filter(|&&x| x == b).count());
@@ -376,7 +384,7 @@ impl BlockPool {
         ensure_inv!(self.queue.len() + used + 1 == self.num_blocks(), "free + used + 1 != num_blocks");
         let mut entries = 0;
         for &b in &self.index {
-            let Some(h) = self.hash[b.idx()] else {
+            let Some(h) = self.meta[b.idx()].hash else {
                 return Err(InvariantViolation(format!("index lists unhashed block {}", b.0)));
             };
             ensure_inv!(self.get_cached(&h) == Some(b), "index entry of block {} is unreachable", b.0);
@@ -386,7 +394,11 @@ impl BlockPool {
             ensure_inv!(!v.is_empty(), "empty duplicate list");
             ensure_inv!(self.get_cached(h).is_some(), "duplicate copies of a hash with no first copy");
             for b in v {
-                ensure_inv!(self.hash[b.idx()] == Some(*h), "dups lists block {} under a hash it lacks", b.0);
+                ensure_inv!(
+                    self.meta[b.idx()].hash == Some(*h),
+                    "dups lists block {} under a hash it lacks",
+                    b.0
+                );
             }
             entries += v.len();
         }
