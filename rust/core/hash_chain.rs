@@ -53,7 +53,7 @@ use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId, RequestId};
-use crate::core::memo::Memo;
+use crate::core::memo::{extend_prefix_keys, Memo};
 use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
@@ -72,6 +72,8 @@ struct Request {
     hashes: Vec<BlockHash>,
     id: RequestId,
     spec: Box<KeySpec>,
+    /// Memo prefix keys of the full blocks (empty when the memo is off).
+    keys: Vec<u64>,
 }
 
 /// Prefix-cache statistics (vLLM `PrefixCacheStats`).
@@ -117,6 +119,8 @@ pub struct HashChainCache {
     stats: Stats,
     epoch: u64,
     scratch_hashes: Vec<BlockHash>,
+    scratch_keys: Vec<u64>,
+    scratch_cand: Vec<Option<BlockId>>,
     scratch_blocks: Vec<BlockId>,
     scratch_slots: Vec<u32>,
 }
@@ -157,6 +161,8 @@ impl HashChainCache {
             stats: Stats::default(),
             epoch: 0,
             scratch_hashes: Vec::new(),
+            scratch_keys: Vec::new(),
+            scratch_cand: Vec::new(),
             scratch_blocks: Vec::new(),
             scratch_slots: Vec::new(),
         })
@@ -208,32 +214,48 @@ impl HashChainCache {
         n.saturating_sub(1) / self.block_size
     }
 
-    /// Hashes of the full blocks of `tokens` into `out` (cleared first), using
-    /// the prefix memo for blocks without extra keys. O(tokens); a memoised
-    /// block costs a fingerprint and a comparison instead of a digest.
-    fn hash_with_memo<T: Token>(&mut self, tokens: &[T], spec: &KeySpec, out: &mut Vec<BlockHash>) {
+    /// Hashes of the full blocks of `tokens` into `out`, and (memo on) their
+    /// memo prefix keys into `prefix_keys` (both cleared first), using the
+    /// prefix memo for blocks without extra keys. O(tokens); a memoised block
+    /// costs a fingerprint, a probe and a comparison instead of a digest.
+    fn hash_with_memo<T: Token>(
+        &mut self,
+        tokens: &[T],
+        spec: &KeySpec,
+        out: &mut Vec<BlockHash>,
+        prefix_keys: &mut Vec<u64>,
+    ) {
         out.clear();
+        prefix_keys.clear();
         let bs = self.block_size;
         if !self.use_memo {
             self.hasher.extend_chain(tokens, bs, spec, out);
             return;
         }
+        extend_prefix_keys(tokens, bs, prefix_keys);
+        let mut cand = std::mem::take(&mut self.scratch_cand);
+        self.memo.candidates(tokens, prefix_keys, &mut cand);
         let mut keys: Vec<ExtraKey<'_>> = Vec::new();
-        let mut parent: Option<BlockHash> = None;
+        let mut parent = self.hasher.none_hash();
         for (i, blk) in tokens.chunks_exact(bs).enumerate() {
             if !spec.is_empty() {
                 #[allow(clippy::cast_possible_wrap)]
                 spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
             }
-            let p = parent.unwrap_or_else(|| self.hasher.none_hash());
-            let probe = keys.is_empty();
-            let h = match probe.then(|| self.memo.probe(&p, blk)).flatten() {
-                Some(h) => h,
-                None => self.hasher.hash_block(Some(&p), blk, &keys),
+            let memoised = match cand[i] {
+                Some(b) if keys.is_empty() => self
+                    .memo
+                    .check(b, &parent)
+                    // Another memoised block with these tokens and key but a
+                    // different parent (e.g. another cache salt): look it up.
+                    .or_else(|| self.memo.probe(prefix_keys[i], &parent, blk)),
+                _ => None,
             };
+            let h = memoised.unwrap_or_else(|| self.hasher.hash_block(Some(&parent), blk, &keys));
             out.push(h);
-            parent = Some(h);
+            parent = h;
         }
+        self.scratch_cand = cand;
     }
 
     /// Hashes of the full blocks of `tokens` (no memo: a pure function). O(tokens).
@@ -256,12 +278,14 @@ impl HashChainCache {
     /// Tokens a prompt would hit now; no side effects. O(prompt tokens).
     pub fn lookup<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> usize {
         let mut hashes = std::mem::take(&mut self.scratch_hashes);
-        self.hash_with_memo(tokens, spec, &mut hashes);
+        let mut keys = std::mem::take(&mut self.scratch_keys);
+        self.hash_with_memo(tokens, spec, &mut hashes, &mut keys);
         let mut blocks = std::mem::take(&mut self.scratch_blocks);
         blocks.clear();
         self.hit_blocks(&hashes, self.hit_cap(tokens.len()), &mut blocks);
         let k = blocks.len();
         self.scratch_hashes = hashes;
+        self.scratch_keys = keys;
         self.scratch_blocks = blocks;
         k * self.block_size
     }
@@ -292,11 +316,17 @@ impl HashChainCache {
         }
         let bs = self.block_size;
         let n = tokens.len();
+        let mut prefix_keys = Vec::new();
         let (owned, hashes) = match self.take_pending(id, tokens, &spec) {
-            Some(p) => (p.tokens, p.hashes),
+            Some(p) => {
+                if self.use_memo {
+                    extend_prefix_keys(tokens, bs, &mut prefix_keys);
+                }
+                (p.tokens, p.hashes)
+            }
             None => {
                 let mut hashes = Vec::with_capacity(n / bs + 1);
-                self.hash_with_memo(tokens, &spec, &mut hashes);
+                self.hash_with_memo(tokens, &spec, &mut hashes, &mut prefix_keys);
                 (tokens.iter().map(|t| t.get()).collect(), hashes)
             }
         };
@@ -318,8 +348,16 @@ impl HashChainCache {
         self.pool.touch(&blocks);
         self.pool.allocate(new, &mut blocks);
         self.forget_evicted();
-        let mut req =
-            Request { id, tokens: owned, spec: Box::new(spec), hashes, blocks, num_cached: k, epoch: 0 };
+        let mut req = Request {
+            id,
+            tokens: owned,
+            spec: Box::new(spec),
+            hashes,
+            blocks,
+            num_cached: k,
+            epoch: 0,
+            keys: prefix_keys,
+        };
         let memo = self.use_memo.then_some(&mut self.memo);
         cache_new_full_blocks(&mut self.pool, memo, self.hasher.none_hash(), bs, &mut req);
         self.stats.requests += 1;
@@ -455,6 +493,9 @@ impl HashChainCache {
         let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         if req.tokens.len() / bs > had_full {
             self.hasher.extend_chain(&req.tokens, bs, &req.spec, &mut req.hashes);
+            if self.use_memo {
+                extend_prefix_keys(&req.tokens, bs, &mut req.keys);
+            }
             let nh = self.hasher.none_hash();
             let memo = self.use_memo.then_some(&mut self.memo);
             cache_new_full_blocks(&mut self.pool, memo, nh, bs, req);
@@ -583,6 +624,11 @@ impl HashChainCache {
             let mut chain = Vec::new();
             hasher.extend_chain(&r.tokens, bs, &r.spec, &mut chain);
             ensure_inv!(chain == r.hashes, "request {}: stored hashes differ from its token chain", id.0);
+            let mut keys = Vec::new();
+            if self.use_memo {
+                extend_prefix_keys(&r.tokens, bs, &mut keys);
+            }
+            ensure_inv!(keys == r.keys, "request {}: stored memo keys differ from its tokens", id.0);
             for (i, b) in r.blocks.iter().enumerate() {
                 ensure_inv!(*b != BlockId::NULL, "request {} holds the null block", id.0);
                 refs[b.idx()] += 1;
@@ -678,7 +724,8 @@ fn cache_new_full_blocks(
         }
         if let (true, Some(memo)) = (keys.is_empty(), memo.as_deref_mut()) {
             let parent = if i == 0 { None } else { Some(req.hashes[i - 1]) };
-            memo.insert(b, req.hashes[i], &parent.unwrap_or(none_hash), &req.tokens[i * bs..(i + 1) * bs]);
+            let toks = &req.tokens[i * bs..(i + 1) * bs];
+            memo.insert(b, req.keys[i], req.hashes[i], &parent.unwrap_or(none_hash), toks);
         }
     }
     req.num_cached = full;
