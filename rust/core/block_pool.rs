@@ -157,6 +157,42 @@ impl BlockPool {
         self.index.find(h.key64(), |&b| meta[b.idx()].hash == Some(*h)).copied()
     }
 
+    /// Appends to `out` the first cached copy of each hash of `hashes`, in
+    /// order, stopping at the first hash that is not cached. O(k).
+    ///
+    /// Lookups run in passes so that their cache misses overlap: bucket ids
+    /// first (no block record read), then one touch of each candidate's
+    /// record, then the exact comparisons from cache. A scheduler's prompt
+    /// lookups are otherwise a series of cold, one-at-a-time misses.
+    pub fn lookup_run(&self, hashes: &[BlockHash], out: &mut Vec<BlockId>) {
+        let start = out.len();
+        out.extend(
+            hashes.iter().map(|h| self.index.find(h.key64(), |_| true).copied().unwrap_or(BlockId::NULL)),
+        );
+        let mut sink = 0u32;
+        for b in &out[start..] {
+            sink ^= self.meta[b.idx()].ref_cnt;
+        }
+        std::hint::black_box(sink);
+        let mut k = start;
+        for h in hashes {
+            let c = out[k];
+            let hit = if c != BlockId::NULL && self.meta[c.idx()].hash == Some(*h) {
+                Some(c)
+            } else {
+                self.get_cached(h)
+            };
+            match hit {
+                Some(b) => {
+                    out[k] = b;
+                    k += 1;
+                }
+                None => break,
+            }
+        }
+        out.truncate(k);
+    }
+
     /// Takes a reference on each block, removing free ones from the queue. O(k).
     pub fn touch(&mut self, blocks: &[BlockId]) {
         for &b in blocks {

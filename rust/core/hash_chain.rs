@@ -267,12 +267,7 @@ impl HashChainCache {
 
     /// Cached blocks of the longest run of `hashes` from block 0, at most `cap`. O(k).
     fn hit_blocks(&self, hashes: &[BlockHash], cap: usize, out: &mut Vec<BlockId>) {
-        for h in &hashes[..cap.min(hashes.len())] {
-            match self.pool.get_cached(h) {
-                Some(b) => out.push(b),
-                None => break,
-            }
-        }
+        self.pool.lookup_run(&hashes[..cap.min(hashes.len())], out);
     }
 
     /// Tokens a prompt would hit now; no side effects. O(prompt tokens).

@@ -40,13 +40,15 @@ use crate::core::ids::{BlockHash, BlockId};
 /// Tokens per block kept inside the record.
 pub const INLINE: usize = 16;
 
-/// A block's record; live iff `own` is non-empty.
+/// A block's record; live iff `own` is non-empty. Field order is fixed:
+/// the key and tokens a probe compares first lead.
 #[derive(Clone, Copy, Debug)]
+#[repr(C)]
 struct Rec {
     key: u64,
+    inline: [i32; INLINE],
     parent: BlockHash,
     own: BlockHash,
-    inline: [i32; INLINE],
 }
 
 impl Rec {
@@ -174,9 +176,24 @@ impl Memo {
     /// O(tokens).
     pub fn candidates<T: Token>(&self, tokens: &[T], keys: &[u64], out: &mut Vec<Option<BlockId>>) {
         out.clear();
-        for (blk, &key) in tokens.chunks_exact(self.block_size).zip(keys) {
-            let c = self.table.find(key, |&b| self.recs[b.idx()].key == key && self.same_tokens(b, blk));
-            out.push(c.copied());
+        // Pass 1: bucket lookups only (the slot's id, no record read): short
+        // independent iterations, so the CPU overlaps their cache misses.
+        out.extend(keys.iter().map(|&key| self.table.find(key, |_| true).copied()));
+        // Pass 2: touch each candidate record's cache lines, again overlapped.
+        let mut sink = 0u64;
+        for b in out.iter().flatten() {
+            let r = &self.recs[b.idx()];
+            sink ^= r.key ^ u64::from(r.parent.as_bytes().first().copied().unwrap_or(0));
+            sink ^= u64::from(r.own.as_bytes().last().copied().unwrap_or(0));
+        }
+        std::hint::black_box(sink);
+        // Pass 3: exact matches, now from cache (a first bucket hit with
+        // another key or tokens falls back to a full probe of the bucket).
+        for ((c, blk), &key) in out.iter_mut().zip(tokens.chunks_exact(self.block_size)).zip(keys) {
+            let hit = |b: BlockId| self.recs[b.idx()].key == key && self.same_tokens(b, blk);
+            if !c.is_some_and(hit) {
+                *c = self.table.find(key, |&b| hit(b)).copied();
+            }
         }
     }
 
