@@ -374,7 +374,11 @@ def main() -> None:
                 )
                 del bg, run
             lo, hi = per[sizes[0]], per[sizes[1]]
-            ratios = {k: hi[k] / lo[k] for k in ("match", "insert", "evict_per_req")}
+            # (--quick runs may evict nothing: no ratio then.)
+            ratios = {
+                k: hi[k] / lo[k] if lo[k] > 0 else float("nan")
+                for k in ("match", "insert", "evict_per_req")
+            }
             print(
                 f"| {ps} | ratio | {ratios['match']:.2f} | {ratios['insert']:.2f} | "
                 f"{ratios['evict_per_req']:.2f} | |"
