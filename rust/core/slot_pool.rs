@@ -48,7 +48,7 @@ impl SlotPool {
         }
         let n = u32::try_from(num_pages)
             .ok()
-            .filter(|&n| n < i32::MAX as u32)
+            .filter(|&n| n <= i32::MAX as u32) // page ids travel as int32
             .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_pages}")))?;
         let mut free = VecDeque::new();
         free.try_reserve_exact(num_pages).map_err(|_| {

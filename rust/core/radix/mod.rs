@@ -80,7 +80,8 @@
 //! `insert`: the same walk, O(new pages) and O(prefix pages) to find
 //! duplicates. `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed
 //! node plus O(its pages). Memory: 4 bytes per token, 4 per page, ~200 bytes
-//! per node.
+//! per node, and a bitmap of one bit per value up to the largest value ever
+//! stored (256 MiB at most for int32 slots; a refused insert does not grow it).
 
 mod check;
 mod evict;
@@ -889,6 +890,7 @@ impl RadixTree {
     /// store (`lists[1]`) are left marked (they are about to enter the tree);
     /// on error the bitmap is as it was. O(values).
     fn check_values(&mut self, lists: [&[BlockId]; 3]) -> KvResult<()> {
+        let words_before = self.in_tree.len();
         let max = lists.iter().filter_map(|l| l.iter().map(|v| v.0).max()).max();
         if let Some(m) = max {
             let words = m as usize / 64 + 1;
@@ -907,6 +909,9 @@ impl RadixTree {
                     unmark_all(bits, done);
                 }
                 unmark_all(bits, &l[..vi]);
+                // A refused call leaves no trace, not even a grown bitmap.
+                bits.truncate(words_before);
+                bits.shrink_to(words_before);
                 return Err(KvError::invalid(format!(
                     "value {} is already in the tree or passed twice (a slot/page may be stored once)",
                     v.0

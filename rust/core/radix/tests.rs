@@ -692,6 +692,13 @@ fn bitmap_mark_unmark_runs() {
     let e = t.insert(&[5, 6, 7, 8], &b(&[10, 11, 12, 11]), None, 0, &[], &mut d).expect_err("11 twice");
     assert!(e.msg.contains("11"), "{}", e.msg);
     assert_eq!(t.in_tree, before);
+    // A refused insert with a huge value does not leave a grown bitmap behind.
+    let e = t
+        .insert(&[5, 6, 7, 8], &b(&[10, 65, 1 << 30, 12]), None, 0, &[], &mut d)
+        .expect_err("65 is in the tree");
+    assert!(e.msg.contains("65"), "{}", e.msg);
+    assert_eq!(t.in_tree, before);
+    assert!(t.in_tree.capacity() < 1 << 20, "bitmap capacity {}", t.in_tree.capacity());
     t.check_invariants().expect("invariants");
 }
 
