@@ -187,11 +187,14 @@ fn pages_to_slots(pages: &[BlockId], ps: usize, out: &mut Vec<i32>) {
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
 fn expand_fixed<const N: usize>(pages: &[BlockId], out: &mut Vec<i32>) {
     let iota: [i32; N] = std::array::from_fn(|k| k as i32);
-    out.reserve(pages.len() * N);
-    for &p in pages {
+    let start = out.len();
+    // Sized once, then filled page by page (no capacity check per page).
+    out.resize(start + pages.len() * N, 0);
+    for (dst, &p) in out[start..].chunks_exact_mut(N).zip(pages) {
         let base = (p.0 as i32).wrapping_mul(N as i32);
-        let run: [i32; N] = std::array::from_fn(|k| base + iota[k]);
-        out.extend_from_slice(&run);
+        for (d, k) in dst.iter_mut().zip(iota) {
+            *d = base + k;
+        }
     }
 }
 
