@@ -360,3 +360,13 @@ def test_refused_admission_retry_reuses_nothing_wrong(algo: str) -> None:
     assert adm is not None
     assert c.request_block_hashes(4).tobytes() == kvindex.block_hashes(big, 4, algo=algo).tobytes()
     c.check_invariants()
+
+
+def test_event_repr_is_python_style() -> None:
+    c = kvindex.HashChainCache(16, 4, enable_events=True)
+    c.admit(1, np.arange(9, dtype=np.int32))
+    c.append(1, np.arange(3, dtype=np.int32))
+    first, second = c.take_events()
+    assert "parent_block_hash=None" in repr(first) and "lora_name=None" in repr(first)
+    assert "Some(" not in repr(second)
+    assert f"parent_block_hash={first.block_hashes[-1]}" in repr(second)

@@ -30,12 +30,12 @@ pub struct AllBlocksCleared;
 impl BlockStored {
     fn __repr__(&self) -> String {
         format!(
-            "BlockStored(block_hashes={:?}, parent_block_hash={:?}, num_tokens={}, block_size={}, lora_name={:?})",
+            "BlockStored(block_hashes={:?}, parent_block_hash={}, num_tokens={}, block_size={}, lora_name={})",
             self.block_hashes,
-            self.parent_block_hash,
+            self.parent_block_hash.map_or_else(|| "None".to_owned(), |h| h.to_string()),
             self.token_ids.len(),
             self.block_size,
-            self.lora_name
+            self.lora_name.as_ref().map_or_else(|| "None".to_owned(), |n| format!("{n:?}"))
         )
     }
 }
