@@ -134,15 +134,31 @@ def run_tree(
         for p in prefill:
             al = p[: len(p) // ps * ps]
             tree.insert(al, pool.alloc(len(al)))
+    model_in = None if rust else [as_array(r) for r in reqs]
+    return request_loop(tree, pool, reqs, cap, overhead, model_in)
+
+
+def request_loop(
+    tree: Any,
+    pool: SlotPool,
+    reqs: list[np.ndarray],
+    cap: int,
+    overhead: float,
+    reqs_in: list[Any] | None = None,
+) -> dict[str, float]:
+    """The timed request loop on ``tree`` (kvindex's ``RadixCache``, or the model when
+    ``reqs_in`` holds its inputs): match, lock, allocate the miss, insert, free
+    ``to_free``, unlock, evict down to ``cap`` tokens. µs per call and hit rate."""
+    ps = pool.ps
+    rust = reqs_in is None
     pc = time.perf_counter_ns
     t_match = t_insert = t_evict = t_lock = 0
     n_evict_calls = 0
     hits = queries = 0
-    reqs_in = reqs if rust else [as_array(r) for r in reqs]
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        for toks_np, toks in zip(reqs, reqs_in, strict=True):
+        for toks_np, toks in zip(reqs, reqs if reqs_in is None else reqs_in, strict=True):
             n = len(toks_np)
             t0 = pc()
             m = tree.match_prefix(toks)

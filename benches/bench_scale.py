@@ -71,6 +71,8 @@ from typing import Any
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
+from bench_radix import SlotPool, request_loop, timer_overhead
+from bench_radix import workload as tree_workload
 
 import kvindex
 
@@ -92,20 +94,6 @@ def mem_available() -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return 0
-
-
-def timer_overhead() -> float:
-    """Mean interval of an empty ``perf_counter_ns`` pair (ns), min of 5."""
-    pc = time.perf_counter_ns
-    best = float("inf")
-    for _ in range(5):
-        acc = 0
-        for _ in range(20_000):
-            t0 = pc()
-            t1 = pc()
-            acc += t1 - t0
-        best = min(best, acc / 20_000)
-    return best
 
 
 # ------------------------------------------------------------------ block pools
@@ -370,21 +358,7 @@ def build_tree(ps: int, size: int, seed: int = 9) -> tuple[Any, int, dict[str, f
     return tree, slot, figs
 
 
-def tree_workload(n: int, seed: int) -> list[np.ndarray]:
-    rng = np.random.default_rng(seed)
-    prompts = [
-        rng.integers(0, 32_000, int(rng.integers(1000, 4001)), dtype=np.int32) for _ in range(20)
-    ]
-    out = []
-    for _ in range(n):
-        sp = prompts[int(rng.integers(20))]
-        suffix = rng.integers(0, 32_000, int(rng.integers(50, 501)), dtype=np.int32)
-        gen = rng.integers(0, 32_000, int(rng.integers(100, 301)), dtype=np.int32)
-        out.append(np.concatenate([sp, suffix, gen]))
-    return out
-
-
-class SlotStack:
+class SlotStack(SlotPool):
     """Free slots (a numpy stack of pages) beyond and below the background's."""
 
     def __init__(self, first_slot: int, n_slots: int, ps: int, cap: int) -> None:
@@ -395,88 +369,6 @@ class SlotStack:
         self.pages[:n_pages] = np.arange(first_page + n_pages - 1, first_page - 1, -1)
         self.top = n_pages
         self.offs = np.arange(ps, dtype=np.int32)
-
-    def alloc(self, n: int) -> np.ndarray:
-        k = -(-n // self.ps)
-        pg = self.pages[self.top - k : self.top][::-1]
-        self.top -= k
-        if self.ps == 1:
-            return pg.copy()
-        return (pg[:, None] * self.ps + self.offs).reshape(-1)[:n]
-
-    def free(self, slots: np.ndarray) -> None:
-        if len(slots) == 0:
-            return
-        pg = np.unique(slots // self.ps) if self.ps > 1 else slots
-        self.pages[self.top : self.top + len(pg)] = pg
-        self.top += len(pg)
-
-
-def drive_tree(
-    tree: Any, pool: SlotStack, reqs: list[np.ndarray], cap: int, overhead: float
-) -> dict[str, float]:
-    """bench_radix's request loop on a pre-filled tree; µs per request (per call for
-    ``evict_per_call``)."""
-    ps = pool.ps
-    pc = time.perf_counter_ns
-    t_match = t_insert = t_evict = t_lock = 0
-    n_evict = 0
-    hits = queries = 0
-    gc_was = gc.isenabled()
-    gc.disable()
-    try:
-        for toks in reqs:
-            n = len(toks)
-            t0 = pc()
-            m = tree.match_prefix(toks)
-            t1 = pc()
-            t_match += t1 - t0
-            hit, mslots, node = m.hit_len, m.slots, m.node
-            hits += hit
-            queries += n
-            t0 = pc()
-            tree.lock(node)
-            t1 = pc()
-            t_lock += t1 - t0
-            need = n - hit
-            if pool.top * ps < need + ps:
-                t0 = pc()
-                fr = tree.evict(need + ps - pool.top * ps)
-                t1 = pc()
-                t_evict += t1 - t0
-                n_evict += 1
-                pool.free(fr)
-            own = pool.alloc(need)
-            slots = np.concatenate([mslots, own])
-            t0 = pc()
-            r = tree.insert(toks, slots)
-            t1 = pc()
-            t_insert += t1 - t0
-            pool.free(r.to_free)
-            t0 = pc()
-            tree.unlock(node)
-            t1 = pc()
-            t_lock += t1 - t0
-            over = tree.total_size - cap
-            if over > 0:
-                t0 = pc()
-                fr = tree.evict(over)
-                t1 = pc()
-                t_evict += t1 - t0
-                n_evict += 1
-                pool.free(fr)
-    finally:
-        if gc_was:
-            gc.enable()
-    nr = len(reqs)
-    return {
-        "match": (t_match / nr - overhead) * 1e-3,
-        "insert": (t_insert / nr - overhead) * 1e-3,
-        "evict_per_req": (t_evict - n_evict * overhead) / nr * 1e-3,
-        "evict_per_call": (t_evict / max(1, n_evict) - overhead) * 1e-3,
-        "lock_unlock": (t_lock / nr - 2 * overhead) * 1e-3,
-        "hit_rate": hits / max(1, queries),
-    }
 
 
 def radix_part(
@@ -507,7 +399,7 @@ def radix_part(
         reqs = tree_workload(n_requests, seed=200 + r)
         for size in sizes:
             tree, pool, cap = state[size]
-            runs[size].append(drive_tree(tree, pool, reqs, cap, overhead))
+            runs[size].append(request_loop(tree, pool, reqs, cap, overhead))
     keys = ("match", "insert", "evict_per_req", "evict_per_call", "lock_unlock")
     for size in sizes:
         best = {k: min(x[k] for x in runs[size]) for k in keys}

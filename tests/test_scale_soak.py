@@ -284,7 +284,7 @@ def test_scale_tree_smoke() -> None:
         runs = []
         for rep in range(3):
             reqs = bench_scale.tree_workload(100, seed=rep)
-            runs.append(bench_scale.drive_tree(tree, pool, reqs, cap, overhead))
+            runs.append(bench_scale.request_loop(tree, pool, reqs, cap, overhead))
             assert tree.total_size <= cap
             assert tree.protected_size == 0
         tree.check_invariants()

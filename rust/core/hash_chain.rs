@@ -18,15 +18,17 @@
 //! # Prefix memo (no re-hashing of cached prefixes)
 //! A scheduler sees the same system prompt in thousands of requests; vLLM
 //! re-hashes it every time. kvindex keeps, for each cached block without extra
-//! keys, a memo entry `(parent hash, tokens) -> block` ([`crate::core::memo`]). Hashing a prompt block first probes the memo and,
-//! when the tokens compare *exactly* equal, reuses the cached block's hash
-//! (which is `H(parent, tokens, None)` by construction) instead of serialising
-//! and digesting again. The fingerprint only selects the bucket, so a crafted
-//! fingerprint collision cannot produce a wrong hash. Entries leave when their
-//! block loses its hash, so the memo never outgrows the cache. A memo probe
-//! costs ~3 cache misses, less than a SHA-256 block (~150-300 ns with
-//! serialisation) but about an XXH3 block (~30-40 ns), so the memo is used
-//! with the SHA-256 algorithms only.
+//! keys, a memo entry ([`crate::core::memo`]) holding its parent hash, its
+//! tokens and its hash, found by a fingerprint of the token prefix. Hashing a
+//! prompt first probes the memo for all its blocks at once and, where the
+//! parent hash and tokens compare *exactly* equal, reuses the cached block's
+//! hash (which is `H(parent, tokens, None)` by construction) instead of
+//! serialising and digesting again; a crafted fingerprint collision cannot
+//! produce a wrong hash. Entries leave when their block loses its hash, so the
+//! memo never outgrows the cache. A cold probe costs a few overlapped cache
+//! misses: less than a SHA-256 block (~150-300 ns with serialisation), about
+//! an XXH3 block (~30-40 ns), so the memo is used with the SHA-256 algorithms
+//! only.
 //!
 //! A refused admission (out of blocks) keeps its prompt's hashes, for up to
 //! 32 prompts, so the scheduler's retry of the same request id and prompt is

@@ -33,13 +33,10 @@ fn head(buf: &mut Vec<u8>, major: u8, n: u64) {
 /// Appends a CBOR integer (major 0 for x >= 0, major 1 with n = -1 - x otherwise).
 #[inline]
 pub fn int(buf: &mut Vec<u8>, x: i64) {
-    if x >= 0 {
-        #[allow(clippy::cast_sign_loss)]
-        head(buf, 0, x as u64);
-    } else {
-        #[allow(clippy::cast_sign_loss)]
-        head(buf, 1, (-1 - x) as u64);
-    }
+    let k = buf.len();
+    buf.resize(k + 9, 0);
+    let n = put_int(buf, k, x);
+    buf.truncate(k + n);
 }
 
 /// Appends a CBOR text string.
