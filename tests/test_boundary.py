@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import kvindex
+from bad_arrays import BAD_ARRAYS, BASE
 from kvindex import (
     BlockInUseError,
     DTypeError,
@@ -106,29 +107,6 @@ def expect_unchanged(
 # Token arrays
 # ---------------------------------------------------------------------------------------
 
-_BASE = np.arange(1, 13, dtype=np.int64)
-BAD_ARRAYS = {
-    "float64": _BASE.astype(np.float64),
-    "float32": _BASE.astype(np.float32),
-    "uint8": _BASE.astype(np.uint8),
-    "uint32": _BASE.astype(np.uint32),
-    "uint64": _BASE.astype(np.uint64),
-    "int16": _BASE.astype(np.int16),
-    "object": _BASE.astype(object),
-    "bool": _BASE.astype(bool),
-    "big-endian-int64": _BASE.astype(">i8"),
-    "list": _BASE.tolist(),
-    "tuple": tuple(_BASE.tolist()),
-    "2-D": _BASE.reshape(3, 4),
-    "2-D-column": _BASE.reshape(12, 1),
-    "0-D": np.array(5, dtype=np.int64),
-    "numpy-scalar": np.int64(5),
-    "non-contiguous": _BASE[::2],
-    "non-contiguous-int32": _BASE.astype(np.int32)[::3],
-    "reversed": _BASE[::-1],
-    "None": None,
-}
-
 TOKEN_ENTRY_POINTS = {
     "admit": lambda c, t: c.admit(50, t),
     "lookup": lambda c, t: c.lookup(t),
@@ -198,7 +176,7 @@ def test_bad_id_arrays(cache):
 @pytest.mark.parametrize("block_size", [0, -1, -(2**40), 2**20 + 1])
 def test_bad_block_size(block_size):
     assert_raises(InvalidArgumentError, ValueError, kvindex.HashChainCache, 16, block_size)
-    assert_raises(InvalidArgumentError, ValueError, kvindex.block_hashes, _BASE, block_size)
+    assert_raises(InvalidArgumentError, ValueError, kvindex.block_hashes, BASE, block_size)
 
 
 @pytest.mark.parametrize("num_blocks", [1, 0, -1, -(2**40), 2**40])
@@ -212,7 +190,7 @@ def test_smallest_valid_sizes():
     assert c.admit(1, np.array([5], dtype=np.int64)).block_ids.tolist() == [1]
     assert c.admit(2, np.array([6], dtype=np.int64)) is None
     c.check_invariants()
-    assert kvindex.block_hashes(_BASE, 2**20).shape == (0, 16)
+    assert kvindex.block_hashes(BASE, 2**20).shape == (0, 16)
 
 
 @pytest.mark.parametrize(
@@ -220,7 +198,7 @@ def test_smallest_valid_sizes():
 )
 def test_unknown_algo(algo):
     assert_raises(InvalidArgumentError, ValueError, kvindex.HashChainCache, 16, 4, algo=algo)
-    assert_raises(InvalidArgumentError, ValueError, kvindex.block_hashes, _BASE, 4, algo=algo)
+    assert_raises(InvalidArgumentError, ValueError, kvindex.block_hashes, BASE, 4, algo=algo)
     assert_raises(InvalidArgumentError, ValueError, kvindex.none_hash, algo=algo)
 
 

@@ -1,49 +1,50 @@
-//! Reading numpy arrays (zero-copy, strict dtypes) and Python ints.
+//! Reading numpy arrays (zero-copy, strict dtypes) and Python ints, and
+//! making the int32 arrays the hot calls return.
 //!
 //! Arrays must be 1-D, C-contiguous and of the exact dtype asked for; anything
 //! else raises `DTypeError` (a `TypeError`) instead of being copied silently.
+//!
+//! # Token arrays are read without numpy's borrow registry
+//! rust-numpy's `try_readonly` records every Rust borrow of an array in a
+//! process-wide table (so that two Rust borrows cannot conflict) and removes
+//! it on drop; on this project's machine that costs more than a 2,700-token
+//! radix match itself walks, and copying small arrays instead was no cheaper.
+//! [`tokens`] therefore views the array's buffer directly. This is sound under
+//! the rule its callers keep (each call site says so in a `SAFETY` comment):
+//! **no Python code runs while a [`TokenArray`] is alive** — nothing is
+//! called, no Python object is made (allocating one may run a collection and
+//! so arbitrary finalizers), and the GIL is never released. Then nothing can
+//! resize, free or write the buffer while the slice exists: kvindex methods
+//! never hold an array across calls, and the only mutable borrows kvindex
+//! takes (`out=` tables) are taken after its inputs are copied. What the
+//! registry would still catch and this does not: another extension holding
+//! a *mutable Rust* borrow of the same array while calling back into kvindex
+//! with it — an exotic misuse, traded for the hot path's cost.
+#![allow(unsafe_code)]
 
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods};
+use std::mem::MaybeUninit;
+
+use numpy::{
+    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
 
 use super::errors::{dtype, invalid};
 
-/// A token array: int32 or int64, borrowed in place or (when small) copied.
-pub enum TokenArray<'py> {
+/// A token (or slot) array: an int32 or int64 view of a numpy buffer.
+pub enum TokenArray<'a> {
     /// int32 tokens.
-    I32(PyReadonlyArray1<'py, i32>),
+    I32(&'a [i32]),
     /// int64 tokens.
-    I64(PyReadonlyArray1<'py, i64>),
-    /// A small int32 array, copied.
-    SmallI32(Vec<i32>),
-    /// A small int64 array, copied.
-    SmallI64(Vec<i64>),
+    I64(&'a [i64]),
 }
-
-/// Arrays up to this many elements are copied instead of borrowed: a copy
-/// of a decode step's tokens costs less than numpy's borrow registration.
-const COPY_MAX: usize = 512;
 
 /// Calls `$body` with `$s` bound to the token slice, whatever its dtype.
 macro_rules! with_tokens {
     ($arr:expr, $s:ident => $body:expr) => {
-        match &$arr {
-            $crate::py::arrays::TokenArray::I32(a) => {
-                let $s: &[i32] = a.as_slice().expect("contiguity checked");
-                $body
-            }
-            $crate::py::arrays::TokenArray::I64(a) => {
-                let $s: &[i64] = a.as_slice().expect("contiguity checked");
-                $body
-            }
-            $crate::py::arrays::TokenArray::SmallI32(v) => {
-                let $s: &[i32] = v.as_slice();
-                $body
-            }
-            $crate::py::arrays::TokenArray::SmallI64(v) => {
-                let $s: &[i64] = v.as_slice();
-                $body
-            }
+        match $arr {
+            $crate::py::arrays::TokenArray::I32($s) => $body,
+            $crate::py::arrays::TokenArray::I64($s) => $body,
         }
     };
 }
@@ -81,23 +82,84 @@ fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyUn
     Ok(arr)
 }
 
-/// Reads a 1-D contiguous int32 or int64 array.
-pub fn tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
+/// Reads a 1-D contiguous int32 or int64 array in place (no copy, no borrow
+/// registration; see the module documentation).
+///
+/// # Safety
+/// No Python code may run while the returned view is alive: do not call into
+/// Python, create Python objects or release the GIL until its last use.
+pub unsafe fn tokens<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<TokenArray<'a>> {
     let arr = untyped(obj, what)?;
-    let small = arr.len() <= COPY_MAX;
-    if let Ok(a) = arr.cast::<PyArray1<i32>>() {
-        if small {
-            return a.to_vec().map(TokenArray::SmallI32).map_err(|_| busy(what));
-        }
-        return Ok(TokenArray::I32(a.try_readonly().map_err(|_| busy(what))?));
+    let descr = arr.dtype();
+    let native_int = descr.kind() == b'i' && descr.is_native_byteorder() != Some(false);
+    // SAFETY: `arr` is a live ndarray (checked by `untyped`); reading its
+    // data pointer field has no side effects.
+    let ptr: *const u8 = unsafe { (*arr.as_array_ptr()).fields.data }.cast_const().cast();
+    let len = arr.len();
+    let item = descr.itemsize();
+    if !native_int || (item != 4 && item != 8) {
+        return Err(dtype(format!("{what} must have dtype int32 or int64, got {}", dtype_name(&arr))));
     }
-    if let Ok(a) = arr.cast::<PyArray1<i64>>() {
-        if small {
-            return a.to_vec().map(TokenArray::SmallI64).map_err(|_| busy(what));
-        }
-        return Ok(TokenArray::I64(a.try_readonly().map_err(|_| busy(what))?));
+    if len > 0 && !(ptr as usize).is_multiple_of(item) {
+        return Err(dtype(format!(
+            "{what} must be aligned for its dtype (pass np.ascontiguousarray({what}) or a copy; \
+             kvindex does not copy silently)"
+        )));
     }
-    Err(dtype(format!("{what} must have dtype int32 or int64, got {}", dtype_name(&arr))))
+    // SAFETY: the array is 1-D and C-contiguous with `len` elements of the
+    // item size and integer kind chosen here, at an address aligned for it
+    // (all checked above), so the buffer is one live allocation that `obj`
+    // keeps alive for `'a`; every bit pattern is a valid integer; our
+    // caller's contract keeps it unchanged while the view lives.
+    Ok(unsafe {
+        if item == 4 {
+            TokenArray::I32(raw_slice(ptr.cast(), len))
+        } else {
+            TokenArray::I64(raw_slice(ptr.cast(), len))
+        }
+    })
+}
+
+/// The `len` elements at `ptr` as a slice (empty arrays may carry a
+/// dangling pointer, so `len == 0` never reads it).
+///
+/// # Safety
+/// `ptr..ptr + len` must be aligned, initialised, and neither written nor
+/// freed during `'a`.
+unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
+    if len == 0 {
+        return &[];
+    }
+    // SAFETY: forwarded to our caller.
+    unsafe { std::slice::from_raw_parts(ptr, len) }
+}
+
+/// A new int32 array of `len` elements written by `fill`, which gets the
+/// uninitialised buffer and returns how many leading elements it wrote.
+/// No zeroing pass and no intermediate `Vec`: numpy owns the buffer.
+///
+/// # Panics
+/// If `fill` does not write exactly `len` elements (the array is then dropped
+/// unexposed).
+pub fn filled_i32<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<i32>]) -> usize,
+) -> Bound<'py, PyArray1<i32>> {
+    // SAFETY: `new` allocates an uninitialised array that nothing else can
+    // see yet; it is exposed only after every element is written (checked).
+    let arr = unsafe { PyArray1::<i32>::new(py, len, false) };
+    let buf: &mut [MaybeUninit<i32>] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: the fresh array's buffer holds `len` aligned i32 slots that
+        // no other reference touches until `arr` is returned; `MaybeUninit`
+        // makes writing them before they are initialised sound.
+        unsafe { std::slice::from_raw_parts_mut(arr.data().cast::<MaybeUninit<i32>>(), len) }
+    };
+    let written = fill(buf);
+    assert_eq!(written, len, "filled_i32: fill wrote {written} of {len} elements");
+    arr
 }
 
 /// Reads a 1-D contiguous int64 array.

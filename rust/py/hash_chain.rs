@@ -5,6 +5,9 @@
 //! GIL build concurrent callers are serialised; on a free-threaded build a
 //! second concurrent caller gets `RuntimeError` (already borrowed), never
 //! corruption.
+// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
+// use states why no Python code runs while the view lives.
+#![allow(unsafe_code)]
 
 use numpy::{PyArray1, PyArray2, PyArrayMethods};
 use pyo3::prelude::*;
@@ -107,8 +110,10 @@ impl PyHashChainCache {
         skip_reading: bool,
     ) -> PyResult<Option<common::Admission>> {
         let id = RequestId(arrays::id(request_id, "request_id")?);
-        let arr = arrays::tokens(tokens, "tokens")?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives.
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
         let hit = with_tokens!(arr, s => self.inner.admit(id, s, spec, skip_reading)).py()?;
         let Some(hit) = hit else { return Ok(None) };
         let blocks = self.inner.blocks(id).py()?;
@@ -123,14 +128,18 @@ impl PyHashChainCache {
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<usize> {
-        let arr = arrays::tokens(tokens, "tokens")?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives.
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
         Ok(with_tokens!(arr, s => self.inner.lookup(s, &spec)))
     }
 
     fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = RequestId(arrays::id(request_id, "request_id")?);
-        let arr = arrays::tokens(tokens, "tokens")?;
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives.
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
         with_tokens!(arr, s => self.inner.append(id, s)).py()
     }
 
@@ -142,9 +151,11 @@ impl PyHashChainCache {
         offsets: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let ids = arrays::ids(request_ids, "request_ids")?;
-        let arr = arrays::tokens(tokens, "tokens")?;
         let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
         let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives.
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
         with_tokens!(arr, s => self.inner.append_batch(&ids, s, off_slice)).py()
     }
 
@@ -159,7 +170,9 @@ impl PyHashChainCache {
     }
 
     fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
-        let ids: Vec<i64> = match arrays::tokens(block_ids, "block_ids") {
+        // SAFETY: the view is copied out at once; the fallback runs Python
+        // code only after the view is gone (the read failed).
+        let ids: Vec<i64> = match unsafe { arrays::tokens(block_ids, "block_ids") } {
             Ok(arr) => with_tokens!(arr, s => s.iter().map(|&x| x.get()).collect()),
             Err(e) => block_ids.extract::<Vec<i64>>().map_err(|_| e)?,
         };

@@ -1,4 +1,7 @@
 //! `block_hashes(...)`: a pure function; releases the GIL for large prompts.
+// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
+// use states why no Python code runs while the view lives.
+#![allow(unsafe_code)]
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
@@ -38,17 +41,22 @@ pub fn block_hashes<'py>(
     mm_items: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let algo = HashAlgo::parse(algo).py()?;
-    let arr = arrays::tokens(tokens, "tokens")?;
     if !(1..=1 << 20).contains(&block_size) {
         return Err(invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
     }
     #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     let bs = block_size as usize;
     let spec = keys::spec(cache_salt, lora, mm_items)?;
+    // SAFETY: read after every argument that may run Python code; only Rust
+    // runs while the view lives (it is dropped before the output is made),
+    // and before the GIL is released the tokens are copied out of it.
+    let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
     let seed = seed.as_deref();
     let bytes = with_tokens!(arr, s => {
         if s.len() >= DETACH_MIN_TOKENS {
-            py.detach(|| chain(algo, seed, s, bs, &spec))
+            // Other threads run while detached: hash a private copy.
+            let own = s.to_vec();
+            py.detach(|| chain(algo, seed, &own, bs, &spec))
         } else {
             chain(algo, seed, s, bs, &spec)
         }

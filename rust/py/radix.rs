@@ -12,8 +12,12 @@
 //! the caller's per-token slots into pages (with `page_size > 1` each page's
 //! slots must be a page-aligned run: `slot % page_size == 0` for the first,
 //! then consecutive) and pages back into per-token slots.
+// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
+// use states why no Python code runs while the view lives.
+#![allow(unsafe_code)]
 
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 
 use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
@@ -29,28 +33,36 @@ use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 use crate::core::tables::TableSource;
 
 /// Reads a token array as int32 (int64 input is narrowed, with a range check).
-fn tokens_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {
-    match arr {
-        TokenArray::I32(a) => Ok(Cow::Borrowed(a.as_slice().expect("contiguity checked"))),
-        TokenArray::I64(a) => Ok(Cow::Owned(narrow_tokens(a.as_slice().expect("contiguity checked")).py()?)),
-        TokenArray::SmallI32(v) => Ok(Cow::Borrowed(v.as_slice())),
-        TokenArray::SmallI64(v) => Ok(Cow::Owned(narrow_tokens(v).py()?)),
+///
+/// # Safety
+/// As [`arrays::tokens`]: no Python code may run while the result is alive.
+unsafe fn tokens_i32<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [i32]>> {
+    // SAFETY: forwarded to our caller.
+    match unsafe { arrays::tokens(obj, what) }? {
+        TokenArray::I32(a) => Ok(Cow::Borrowed(a)),
+        TokenArray::I64(a) => Ok(Cow::Owned(narrow_tokens(a).py()?)),
     }
 }
 
-fn read_tokens<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<TokenArray<'py>> {
-    arrays::tokens(obj, what)
+/// Reads caller slots as int32 values (signs are checked with the page runs,
+/// by [`slots_to_pages`]).
+///
+/// # Safety
+/// As [`arrays::tokens`].
+unsafe fn slots_i32<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [i32]>> {
+    // SAFETY: forwarded to our caller.
+    match unsafe { arrays::tokens(obj, "slots") }? {
+        TokenArray::I32(a) => Ok(Cow::Borrowed(a)),
+        TokenArray::I64(a) => {
+            narrow_tokens(a).map(Cow::Owned).map_err(|_| invalid("slots must fit in int32"))
+        }
+    }
 }
 
-/// Reads caller slots as non-negative int32 values.
-fn slots_i32<'a>(arr: &'a TokenArray<'_>) -> PyResult<Cow<'a, [i32]>> {
-    let s = tokens_i32(arr).map_err(|_| invalid("slots must fit in int32"))?;
-    // Branch-free sign check (vectorises); find the culprit only on error.
-    if s.iter().fold(0i32, |acc, &x| acc | x) < 0 {
-        let x = s.iter().find(|&&x| x < 0).copied().unwrap_or_default();
-        return Err(invalid(format!("slots must be non-negative, got {x}")));
-    }
-    Ok(s)
+#[cold]
+fn negative(slots: &[i32]) -> PyErr {
+    let x = slots.iter().find(|&&x| x < 0).copied().unwrap_or_default();
+    invalid(format!("slots must be non-negative, got {x}"))
 }
 
 #[cold]
@@ -69,21 +81,28 @@ fn is_run(run: &[i32], ps: usize) -> bool {
     (base as usize).is_multiple_of(ps) && run.iter().zip(0i32..).all(|(&x, k)| x == base.wrapping_add(k))
 }
 
-/// Caller slots (non-negative) -> pages of the full pages, appended to `out`,
-/// and the page of the partial tail. With `page_size > 1` each page's slots
-/// must be a page-aligned run. O(slots), branch-free in the common case
-/// (unrolled for the usual power-of-two page sizes).
+/// Caller slots -> pages of the full pages, appended to `out`, and the page
+/// of the partial tail. Slots must be non-negative; with `page_size > 1` each
+/// page's slots (the tail's too) must be a page-aligned run. On error `out` is
+/// as it was. O(slots), one branch-free pass in the common case (unrolled for
+/// the usual power-of-two page sizes).
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
 fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> PyResult<Option<BlockId>> {
     let ps = pm.ps;
+    let start = out.len();
     if ps == 1 {
-        out.extend(slots.iter().map(|&s| BlockId(s as u32)));
+        let mut sign = 0i32;
+        out.extend(slots.iter().map(|&s| {
+            sign |= s;
+            BlockId(s as u32)
+        }));
+        if sign < 0 {
+            out.truncate(start);
+            return Err(negative(slots));
+        }
         return Ok(None);
     }
-    let full = slots.len() / ps;
-    out.reserve(full + 1);
-    let start = out.len();
-    let body = &slots[..full * ps];
+    let (body, tail) = slots.split_at(slots.len() / ps * ps);
     let mut bad = match ps {
         2 => runs_fixed::<2>(body, out),
         4 => runs_fixed::<4>(body, out),
@@ -91,43 +110,58 @@ fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> PyResu
         16 => runs_fixed::<16>(body, out),
         32 => runs_fixed::<32>(body, out),
         64 => runs_fixed::<64>(body, out),
-        _ => 0,
+        _ => {
+            let mut bad = 0;
+            out.extend(body.chunks_exact(ps).map(|run| {
+                bad |= run_error(run, pm);
+                BlockId(pm.div(run[0] as usize) as u32)
+            }));
+            bad
+        }
     };
-    let done = out.len() - start;
-    for run in slots[done * ps..].chunks(ps) {
-        let base = run[0];
-        bad |= run.iter().zip(0i32..).fold(0i32, |acc, (&x, k)| acc | (x ^ base.wrapping_add(k)));
-        bad |= i32::from(pm.rem(base as usize) != 0);
-        out.push(BlockId(pm.div(base as usize) as u32));
-    }
+    let tail_page = tail.first().map(|&base| {
+        bad |= run_error(tail, pm);
+        BlockId(pm.div(base as usize) as u32)
+    });
     if bad != 0 {
-        return Err(misaligned(slots, ps));
+        out.truncate(start);
+        return Err(if slots.iter().any(|&x| x < 0) { negative(slots) } else { misaligned(slots, ps) });
     }
-    Ok(if slots.len() > full * ps { out.pop() } else { None })
+    Ok(tail_page)
 }
 
-/// [`slots_to_pages`] for a page size known at compile time: pushes one page
-/// per `N` slots and returns non-zero if some page is not an aligned run.
+/// Non-zero unless `run` (at most a page) is `base, base + 1, ...` with
+/// `base` non-negative and page-aligned.
+#[allow(clippy::cast_sign_loss)]
+fn run_error(run: &[i32], pm: PageMath) -> i32 {
+    let base = run[0];
+    let gaps = run.iter().zip(0i32..).fold(0i32, |acc, (&x, k)| acc | (x ^ base.wrapping_add(k)));
+    gaps | (base & i32::MIN) | i32::from(pm.rem(base as usize) != 0)
+}
+
+/// [`slots_to_pages`] for a page size known at compile time: appends one
+/// page per `N` slots (one reservation, no per-page capacity check) and
+/// returns non-zero if some page is not a non-negative aligned run. A run
+/// whose base is non-negative and aligned cannot overflow, so checking the
+/// base's sign covers every slot of the page.
+#[inline(never)]
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
 fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
-    let mut iota = [0i32; N];
-    for (k, v) in iota.iter_mut().enumerate() {
-        *v = k as i32;
-    }
-    // Accumulate mismatches lane-wise (stays in vector registers) and
-    // reduce once at the end.
-    let mut lanes = [0i32; N];
-    let mut align = 0i32;
-    for run in slots.chunks_exact(N) {
+    // Mismatches are OR-ed into 8 lanes (two vector registers) and reduced
+    // once at the end.
+    const L: usize = 8;
+    let mut lanes = [0i32; L];
+    let mut head = 0i32;
+    out.extend(slots.chunks_exact(N).map(|run| {
         let run: &[i32; N] = run.try_into().expect("chunks_exact");
         let base = run[0];
-        align |= base & (N as i32 - 1);
+        head |= (base & (N as i32 - 1)) | (base & i32::MIN);
         for k in 0..N {
-            lanes[k] |= run[k] ^ base.wrapping_add(iota[k]);
+            lanes[k % L] |= run[k] ^ base.wrapping_add(k as i32);
         }
-        out.push(BlockId((base as u32) >> N.trailing_zeros()));
-    }
-    lanes.iter().fold(align, |acc, &x| acc | x)
+        BlockId((base as u32) >> N.trailing_zeros())
+    }));
+    lanes.iter().fold(head, |acc, &x| acc | x)
 }
 
 /// Division by the page size, by shifting when it is a power of two.
@@ -159,49 +193,56 @@ impl PageMath {
     }
 }
 
-/// Pages -> per-token slots (int32), appended to `out`. Values come from
-/// int32 slots or from a pool smaller than 2^31 pages, so the casts are
-/// lossless.
+/// Pages -> per-token slots (int32), written to the front of `dst`; returns
+/// how many were written (`pages.len() * ps`). Values come from int32 slots
+/// or from a pool smaller than 2^31 pages, so the casts are lossless.
+///
+/// # Panics
+/// If `dst` is shorter than `pages.len() * ps`.
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-fn pages_to_slots(pages: &[BlockId], ps: usize, out: &mut Vec<i32>) {
+fn pages_to_slots(pages: &[BlockId], ps: usize, dst: &mut [MaybeUninit<i32>]) -> usize {
+    let n = pages.len() * ps;
+    let dst = &mut dst[..n];
     match ps {
-        1 => out.extend(pages.iter().map(|&p| p.0 as i32)),
-        4 => expand_fixed::<4>(pages, out),
-        8 => expand_fixed::<8>(pages, out),
-        16 => expand_fixed::<16>(pages, out),
-        32 => expand_fixed::<32>(pages, out),
-        64 => expand_fixed::<64>(pages, out),
+        1 => {
+            for (d, p) in dst.iter_mut().zip(pages) {
+                d.write(p.0 as i32);
+            }
+        }
+        4 => expand_fixed::<4>(pages, dst),
+        8 => expand_fixed::<8>(pages, dst),
+        16 => expand_fixed::<16>(pages, dst),
+        32 => expand_fixed::<32>(pages, dst),
+        64 => expand_fixed::<64>(pages, dst),
         _ => {
             let ps32 = ps as i32;
-            out.reserve(pages.len() * ps);
-            for &p in pages {
+            for (run, &p) in dst.chunks_exact_mut(ps).zip(pages) {
                 let base = p.0 as i32 * ps32;
-                out.extend(base..base + ps32);
+                for (d, k) in run.iter_mut().zip(0..) {
+                    d.write(base + k);
+                }
             }
         }
     }
+    n
 }
 
 /// [`pages_to_slots`] for a page size known at compile time: one vector add
-/// and one fixed-size copy per page.
+/// and one fixed-size store per page.
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-fn expand_fixed<const N: usize>(pages: &[BlockId], out: &mut Vec<i32>) {
+fn expand_fixed<const N: usize>(pages: &[BlockId], dst: &mut [MaybeUninit<i32>]) {
     let iota: [i32; N] = std::array::from_fn(|k| k as i32);
-    let start = out.len();
-    // Sized once, then filled page by page (no capacity check per page).
-    out.resize(start + pages.len() * N, 0);
-    for (dst, &p) in out[start..].chunks_exact_mut(N).zip(pages) {
+    for (run, &p) in dst.chunks_exact_mut(N).zip(pages) {
+        let run: &mut [MaybeUninit<i32>; N] = run.try_into().expect("chunks_exact");
         let base = (p.0 as i32).wrapping_mul(N as i32);
-        for (d, k) in dst.iter_mut().zip(iota) {
-            *d = base + k;
-        }
+        // One whole-array store: a broadcast, an add and `N / 4` vector stores.
+        *run = iota.map(|k| MaybeUninit::new(base + k));
     }
 }
 
+/// The per-token slots of `pages` as a new int32 array.
 fn slot_array<'py>(py: Python<'py>, pages: &[BlockId], ps: usize) -> Bound<'py, PyArray1<i32>> {
-    let mut out = Vec::with_capacity(pages.len() * ps);
-    pages_to_slots(pages, ps, &mut out);
-    PyArray1::from_vec(py, out)
+    arrays::filled_i32(py, pages.len() * ps, |dst| pages_to_slots(pages, ps, dst))
 }
 
 fn parse_policy(policy: &str, slru_threshold: i64) -> PyResult<Policy> {
@@ -337,20 +378,26 @@ impl PyRadixCache {
         tokens: &Bound<'_, PyAny>,
         namespace: Option<&str>,
     ) -> PyResult<MatchResult> {
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
         let ps = self.inner.page_size();
-        // One pass: tree values straight into the Vec numpy will own.
-        let mut out: Vec<i32> = Vec::with_capacity(toks.len());
-        let m = self.inner.match_prefix_with(&toks, namespace, |vals| pages_to_slots(vals, ps, &mut out));
-        let slots = PyArray1::from_vec(py, out);
-        Ok(MatchResult { hit_len: m.len, slots: slots.unbind(), node: self.inner.handle(m.node).0 })
+        let m = {
+            // SAFETY: the view lives to the end of this block; only Rust runs there.
+            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
+            self.inner.match_nodes(&toks, namespace)
+        };
+        // The output is sized by the match, then filled from the tree's
+        // values in place (no intermediate buffer, no zeroing).
+        let (hit_len, node) = (m.len, m.node);
+        let slots = arrays::filled_i32(py, hit_len, |dst| {
+            m.values().fold(0, |off, vals| off + pages_to_slots(vals, ps, &mut dst[off..]))
+        });
+        let node = self.inner.handle(node).0;
+        Ok(MatchResult { hit_len, slots: slots.unbind(), node })
     }
 
     #[pyo3(signature = (tokens, namespace = None))]
     fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
+        // SAFETY: the view is used by Rust code only and dropped on return.
+        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
         Ok(self.inner.probe(&toks, namespace).len)
     }
 
@@ -363,34 +410,46 @@ impl PyRadixCache {
         namespace: Option<&str>,
         priority: i64,
     ) -> PyResult<InsertResult> {
-        let tarr = read_tokens(tokens, "tokens")?;
-        let sarr = read_tokens(slots, "slots")?;
-        let toks = tokens_i32(&tarr)?;
-        let slots = slots_i32(&sarr)?;
-        if slots.len() != toks.len() {
-            return Err(invalid(format!(
-                "slots ({}) must have one slot per token ({})",
-                slots.len(),
-                toks.len()
-            )));
-        }
         let ps = self.inner.page_size();
-        let mut pages = std::mem::take(&mut self.in_pages);
-        pages.clear();
-        let extra = slots_to_pages(&slots, PageMath::new(ps), &mut pages);
-        let full = toks.len() / ps * ps;
-        self.pages.clear();
-        let res = extra.and_then(|extra| {
-            self.inner
-                .insert(&toks[..full], &pages, namespace, priority, extra.as_slice(), &mut self.pages)
-                .py()
+        let (prefix, tail_page, tail_len) = {
+            // SAFETY: the views live to the end of this block, where only
+            // Rust code runs (errors are built lazily, running no Python).
+            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
+            let slots = unsafe { slots_i32(slots) }?;
+            if slots.len() != toks.len() {
+                return Err(invalid(format!(
+                    "slots ({}) must have one slot per token ({})",
+                    slots.len(),
+                    toks.len()
+                )));
+            }
+            let full = toks.len() / ps * ps;
+            let mut pages = std::mem::take(&mut self.in_pages);
+            pages.clear();
+            self.pages.clear();
+            let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).and_then(|tail_page| {
+                self.inner
+                    .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut self.pages)
+                    .py()
+                    .map(|prefix| (prefix, tail_page, toks.len() - full))
+            });
+            self.in_pages = pages;
+            res?
+        };
+        // To free: the duplicates, then the unaligned tail, which was checked
+        // to be the run from its page's first slot (so it is rebuilt here).
+        let to_free = arrays::filled_i32(py, self.pages.len() * ps + tail_len, |dst| {
+            let n = pages_to_slots(&self.pages, ps, dst);
+            if let Some(p) = tail_page {
+                #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+                let base = (p.0 as usize * ps) as i32;
+                for (d, k) in dst[n..n + tail_len].iter_mut().zip(0..) {
+                    d.write(base + k);
+                }
+            }
+            n + tail_len
         });
-        self.in_pages = pages;
-        let prefix = res?;
-        let mut out = Vec::with_capacity(self.pages.len() * ps + (toks.len() - full));
-        pages_to_slots(&self.pages, ps, &mut out);
-        out.extend_from_slice(&slots[full..]);
-        Ok(InsertResult { prefix_len: prefix, to_free: PyArray1::from_vec(py, out).unbind() })
+        Ok(InsertResult { prefix_len: prefix, to_free: to_free.unbind() })
     }
 
     fn lock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
@@ -575,10 +634,14 @@ impl PyRadixPrefixCache {
         skip_reading: bool,
     ) -> PyResult<Option<common::Admission>> {
         let id = RequestId(arrays::id(request_id, "request_id")?);
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
-        let Some(hit) = self.inner.admit(id, &toks, &spec, skip_reading).py()? else { return Ok(None) };
+        let hit = {
+            // SAFETY: read after every argument that may run Python code; only
+            // Rust runs while the view lives.
+            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
+            self.inner.admit(id, &toks, &spec, skip_reading).py()?
+        };
+        let Some(hit) = hit else { return Ok(None) };
         let blocks = self.inner.blocks(id).py()?;
         Ok(Some(common::Admission::new(py, hit, blocks)))
     }
@@ -591,16 +654,18 @@ impl PyRadixPrefixCache {
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<usize> {
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives.
+        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
         self.inner.lookup(&toks, &spec).py()
     }
 
     fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
         let id = RequestId(arrays::id(request_id, "request_id")?);
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
+        // SAFETY: read after the id (whose `__index__` may run Python code);
+        // only Rust runs while the view lives.
+        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
         self.inner.append(id, &toks).py()
     }
 
@@ -612,10 +677,11 @@ impl PyRadixPrefixCache {
         offsets: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<bool> {
         let ids = arrays::ids(request_ids, "request_ids")?;
-        let arr = read_tokens(tokens, "tokens")?;
-        let toks = tokens_i32(&arr)?;
         let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
         let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
+        // SAFETY: read after the other arguments; only Rust runs while the
+        // view lives.
+        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
         self.inner.append_batch(&ids, &toks, off_slice).py()
     }
 

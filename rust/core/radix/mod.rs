@@ -262,6 +262,31 @@ pub struct Match {
     pub node: NodeId,
 }
 
+/// A match that has been applied to the tree ([`RadixTree::match_nodes`]),
+/// with read access to the matched values until the tree is next changed.
+#[derive(Clone, Copy, Debug)]
+pub struct Matched<'a> {
+    tree: &'a RadixTree,
+    /// Matched tokens (a multiple of the page size).
+    pub len: usize,
+    /// The last matched node (the root on a miss).
+    pub node: NodeId,
+}
+
+impl<'a> Matched<'a> {
+    /// The matched nodes' values (one per page), root side first.
+    pub fn values(&self) -> impl Iterator<Item = &'a [BlockId]> + 'a {
+        let tree = self.tree;
+        tree.path.iter().map(move |&(n, _)| tree.nodes[n.idx()].value.as_slice())
+    }
+
+    /// The plain result.
+    #[must_use]
+    pub fn result(&self) -> Match {
+        Match { len: self.len, node: self.node }
+    }
+}
+
 /// Read-only result of [`RadixTree::probe`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Probe {
@@ -695,23 +720,37 @@ impl RadixTree {
         ns: Option<&str>,
         mut sink: impl FnMut(&[BlockId]),
     ) -> Match {
+        let m = self.match_nodes(tokens, ns);
+        for vals in m.values() {
+            sink(vals);
+        }
+        m.result()
+    }
+
+    /// [`RadixTree::match_prefix`] without copying values: the tree is
+    /// stamped and split as there, and the returned view lists the matched
+    /// nodes' values (their total is `len / page_size`), so a caller can size
+    /// its output before filling it. O(hit + depth + split edge).
+    pub fn match_nodes(&mut self, tokens: &[i32], ns: Option<&str>) -> Matched<'_> {
+        self.path.clear();
         let q = self.aligned(tokens);
         if q.is_empty() {
-            return Match { len: 0, node: NodeId::ROOT };
+            return Matched { tree: self, len: 0, node: NodeId::ROOT };
         }
         self.clock += 1;
         let tick = self.clock;
         self.nodes[0].last_access = tick;
-        let Some(ns) = self.ns.lookup(ns) else { return Match { len: 0, node: NodeId::ROOT } };
+        let Some(ns) = self.ns.lookup(ns) else { return Matched { tree: self, len: 0, node: NodeId::ROOT } };
         let len = self.walk(q, ns);
         let mut node = NodeId::ROOT;
         for i in 0..self.path.len() {
             let (c, l) = self.path[i];
             self.stamp(c, tick);
             node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
-            sink(&self.nodes[node.idx()].value);
+            // From here on `path` holds the matched nodes (after any split).
+            self.path[i].0 = node;
         }
-        Match { len, node }
+        Matched { tree: self, len, node }
     }
 
     /// Splits `c` after its first `l` tokens (a page multiple, `0 < l <
