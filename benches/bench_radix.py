@@ -108,11 +108,24 @@ class SlotPool:
         return (pg[:, None] * self.ps + self.offs).reshape(-1)[:n]
 
     def free(self, slots: np.ndarray) -> None:
+        """Frees the pages of ``slots``. Both trees hand slots back as runs of whole
+        pages (an unaligned tail starts at its page's first slot), so one slot per page
+        names them: a strided view, no sort. (SGLang's paged allocator deduplicates with
+        ``torch.unique`` on the GPU; a CPU sort here would bill the timed tree calls for
+        its cache and branch-predictor traffic.) ``audit`` checks the books after a run."""
         if len(slots) == 0:
             return
-        pg = np.unique(slots // self.ps) if self.ps > 1 else slots
+        pg = slots[:: self.ps] // self.ps if self.ps > 1 else slots
         self.pages[self.top : self.top + len(pg)] = pg
         self.top += len(pg)
+
+    def audit(self, tree_slots: Any, n_pages: int) -> None:
+        """Every page ``0..n_pages`` is exactly one of free or in the tree (``tree_slots``:
+        one slot per token the tree holds)."""
+        held = np.asarray(tree_slots, dtype=np.int64)[:: self.ps] // self.ps
+        everything = np.concatenate([self.pages[: self.top].astype(np.int64), held])
+        assert len(everything) == n_pages, f"{len(everything)} pages accounted, {n_pages} exist"
+        assert np.array_equal(np.sort(everything), np.arange(n_pages)), "a page was lost or doubled"
 
 
 def run_tree(
@@ -133,9 +146,12 @@ def run_tree(
     if prefill:
         for p in prefill:
             al = p[: len(p) // ps * ps]
-            tree.insert(al, pool.alloc(len(al)))
+            _, dup = tree.insert(al, pool.alloc(len(al)))  # duplicates go back
+            pool.free(np.asarray(dup, dtype=np.int32))
     model_in = None if rust else [as_array(r) for r in reqs]
-    return request_loop(tree, pool, reqs, cap, overhead, model_in)
+    out = request_loop(tree, pool, reqs, cap, overhead, model_in)
+    pool.audit(tree.all_slots(), len(pool.pages))
+    return out
 
 
 def request_loop(

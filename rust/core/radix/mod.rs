@@ -141,27 +141,35 @@ enum Kids {
     Many(Vec<NodeId>),
 }
 
+/// A tree node. Laid out by hand, cache-line aligned, so that a walk touches
+/// one line per node (the edge's tokens and the child map, plus the recency
+/// stamp) and reading the matched values one more (values, eviction entry,
+/// lock count); the rest is cold bookkeeping.
 #[derive(Clone, Debug)]
+#[repr(C, align(64))]
 struct Node {
+    // line 0: what a walk reads
     key: Vec<i32>,
-    value: Vec<BlockId>,
-    parent: NodeId,
     children: FxHashMap<u64, Kids>,
-    ns: Ns,
+    last_access: u64,
+    // line 1: what a match's output and locks read
+    value: Vec<BlockId>,
+    /// The node's entry in the evictable set, if it is in it.
+    evict_key: Option<EvictKey>,
     /// Own locks + Σ children's `lock_ref` (root: 1 forever).
     lock_ref: u32,
+    parent: NodeId,
+    // cold
     /// Locks taken on this very node (what `unlock` may release).
     own_locks: u32,
-    last_access: u64,
+    ns: Ns,
+    generation: u32,
+    live: bool,
     created: u64,
     /// Creation sequence number (never reused): the eviction tie-breaker.
     seq: u64,
     hit_count: u64,
     priority: i64,
-    /// The node's entry in the evictable set, if it is in it.
-    evict_key: Option<EvictKey>,
-    generation: u32,
-    live: bool,
     /// Chained page hashes (only when events are enabled).
     hashes: Vec<u64>,
 }
