@@ -115,7 +115,8 @@ def slot_case(draw: st.DrawFn) -> tuple[int, list[int]]:
     slots += range(pages[-1] * ps, pages[-1] * ps + tail)
     for _ in range(draw(st.integers(0, 2))):  # perturb: shift, break a run, negate
         i = draw(st.integers(0, len(slots) - 1))
-        slots[i] = draw(st.sampled_from([slots[i] + 1, slots[i] - 1, -slots[i] - 1, -(2**31)]))
+        v = draw(st.sampled_from([slots[i] + 1, slots[i] - 1, -slots[i] - 1, -(2**31)]))
+        slots[i] = max(-(2**31), min(2**31 - 1, v))
     return ps, slots
 
 
