@@ -314,7 +314,7 @@ def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--requests", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=7, help="kvindex runs (min is reported)")
+    ap.add_argument("--repeats", type=int, default=15, help="kvindex runs (min is reported)")
     ap.add_argument("--model-repeats", type=int, default=2)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--quick", action="store_true", help="small smoke run (CI)")
