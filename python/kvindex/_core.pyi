@@ -2,7 +2,9 @@
 
 Conventions: token arrays are 1-D C-contiguous ``int32`` or ``int64`` numpy arrays;
 id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
-``TypeError``) instead of being copied silently. Caller errors raise
+``TypeError``) instead of being copied silently. Input arrays are read in place
+for the duration of a call (never kept); returned arrays are new and the caller's.
+Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
 (out of blocks) is a return value (``None`` / ``False``). A constructor whose size
 this machine cannot allocate raises ``CapacityError`` (a ``MemoryError``).

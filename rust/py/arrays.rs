@@ -7,8 +7,9 @@
 //! # Token arrays are read without numpy's borrow registry
 //! rust-numpy's `try_readonly` records every Rust borrow of an array in a
 //! process-wide table (so that two Rust borrows cannot conflict) and removes
-//! it on drop; on this project's machine that costs more than a 2,700-token
-//! radix match itself walks, and copying small arrays instead was no cheaper.
+//! it on drop; in a scheduler-like loop on this project's machine that was
+//! 5–10% of a radix match or insert per array, and copying small arrays
+//! instead was no cheaper.
 //! [`tokens`] therefore views the array's buffer directly. This is sound under
 //! the rule its callers keep (each call site says so in a `SAFETY` comment):
 //! **no Python code runs while a [`TokenArray`] is alive** — nothing is
@@ -19,7 +20,11 @@
 //! takes (`out=` tables) are taken after its inputs are copied. What the
 //! registry would still catch and this does not: another extension holding
 //! a *mutable Rust* borrow of the same array while calling back into kvindex
-//! with it — an exotic misuse, traded for the hot path's cost.
+//! with it — an exotic misuse, traded for the hot path's cost. (On a
+//! free-threaded interpreter other threads run during a call; one writing an
+//! array while kvindex reads it races as it would against rust-numpy's own
+//! borrows, which do not track writes from Python either. The abi3 wheels
+//! kvindex ships only load on GIL builds.)
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
