@@ -6,6 +6,7 @@ Python reference says, at power-of-two and other page sizes; inputs are read in 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -65,24 +66,23 @@ def assert_dtype_error(fn: Callable[[], object]) -> None:
     assert str(info.value)
 
 
-@pytest.mark.parametrize("entry", sorted(TREE_ENTRIES))
-@pytest.mark.parametrize("bad", sorted(BAD_ARRAYS))
-def test_tree_refuses_bad_arrays(entry: str, bad: str) -> None:
-    t = busy_tree()
-    before = tree_state(t)
-    assert_dtype_error(lambda: TREE_ENTRIES[entry](t, BAD_ARRAYS[bad]))
-    assert tree_state(t) == before
-    t.check_invariants()
+TARGETS: dict[str, tuple[Callable[[], Any], Callable[[Any], object], dict[str, Any]]] = {
+    "tree": (busy_tree, tree_state, TREE_ENTRIES),
+    "cache": (busy_cache, cache_state, CACHE_ENTRIES),
+}
 
 
-@pytest.mark.parametrize("entry", sorted(CACHE_ENTRIES))
+@pytest.mark.parametrize(
+    ("kind", "entry"), [(k, e) for k, (_, _, entries) in TARGETS.items() for e in sorted(entries)]
+)
 @pytest.mark.parametrize("bad", sorted(BAD_ARRAYS))
-def test_cache_refuses_bad_arrays(entry: str, bad: str) -> None:
-    c = busy_cache()
-    before = cache_state(c)
-    assert_dtype_error(lambda: CACHE_ENTRIES[entry](c, BAD_ARRAYS[bad]))
-    assert cache_state(c) == before
-    c.check_invariants()
+def test_refuses_bad_arrays(kind: str, entry: str, bad: str) -> None:
+    make, state, entries = TARGETS[kind]
+    obj = make()
+    before = state(obj)
+    assert_dtype_error(lambda: entries[entry](obj, BAD_ARRAYS[bad]))
+    assert state(obj) == before
+    obj.check_invariants()
 
 
 # ------------------------------------------------------------- slot-run validation
