@@ -47,6 +47,28 @@ fn seed_split_example() {
 }
 
 #[test]
+fn match_nodes_lists_the_matched_values_across_a_split() {
+    let mut t = tree(4);
+    let a: Vec<i32> = (0..16).collect();
+    ins(&mut t, &a, None, 100); // one edge, pages 100..104
+    let mut q: Vec<i32> = (0..8).collect(); // ends inside the edge: splits it
+    q.extend([-1, -2, -3, -4, -5]);
+    let nodes_before = t.num_nodes();
+    let m = t.match_nodes(&q, None);
+    let (len, node) = (m.len, m.node);
+    let vals: Vec<BlockId> = m.values().flatten().copied().collect();
+    assert_eq!((len, vals), (8, b(&[100, 101])));
+    assert_eq!(t.num_nodes(), nodes_before + 1, "the match split the edge");
+    assert_eq!(t.nodes[node.idx()].key, (0..8).collect::<Vec<i32>>());
+    // Same answers as match_prefix on the split tree; a miss lists nothing.
+    assert_eq!(hit(&mut t, &q, None).1, b(&[100, 101]));
+    assert_eq!(t.match_nodes(&[7, 7, 7, 7], None).values().count(), 0);
+    assert_eq!(t.match_nodes(&q, Some("other")).values().count(), 0);
+    assert_eq!(t.match_nodes(&q[..3], None).values().count(), 0, "shorter than a page");
+    t.check_invariants().expect("invariants");
+}
+
+#[test]
 fn shared_100_tokens_page_sizes() {
     for (ps, want) in [(1, 100), (16, 96)] {
         let mut t = tree(ps);
