@@ -396,6 +396,83 @@ pub fn check_events(events: &[KvEvent], enabled: bool, page: usize) {
 /// The running requests as the harness saw them: id -> tokens (and spec).
 pub type Mirror<S> = HashMap<u64, (Vec<i64>, S)>;
 
+/// Blocks needed to grow a sequence of `have` tokens by `add` (`unit` tokens per block).
+fn blocks_to_grow(have: usize, add: usize, unit: usize) -> usize {
+    (have + add).div_ceil(unit) - have.div_ceil(unit)
+}
+
+/// Checks `append(id, tokens)`'s answer against the mirror: an unknown id is
+/// `UnknownRequest`; a running one answers whether the blocks it needs fit in
+/// the `avail` free ones (`unit` tokens per block), and on `true` the tokens
+/// join the mirror. Returns whether the state must be unchanged.
+pub fn check_append<S>(
+    res: &KvResult<bool>,
+    mirror: &mut Mirror<S>,
+    id: u64,
+    tokens: &[i64],
+    unit: usize,
+    avail: usize,
+) -> bool {
+    let Some((have, _)) = mirror.get_mut(&id) else {
+        assert_err(res, ErrorKind::UnknownRequest);
+        return true;
+    };
+    let need = blocks_to_grow(have.len(), tokens.len(), unit);
+    let ok = *res.as_ref().expect("append to a running request");
+    assert_eq!(ok, need <= avail, "append needing {need} blocks, {avail} available");
+    if ok {
+        have.extend_from_slice(tokens);
+    }
+    !ok
+}
+
+/// [`check_append`] for a whole `append_batch`: a bad batch gets the error
+/// [`Batch::expected_error`] names; a valid one is all-or-nothing.
+pub fn check_append_batch<S>(
+    res: &KvResult<bool>,
+    b: &Batch,
+    mirror: &mut Mirror<S>,
+    unit: usize,
+    avail: usize,
+) -> bool {
+    if let Some(kind) = b.expected_error(&|id| mirror.contains_key(&id)) {
+        assert_err(res, kind);
+        return true;
+    }
+    let ok = match res {
+        Ok(ok) => *ok,
+        Err(e) => panic!("append_batch refused a valid batch {:?}: {e:?}", b.ids),
+    };
+    let need: usize = b
+        .ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| blocks_to_grow(mirror[id].0.len(), b.slice(i).len(), unit))
+        .sum();
+    assert_eq!(ok, need <= avail, "append_batch needing {need} blocks, {avail} available");
+    if ok {
+        for (i, id) in b.ids.iter().enumerate() {
+            mirror.get_mut(id).expect("running").0.extend_from_slice(b.slice(i));
+        }
+    }
+    !ok
+}
+
+/// Checks `free_batch(ids)`: a bad id list gets [`ids_error`]'s error and
+/// frees nothing; a valid one frees every request. Returns whether the state
+/// must be unchanged.
+pub fn check_free_batch<S>(res: &KvResult<()>, ids: &[u64], mirror: &mut Mirror<S>) -> bool {
+    if let Some(kind) = ids_error(ids, &|id| mirror.contains_key(&id)) {
+        assert_err(res, kind);
+        return true;
+    }
+    res.as_ref().expect("free_batch of running requests");
+    for id in ids {
+        mirror.remove(id);
+    }
+    false
+}
+
 /// Checks each id's token count and table length against the mirror.
 pub fn check_mirror<T: TableSource, S>(src: &T, mirror: &Mirror<S>) {
     let page = src.table_block_size();

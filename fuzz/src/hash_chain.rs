@@ -13,8 +13,8 @@ use _core::core::ids::{BlockHash, BlockId, RequestId};
 use _core::core::tables::TableSource;
 
 use crate::common::{
-    assert_err, check_block_tables, check_events, check_mirror, check_slot_mapping, ids_error, narrow, trace,
-    Batch, Input, Mirror, MAX_OPS, NUM_IDS,
+    assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,
+    check_mirror, check_slot_mapping, narrow, trace, Batch, Input, Mirror, MAX_OPS, NUM_IDS,
 };
 
 /// Operation codes (`opcode byte % NUM_OPS`).
@@ -210,10 +210,6 @@ pub fn run(data: &[u8]) {
 fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_>, events: bool) {
     let bs = c.block_size();
     let before = snapshot(c);
-    let running = |m: &Mirror<KeySpec>| {
-        let ids: Vec<u64> = m.keys().copied().collect();
-        move |id: u64| ids.contains(&id)
-    };
     // Whether the operation must have left the state as it was.
     let unchanged = match inp.u8() % op::NUM_OPS {
         op::ADMIT => {
@@ -266,50 +262,12 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
                 Some(t32) => c.append(RequestId(id), &t32),
                 None => c.append(RequestId(id), &tokens),
             };
-            match mirror.get_mut(&id) {
-                None => {
-                    assert_err(&res, ErrorKind::UnknownRequest);
-                    true
-                }
-                Some((have, _)) => {
-                    let need = (have.len() + tokens.len()).div_ceil(bs) - have.len().div_ceil(bs);
-                    let ok = res.expect("append to a running request");
-                    assert_eq!(ok, need <= before.queue.len(), "append needing {need} blocks");
-                    if ok {
-                        have.extend_from_slice(&tokens);
-                    }
-                    !ok
-                }
-            }
+            check_append(&res, mirror, id, &tokens, bs, before.queue.len())
         }
         op::APPEND_BATCH => {
             let b = Batch::decode(inp);
             let res = c.append_batch(&b.ids, &b.tokens, b.offsets.as_deref());
-            match (b.expected_error(&running(mirror)), res) {
-                (Some(kind), res) => {
-                    assert_err(&res, kind);
-                    true
-                }
-                (None, Err(e)) => panic!("append_batch refused a valid batch {:?}: {e:?}", b.ids),
-                (None, Ok(ok)) => {
-                    let need: usize = b
-                        .ids
-                        .iter()
-                        .enumerate()
-                        .map(|(i, id)| {
-                            let have = mirror[id].0.len();
-                            (have + b.slice(i).len()).div_ceil(bs) - have.div_ceil(bs)
-                        })
-                        .sum();
-                    assert_eq!(ok, need <= before.queue.len(), "append_batch needing {need} blocks");
-                    if ok {
-                        for (i, id) in b.ids.iter().enumerate() {
-                            mirror.get_mut(id).expect("running").0.extend_from_slice(b.slice(i));
-                        }
-                    }
-                    !ok
-                }
-            }
+            check_append_batch(&res, &b, mirror, bs, before.queue.len())
         }
         op::FREE => {
             let id = inp.id();
@@ -325,19 +283,7 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
         op::FREE_BATCH => {
             let ids = inp.ids(4);
             let res = c.free_batch(&ids);
-            match ids_error(&ids, &running(mirror)) {
-                Some(kind) => {
-                    assert_err(&res, kind);
-                    true
-                }
-                None => {
-                    res.expect("free_batch of running requests");
-                    for id in &ids {
-                        mirror.remove(id);
-                    }
-                    false
-                }
-            }
+            check_free_batch(&res, &ids, mirror)
         }
         op::EVICT_BLOCKS => {
             let nb = c.pool().num_blocks();

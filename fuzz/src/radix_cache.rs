@@ -14,8 +14,8 @@ use _core::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
 use _core::core::tables::TableSource;
 
 use crate::common::{
-    assert_err, check_block_tables, check_events, check_mirror, check_slot_mapping, ids_error, trace, Batch,
-    Input, Mirror, MAX_OPS, NUM_IDS,
+    assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,
+    check_mirror, check_slot_mapping, trace, Batch, Input, Mirror, MAX_OPS, NUM_IDS,
 };
 use crate::hash_chain::num_blocks_of;
 use crate::radix_tree::{page_size_of, policy_of};
@@ -196,10 +196,6 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
     let ps = c.page_size();
     let before = snapshot(c);
     let avail = c.num_free_blocks();
-    let running = |m: &Mirror<Option<String>>| {
-        let ids: Vec<u64> = m.keys().copied().collect();
-        move |id: u64| ids.contains(&id)
-    };
     let unchanged = match inp.u8() % op::NUM_OPS {
         op::ADMIT => {
             let id = inp.id();
@@ -246,51 +242,13 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
             let tokens = inp.tokens(12);
             let Some(t32) = tokens32(&tokens) else { return };
             let res = c.append(RequestId(id), &t32);
-            match mirror.get_mut(&id) {
-                None => {
-                    assert_err(&res, ErrorKind::UnknownRequest);
-                    true
-                }
-                Some((have, _)) => {
-                    let need = (have.len() + tokens.len()).div_ceil(ps) - have.len().div_ceil(ps);
-                    let ok = res.expect("append to a running request");
-                    assert_eq!(ok, need <= avail, "append needing {need} pages, {avail} available");
-                    if ok {
-                        have.extend_from_slice(&tokens);
-                    }
-                    !ok
-                }
-            }
+            check_append(&res, mirror, id, &tokens, ps, avail)
         }
         op::APPEND_BATCH => {
             let b = Batch::decode(inp);
             let Some(t32) = tokens32(&b.tokens) else { return };
             let res = c.append_batch(&b.ids, &t32, b.offsets.as_deref());
-            match (b.expected_error(&running(mirror)), res) {
-                (Some(kind), res) => {
-                    assert_err(&res, kind);
-                    true
-                }
-                (None, Err(e)) => panic!("append_batch refused a valid batch {:?}: {e:?}", b.ids),
-                (None, Ok(ok)) => {
-                    let need: usize = b
-                        .ids
-                        .iter()
-                        .enumerate()
-                        .map(|(i, id)| {
-                            let have = mirror[id].0.len();
-                            (have + b.slice(i).len()).div_ceil(ps) - have.div_ceil(ps)
-                        })
-                        .sum();
-                    assert_eq!(ok, need <= avail, "append_batch needing {need} pages, {avail} available");
-                    if ok {
-                        for (i, id) in b.ids.iter().enumerate() {
-                            mirror.get_mut(id).expect("running").0.extend_from_slice(b.slice(i));
-                        }
-                    }
-                    !ok
-                }
-            }
+            check_append_batch(&res, &b, mirror, ps, avail)
         }
         op::CHECKPOINT => {
             let id = inp.id();
@@ -335,19 +293,7 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
         op::FREE_BATCH => {
             let ids = inp.ids(4);
             let res = c.free_batch(&ids);
-            match ids_error(&ids, &running(mirror)) {
-                Some(kind) => {
-                    assert_err(&res, kind);
-                    true
-                }
-                None => {
-                    res.expect("free_batch of running requests");
-                    for id in &ids {
-                        mirror.remove(id);
-                    }
-                    false
-                }
-            }
+            check_free_batch(&res, &ids, mirror)
         }
         op::EVICT => {
             let k = match inp.u8() {
