@@ -58,18 +58,27 @@ CAPACITY = 200_000
 TARGETS = {"match": 2.0, "insert": 3.0, "evict_per_req": 3.0}
 
 
-def workload(n_requests: int, seed: int = 0) -> list[np.ndarray]:
+def workload_parts(
+    n_requests: int, seed: int = 0, vocab: int = 32_000
+) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """(system prompt, unique 50-500-token suffix, 100-300 generated tokens) per
+    request; the system prompt is one of 20 shared ones of 1,000-4,000 tokens."""
     rng = np.random.default_rng(seed)
     prompts = [
-        rng.integers(0, 32_000, int(rng.integers(1000, 4001)), dtype=np.int32) for _ in range(20)
+        rng.integers(0, vocab, int(rng.integers(1000, 4001)), dtype=np.int32) for _ in range(20)
     ]
     out = []
     for _ in range(n_requests):
         sys_p = prompts[int(rng.integers(20))]
-        suffix = rng.integers(0, 32_000, int(rng.integers(50, 501)), dtype=np.int32)
-        gen = rng.integers(0, 32_000, int(rng.integers(100, 301)), dtype=np.int32)
-        out.append(np.concatenate([sys_p, suffix, gen]))
+        suffix = rng.integers(0, vocab, int(rng.integers(50, 501)), dtype=np.int32)
+        gen = rng.integers(0, vocab, int(rng.integers(100, 301)), dtype=np.int32)
+        out.append((sys_p, suffix, gen))
     return out
+
+
+def workload(n_requests: int, seed: int = 0) -> list[np.ndarray]:
+    """The issue-3 workload: each request's whole sequence (prompt + generated)."""
+    return [np.concatenate(parts) for parts in workload_parts(n_requests, seed)]
 
 
 def timer_overhead() -> float:

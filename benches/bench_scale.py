@@ -71,7 +71,7 @@ from typing import Any
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
-from bench_radix import SlotPool, request_loop, timer_overhead
+from bench_radix import SlotPool, request_loop, timer_overhead, workload_parts
 from bench_radix import workload as tree_workload
 
 import kvindex
@@ -101,17 +101,8 @@ def mem_available() -> int:
 
 def pool_workload(n: int, seed: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(prompt, decode tokens) per request: shared system prompt + unique suffix."""
-    rng = np.random.default_rng(seed)
-    systems = [
-        rng.integers(0, 50_000, int(rng.integers(1000, 4001)), dtype=np.int32) for _ in range(20)
-    ]
-    out = []
-    for _ in range(n):
-        sp = systems[int(rng.integers(20))]
-        suffix = rng.integers(0, 50_000, int(rng.integers(50, 501)), dtype=np.int32)
-        dec = rng.integers(0, 50_000, int(rng.integers(100, 301)), dtype=np.int32)
-        out.append((np.concatenate([sp, suffix]), dec))
-    return out
+    parts = workload_parts(n, seed, vocab=50_000)
+    return [(np.concatenate([sp, suffix]), dec) for sp, suffix, dec in parts]
 
 
 def make_pool(kind: str, n: int) -> Any:
