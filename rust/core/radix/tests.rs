@@ -604,6 +604,24 @@ mod request_cache {
         assert_eq!(c.pool().num_free(), 31);
     }
 
+    #[test]
+    fn skip_reading_refusal_needs_every_page() {
+        // The cached prefix [2, 0, 0, 0] would leave 1 page to allocate, but a
+        // `skip_reading` admission hits nothing and needs all 5 of the 4 free pages.
+        let mut c = cache(10, 1);
+        let spec = KeySpec::default();
+        c.admit(RequestId(0), &[2, 0], &spec, false).expect("ok");
+        assert!(c.append(RequestId(0), &[0, 0, 0]).expect("ok"));
+        c.checkpoint(RequestId(0)).expect("ok");
+        let s = [2, 0, 0, 0, 0];
+        assert_eq!(c.lookup(&s, &spec).expect("ok"), 4);
+        assert_eq!(c.pool().num_free(), 4);
+        assert_eq!(c.admit(RequestId(1), &s, &spec, true).expect("ok"), None);
+        assert_eq!(c.pool().num_free(), 4, "nothing changed");
+        assert_eq!(c.admit(RequestId(1), &s, &spec, false).expect("ok"), Some(4));
+        ok(&c);
+    }
+
     #[derive(Clone, Debug)]
     enum Op {
         Admit(Vec<i32>, bool, bool),
@@ -649,7 +667,9 @@ mod request_cache {
                                 running.push(next);
                             }
                             None => {
-                                prop_assert!(s.len().div_ceil(ps) - look / ps > c.pool().num_free());
+                                // A `skip_reading` admission reads no hit, so it needs every page.
+                                let hit = if skip { 0 } else { look };
+                                prop_assert!(s.len().div_ceil(ps) - hit / ps > c.pool().num_free());
                                 prop_assert_eq!(c.num_free_blocks(), free, "nothing changed");
                             }
                         }
