@@ -1,10 +1,11 @@
-"""Block hashing (issue 2 §2): vLLM golden vectors, differential checks against
+"""Block hashing: vLLM golden vectors, differential checks against
 CPython's own pickle / cbor2 / xxhash, kvindex's compact encodings, chain
 properties and GIL release.
 
 The vLLM-mode references below rebuild vLLM 0.33's exact payload
 ``(parent, tuple(tokens), extra_keys)`` as Python objects and serialise them with
-CPython itself, so object identity matters for pickle's memo (golden README §6):
+CPython itself, so object identity matters for pickle's memo (see "Pickle protocol 5" in
+``tests/data/vllm_golden/README.md``):
 the tag strings are one module-level object each (vLLM's constants) and every user
 string is a fresh object (:func:`fresh`), except where CPython itself shares it
 (``""`` and one-character latin-1 strings are singletons).
@@ -29,7 +30,8 @@ from hypothesis import strategies as st
 
 import kvindex
 
-GOLDEN = Path(__file__).resolve().parents[1] / ".." / "shared" / "golden"
+# vLLM 0.33.0 golden vectors, copied into the repository (provenance: tests/data/README.md).
+GOLDEN = Path(__file__).resolve().parent / "data" / "vllm_golden"
 _GOLDEN_DATA = json.loads((GOLDEN / "vllm_block_hashes.json").read_text(encoding="utf-8"))
 CASES = _GOLDEN_DATA["cases"]
 ALGO_MAP = {
@@ -200,7 +202,7 @@ def kv_chain(algo, tokens, bs, **kw) -> list[bytes]:
 
 
 # ---------------------------------------------------------------------------------------
-# 1. vLLM golden vectors (../shared/golden)
+# 1. vLLM golden vectors (tests/data/vllm_golden)
 # ---------------------------------------------------------------------------------------
 
 
