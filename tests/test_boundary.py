@@ -1,4 +1,4 @@
-"""Bad input and safety (issue 2 §4).
+"""Bad input and safety of the hash-chain cache and the hashing entry points.
 
 Every caller error raises exactly the documented ``KvIndexError`` subclass (also
 catchable as the closest builtin), never ``pyo3_runtime.PanicException``, and leaves

@@ -1,4 +1,4 @@
-"""Differential tests: ``HashChainCache`` vs ``RadixPrefixCache`` (issue 3 §2).
+"""Differential tests: ``HashChainCache`` vs ``RadixPrefixCache``.
 
 Both are driven through the same random admit / append / free operations with
 ``page_size == block_size`` via the shared :class:`kvindex.PrefixCache`

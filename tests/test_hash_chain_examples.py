@@ -1,7 +1,8 @@
 """The seed note's worked examples and vLLM's own prefix-caching scenarios, ported.
 
 Block size 16 unless a test says otherwise. Expected block ids are those vLLM
-0.33's own KVCacheManager produces (reference §9-§10).
+0.33's own KVCacheManager produces (the worked examples and vLLM's own tests in the
+vLLM prefix-caching reference).
 """
 
 from __future__ import annotations
@@ -319,7 +320,8 @@ def test_free_batch_and_usage() -> None:
     assert c.num_requests == 0 and c.num_free_blocks == 10 and c.usage == 0.0
 
 
-def test_common_prefix_blocks() -> None:  # issue 7 §2, the seed note's counting rule
+def test_common_prefix_blocks() -> None:
+    """Blocks shared by every running request, counted as the seed note counts them."""
     c = kvindex.HashChainCache(64, 16)
     assert c.num_common_prefix_blocks == 0  # no running request
     system = range(64)  # 4 full blocks shared by everyone

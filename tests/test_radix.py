@@ -1,5 +1,5 @@
-"""Radix tree (issue 3): seed examples, SGLang's own scenarios (reference §13,
-ported), eviction policies, KV events, bad input, slot ownership, and the
+"""Radix tree: seed examples, SGLang's own scenarios (the test list in the SGLang radix
+cache reference, ported), eviction policies, KV events, bad input, slot ownership, and the
 request-level ``RadixPrefixCache``."""
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def test_seed_lru_order_and_locked_path_survives() -> None:
     t.check_invariants()
 
 
-# --------------------------------------------------- SGLang scenarios (§13)
+# ------------------------------------------- SGLang's own test scenarios
 
 
 @pytest.mark.parametrize("page_size", [1, 4])
@@ -610,7 +610,8 @@ def test_protocol_and_factory(design: str) -> None:
 
 
 @pytest.mark.parametrize("design", ["hash_chain", "radix"])
-def test_common_prefix_blocks_both_designs(design: str) -> None:  # issue 7 §2
+def test_common_prefix_blocks_both_designs(design: str) -> None:
+    """Both designs count the blocks every running request shares, from block 0."""
     c = kvindex.make_cache(design, 64, 16)
     assert c.num_common_prefix_blocks == 0  # nothing runs
     system = np.arange(64, dtype=np.int32)  # 4 full blocks

@@ -1,4 +1,4 @@
-"""Radix entry points and their arrays (issue 3 §4): every bad token or slot array is
+"""Radix entry points and their arrays: every bad token or slot array is
 refused with ``DTypeError`` and changes nothing; slot runs are validated exactly as a
 Python reference says, at power-of-two and other page sizes; inputs are read in place
 (read-only and int64 arrays work) and outputs are fresh arrays the caller owns."""

@@ -1,4 +1,4 @@
-"""Stateful property tests (issue 3 §3).
+"""Stateful property tests of the radix tree and the request-level radix cache.
 
 ``RadixTreeMachine`` drives ``kvindex.RadixCache`` and the pure-Python
 ``RadixModel`` through the same match / insert / lock / unlock / evict / reset

@@ -1,6 +1,6 @@
-"""Quick versions of the scale and soak benches (issue 6 §3; full-size runs:
-``benches/bench_scale.py`` and ``benches/bench_soak.py``, figures in
-``benches/RESULTS_scale.md``).
+"""Quick versions of the scale and soak benches (full-size runs:
+``benches/bench_scale.py`` and ``benches/bench_soak.py``, figures in the "Scale and soak"
+section of ``benches/RESULTS.md``).
 
 Soak: 200,000 mixed ops per cache through the same driver as the bench, with the
 exact accounting identity checked after every op and ``check_invariants`` plus the

@@ -1,4 +1,4 @@
-"""KV pool sizing from a memory budget (issue 7 §1): bytes per token, the engines' budget
+"""KV pool sizing from a memory budget: bytes per token, the engines' budget
 rules, memory capacities in ``kvindex simulate``, and bad units and shapes."""
 
 from __future__ import annotations

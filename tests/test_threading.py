@@ -1,4 +1,4 @@
-"""Threading model (issue 6 §2).
+"""Threading model.
 
 Cache objects belong to one scheduler thread; their methods never release the GIL, so
 on a GIL build calls from several threads are serialised and every invariant holds
@@ -67,7 +67,7 @@ def test_block_hashes_from_threads_match_sequential() -> None:
 
 
 def test_internal_panic_surfaces_as_exception_and_process_stays_usable() -> None:
-    """Issue 6 §4: a broken internal invariant panics loudly; PyO3 turns the panic into a
+    """A broken internal invariant panics loudly; PyO3 turns the panic into a
     Python exception (no abort), and the interpreter and other caches keep working."""
     from kvindex._core import _force_panic_for_tests
 

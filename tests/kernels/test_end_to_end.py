@@ -1,4 +1,4 @@
-"""End-to-end: prefix reuse through kvindex's caches is exact (issue 4, part 3).
+"""End-to-end: prefix reuse through kvindex's caches is exact.
 
 A small seeded 2-layer attention model (RoPE, GQA, MLP; fp32) runs requests that share
 prefixes through a real prefix cache: ``admit`` finds the cached prefix, only the uncached
