@@ -1,7 +1,11 @@
 # kvindex: every set-up and check step, shared by the README commands and .ci/run.
 #   make run   — create .venv, build + install the wheel, run the main job on its embedded default
-#   make test  — the same set-up, then every check: Rust (fmt, clippy, tests), wheel tags,
-#                core import without torch, ruff, mypy, stubtest, pytest (kernels included)
+#   make test  — CI: the same set-up, then every check: Rust (fmt, clippy, tests), wheel tags,
+#                core import without torch, ruff, mypy, stubtest, pytest (kernels included), fuzz
+#   make dev   — the developer loop: debug build into .venv (maturin develop), the same checks
+#                on it, no release wheel, no fuzzing
+#   make soak  — longer randomised runs: proptest and hypothesis with random seeds and more
+#                cases, every fuzz target for longer; each prints the seed that reproduces it
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PY ?= python3
@@ -9,13 +13,18 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 CORE_VENV := .venv-core
 PIP_FLAGS := --disable-pip-version-check -q
+MATURIN ?= $(VENV)/bin/maturin
+# Every randomised test draws the same cases on every run: proptest from this seed (the
+# Rust property tests; PROPTEST_CASES is left to each test), hypothesis from its
+# derandomized ci profile (tests/conftest.py), libFuzzer from FUZZ_SEED. `make soak` varies them.
 export PYTHONHASHSEED := 0
 export HYPOTHESIS_PROFILE ?= ci
+export PROPTEST_RNG_SEED ?= 7743000812
 
-.PHONY: help venv wheel install-core install run test test-rust lint check-wheel check-core-import pytest bench fmt fuzz-smoke
+.PHONY: help venv wheel install-core install run test dev dev-install soak test-rust lint check-wheel check-core-import pytest bench fmt fuzz-smoke
 
 help:
-	@sed -n '2,6p' Makefile
+	@sed -n '2,8p' Makefile
 
 $(VPY):
 	$(PY) -m venv $(VENV)
@@ -43,6 +52,14 @@ run: install-core
 
 test: install test-rust check-wheel check-core-import lint pytest fuzz-smoke
 
+# Debug build of the extension installed in place (editable) into .venv, with the test and
+# kernel extras; then the Rust checks, lint (stubtest included) and every pytest file.
+dev: dev-install test-rust lint pytest
+
+dev-install: venv
+	VIRTUAL_ENV=$(CURDIR)/$(VENV) $(MATURIN) develop -q -E kernels,test,plot
+	$(VPY) -m pip install $(PIP_FLAGS) cbor2 xxhash
+
 test-rust:
 	cargo fmt --all --check
 	cargo clippy --all-targets --features python -- -D warnings
@@ -67,9 +84,9 @@ check-core-import:
 	rm -rf $(CORE_VENV)
 
 lint:
-	$(VENV)/bin/ruff check python tests benches kernels
-	$(VENV)/bin/ruff format --check python tests benches kernels
-	$(VENV)/bin/mypy
+	$(VPY) -m ruff check python tests benches kernels
+	$(VPY) -m ruff format --check python tests benches kernels
+	$(VPY) -m mypy
 	cd /tmp && $(CURDIR)/$(VPY) -m mypy.stubtest kvindex._core --allowlist $(CURDIR)/stubtest-allowlist.txt
 
 pytest:
@@ -78,14 +95,17 @@ pytest:
 # Each cargo-fuzz target for FUZZ_SECONDS (libFuzzer, stable toolchain via RUSTC_BOOTSTRAP=1).
 # New inputs go to a temporary corpus; the committed one (fuzz/corpus/<t>) is only read.
 # A crash fails the target; its reproducer stays in fuzz/artifacts/<t>/ (see fuzz/README.md).
+# FUZZ_SEED fixes libFuzzer's mutation sequence (the time limit decides how far it gets);
+# FUZZ_SEED=0 lets libFuzzer pick one and print it ("Seed: N").
 FUZZ_TARGETS := hash_chain radix_tree radix_cache
 FUZZ_SECONDS ?= 60
+FUZZ_SEED ?= 1
 fuzz-smoke:
 	cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
 	for t in $(FUZZ_TARGETS); do \
 	  work=$$(mktemp -d); \
 	  RUSTC_BOOTSTRAP=1 cargo fuzz run $$t "$$work" fuzz/corpus/$$t -- \
-	    -max_total_time=$(FUZZ_SECONDS) -timeout=30 -print_final_stats=1 \
+	    -seed=$(FUZZ_SEED) -max_total_time=$(FUZZ_SECONDS) -timeout=30 -print_final_stats=1 \
 	    || { rc=$$?; rm -rf "$$work"; echo "fuzz target $$t failed (exit $$rc)"; exit 1; }; \
 	  rm -rf "$$work"; \
 	done
@@ -97,3 +117,21 @@ fmt:
 
 bench: install
 	$(VPY) benches/bench_hash_chain.py
+
+# Longer randomised runs on the release wheel, not part of CI. Each proptest round draws a
+# fresh seed and prints it; a failing round prints the command that replays it. Then
+# pytest under the hypothesis soak profile (random examples, 10x the count where a test
+# does not fix its own; failures are kept in .hypothesis/ and replayed first next time),
+# then every fuzz target for SOAK_FUZZ_SECONDS with a random libFuzzer seed.
+SOAK_ROUNDS ?= 10
+SOAK_CASES ?= 2000
+SOAK_FUZZ_SECONDS ?= 600
+soak: install
+	for i in $$(seq 1 $(SOAK_ROUNDS)); do \
+	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+	  echo "proptest round $$i/$(SOAK_ROUNDS): PROPTEST_RNG_SEED=$$seed PROPTEST_CASES=$(SOAK_CASES)"; \
+	  PROPTEST_RNG_SEED=$$seed PROPTEST_CASES=$(SOAK_CASES) cargo test -q \
+	    || { echo "replay: PROPTEST_RNG_SEED=$$seed PROPTEST_CASES=$(SOAK_CASES) cargo test"; exit 1; }; \
+	done
+	HYPOTHESIS_PROFILE=soak $(VPY) -m pytest tests -q -p no:cacheprovider
+	$(MAKE) fuzz-smoke FUZZ_SECONDS=$(SOAK_FUZZ_SECONDS) FUZZ_SEED=0
