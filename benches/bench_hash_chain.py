@@ -1,4 +1,4 @@
-"""Hash-chain cache benchmark (issue 2 §6): kvindex vs the pure-Python vLLM model, same run.
+"""Hash-chain cache benchmark: kvindex vs the pure-Python vLLM model, same run.
 
 Workload (seeded): 2,000 requests; each is one of 20 shared system prompts
 (1,000-4,000 tokens) + a unique 50-500-token suffix, then 100-300 decode tokens

@@ -1,4 +1,4 @@
-"""Radix-tree benchmark (issue 3 §5) through the Python API, with the pure-Python
+"""Radix-tree benchmark through the Python API, with the pure-Python
 model (``tests/models/radix_model.py``) measured in the same run.
 
 Workload (seeded): N requests (default 2,000); each is one of 20 shared system

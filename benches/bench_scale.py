@@ -1,4 +1,4 @@
-"""Scale benchmark (issue 6 §3): a pool of 10 million blocks and a radix tree holding
+"""Scale benchmark: a pool of 10 million blocks and a radix tree holding
 100 million tokens — construction time, measured memory per block / per cached token,
 and per-operation cost against a small instance of the same structure (target: within
 2×).

@@ -1,4 +1,4 @@
-"""Soak test (issue 6 §3): millions of mixed operations on each cache with a steady
+"""Soak test: millions of mixed operations on each cache with a steady
 working set; no memory growth, invariants at checkpoints, exact accounting after
 every operation.
 

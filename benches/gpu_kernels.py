@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""GPU benchmark of kvindex's paged-attention kernels (issue 4, part 4). ~3-4 min on an H200.
+"""GPU benchmark of kvindex's paged-attention kernels. ~3-4 min on an H200.
 
 On a CUDA machine, in order:
 

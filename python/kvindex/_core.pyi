@@ -224,7 +224,7 @@ class HashChainCache:
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
 
-# ---------------------------------------------------------------- radix tree (issue 3)
+# ---------------------------------------------------------------------------- radix tree
 
 RADIX_POLICIES: list[str]
 
