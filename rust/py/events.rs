@@ -160,19 +160,22 @@ fn repr_fields(d: &Bound<'_, PyDict>, skip_type: bool) -> PyResult<String> {
     Ok(parts.join(", "))
 }
 
-/// A run of consecutive blocks became cached (vLLM `BlockStored`).
+/// A run of consecutive blocks became cached (vLLM ``BlockStored``; hashes: low 64 bits
+/// of the digest, big-endian). Fields in vLLM 0.33's order; equal when all fields are;
+/// picklable.
 #[pyclass(module = "kvindex._core", frozen)]
 pub struct BlockStored {
     inner: Stored,
 }
 
-/// Blocks stopped being cached (vLLM `BlockRemoved`).
+/// Blocks stopped being cached (vLLM ``BlockRemoved``; one event per evicted physical
+/// block from the hash-chain cache, one per evicted leaf from the radix cache).
 #[pyclass(module = "kvindex._core", frozen)]
 pub struct BlockRemoved {
     inner: Removed,
 }
 
-/// Every cached block was dropped (vLLM `AllBlocksCleared`).
+/// Every cached block was dropped (reset).
 #[pyclass(module = "kvindex._core", frozen)]
 pub struct AllBlocksCleared;
 
@@ -474,7 +477,11 @@ pub fn to_list(py: Python<'_>, events: Vec<KvEvent>) -> PyResult<Bound<'_, PyLis
     Ok(out)
 }
 
-/// Encodes KV events as vLLM 0.33 `KVEventBatch` msgpack payloads.
+/// Encodes KV events as vLLM 0.33 ``KVEventBatch`` msgpack payloads
+/// (``[ts, events, data_parallel_rank]``, events map-tagged by ``"type"``, or with
+/// ``array_tagged`` the older ``[type, field, ...]`` form). ``medium``, ``group_idx``,
+/// ``kv_cache_spec_kind`` and ``lora_id`` (LoRA requests only) are written into a
+/// cache's own events.
 #[pyclass(module = "kvindex._core", frozen)]
 pub struct EventEncoder {
     meta: CacheMeta,
@@ -504,7 +511,7 @@ impl EventEncoder {
     #[pyo3(signature = (
         *, data_parallel_rank = Some(0), medium = Some("GPU".to_owned()), group_idx = Some(0),
         kv_cache_spec_kind = Some("full_attention".to_owned()), lora_id = None, array_tagged = false
-    ))]
+    ), text_signature = "(*, data_parallel_rank=0, medium='GPU', group_idx=0, kv_cache_spec_kind='full_attention', lora_id=None, array_tagged=False)")]
     fn new(
         data_parallel_rank: Option<i64>,
         medium: Option<String>,

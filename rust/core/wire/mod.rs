@@ -12,3 +12,6 @@
 pub mod batch;
 pub mod event;
 pub mod msgpack;
+
+#[cfg(test)]
+mod tests;
