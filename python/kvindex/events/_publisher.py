@@ -25,6 +25,8 @@ logger = logging.getLogger("kvindex.events")
 _STOP = object()
 # How long the sender thread waits for a batch before servicing replay again (s).
 _IDLE_POLL_S = 0.02
+# Most batches sent in one go before replay requests are looked at again.
+_MAX_BURST = 1024
 
 
 class EventPublisher:
@@ -75,7 +77,10 @@ class EventPublisher:
             lora_id=lora_id,
             array_tagged=array_tagged,
         )
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_queue_size)
+        # SimpleQueue: a C-level put (no Condition) keeps the scheduler's side cheap;
+        # the bound is checked by hand.
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._max_queue = max_queue_size
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=buffer_steps)
         self._next_seq = 0
         self._closed = False
@@ -148,11 +153,10 @@ class EventPublisher:
             raise RuntimeError("EventPublisher is closed")
         seq = self._next_seq
         self._next_seq += 1
-        try:
-            self._queue.put_nowait((seq, payload))
-        except queue.Full:
+        if self._queue.qsize() >= self._max_queue:
             self._stats["dropped"] += 1
         else:
+            self._queue.put((seq, payload))
             self._stats["published"] += 1
         return seq
 
@@ -182,14 +186,7 @@ class EventPublisher:
             return
         self._closed = True
         deadline = time.monotonic() + max(timeout, 0.0)
-        while True:
-            try:
-                self._queue.put(_STOP, timeout=max(deadline - time.monotonic(), 0.001))
-                break
-            except queue.Full:
-                if time.monotonic() >= deadline:
-                    self._abort.set()
-                    break
+        self._queue.put(_STOP)
         self._thread.join(max(deadline - time.monotonic(), 0.0))
         if self._thread.is_alive():
             self._abort.set()
@@ -220,24 +217,34 @@ class EventPublisher:
                     item = self._queue.get(timeout=_IDLE_POLL_S)
                 except queue.Empty:
                     continue
-                if item is _STOP:
-                    break
-                seq, payload = item
-                try:
-                    self._pub.send_multipart(
-                        (self._topic, seq_bytes(seq), payload), flags=zmq.NOBLOCK, copy=False
-                    )
-                    self._stats["sent"] += 1
-                except zmq.ZMQError as exc:
-                    self._stats["send_errors"] += 1
-                    logger.warning("kvindex.events: batch %d not sent: %s", seq, exc)
-                self._buffer.append((seq, payload))
+                # Send what is already queued (up to a burst) before looking at replay.
+                burst = 0
+                while item is not None:
+                    if item is _STOP or self._abort.is_set():
+                        return
+                    self._send(*item)
+                    burst += 1
+                    item = None
+                    if burst < _MAX_BURST:
+                        try:
+                            item = self._queue.get_nowait()
+                        except queue.Empty:
+                            pass
         except Exception:  # pragma: no cover - a bug; keep the scheduler alive
             logger.exception("kvindex.events: publisher thread failed")
         finally:
             self._pub.close(linger=0)
             if self._replay is not None:
                 self._replay.close(linger=0)
+
+    def _send(self, seq: int, payload: bytes) -> None:
+        try:
+            self._pub.send_multipart((self._topic, seq_bytes(seq), payload), flags=zmq.NOBLOCK)
+            self._stats["sent"] += 1
+        except zmq.ZMQError as exc:
+            self._stats["send_errors"] += 1
+            logger.warning("kvindex.events: batch %d not sent: %s", seq, exc)
+        self._buffer.append((seq, payload))
 
     def _service_replay(self) -> None:
         sock = self._replay
