@@ -509,8 +509,8 @@ class EventEncoder:
     """Encodes KV events as vLLM 0.33 ``KVEventBatch`` msgpack payloads
     (``[ts, events, data_parallel_rank]``, events map-tagged by ``"type"``, or with
     ``array_tagged`` the older ``[type, field, ...]`` form). ``medium``, ``group_idx``,
-    ``kv_cache_spec_kind`` and ``lora_id`` (LoRA requests only) are written into a
-    cache's own events."""
+    ``kv_cache_spec_kind`` are written into a cache's own events (whose ``lora_id``
+    is None: kvindex keys LoRA adapters by name)."""
 
     def __new__(
         cls,
@@ -519,7 +519,6 @@ class EventEncoder:
         medium: str | None = "GPU",
         group_idx: int | None = 0,
         kv_cache_spec_kind: str | None = "full_attention",
-        lora_id: int | None = None,
         array_tagged: bool = False,
     ) -> Self: ...
     @property
@@ -532,8 +531,6 @@ class EventEncoder:
     def group_idx(self) -> int | None: ...
     @property
     def kv_cache_spec_kind(self) -> str | None: ...
-    @property
-    def lora_id(self) -> int | None: ...
     def encode(self, cache: _Cache, ts: float, *, skip_empty: bool = True) -> bytes | None:
         """Drains ``cache``'s buffered events into one payload stamped ``ts``;
         with ``skip_empty``, ``None`` when there were none."""

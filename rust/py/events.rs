@@ -480,8 +480,8 @@ pub fn to_list(py: Python<'_>, events: Vec<KvEvent>) -> PyResult<Bound<'_, PyLis
 /// Encodes KV events as vLLM 0.33 ``KVEventBatch`` msgpack payloads
 /// (``[ts, events, data_parallel_rank]``, events map-tagged by ``"type"``, or with
 /// ``array_tagged`` the older ``[type, field, ...]`` form). ``medium``, ``group_idx``,
-/// ``kv_cache_spec_kind`` and ``lora_id`` (LoRA requests only) are written into a
-/// cache's own events.
+/// ``kv_cache_spec_kind`` are written into a cache's own events (whose ``lora_id``
+/// is None: kvindex keys LoRA adapters by name).
 #[pyclass(module = "kvindex._core", frozen)]
 pub struct EventEncoder {
     meta: CacheMeta,
@@ -510,18 +510,17 @@ impl EventEncoder {
     #[new]
     #[pyo3(signature = (
         *, data_parallel_rank = Some(0), medium = Some("GPU".to_owned()), group_idx = Some(0),
-        kv_cache_spec_kind = Some("full_attention".to_owned()), lora_id = None, array_tagged = false
-    ), text_signature = "(*, data_parallel_rank=0, medium='GPU', group_idx=0, kv_cache_spec_kind='full_attention', lora_id=None, array_tagged=False)")]
+        kv_cache_spec_kind = Some("full_attention".to_owned()), array_tagged = false
+    ), text_signature = "(*, data_parallel_rank=0, medium='GPU', group_idx=0, kv_cache_spec_kind='full_attention', array_tagged=False)")]
     fn new(
         data_parallel_rank: Option<i64>,
         medium: Option<String>,
         group_idx: Option<i64>,
         kv_cache_spec_kind: Option<String>,
-        lora_id: Option<i64>,
         array_tagged: bool,
     ) -> Self {
         EventEncoder {
-            meta: CacheMeta { medium, group_idx, kv_cache_spec_kind, lora_id },
+            meta: CacheMeta { medium, group_idx, kv_cache_spec_kind },
             dp_rank: data_parallel_rank,
             tagging: if array_tagged { Tagging::Array } else { Tagging::Map },
         }
@@ -546,10 +545,6 @@ impl EventEncoder {
     #[getter]
     fn kv_cache_spec_kind(&self) -> Option<&str> {
         self.meta.kv_cache_spec_kind.as_deref()
-    }
-    #[getter]
-    fn lora_id(&self) -> Option<i64> {
-        self.meta.lora_id
     }
 
     /// Drains ``cache``'s buffered events into one payload stamped ``ts``;
@@ -583,12 +578,11 @@ impl EventEncoder {
         let s = |v: &Option<String>| v.as_ref().map_or_else(|| "None".to_owned(), |x| format!("{x:?}"));
         let i = |v: Option<i64>| v.map_or_else(|| "None".to_owned(), |x| x.to_string());
         format!(
-            "EventEncoder(data_parallel_rank={}, medium={}, group_idx={}, kv_cache_spec_kind={}, lora_id={}, array_tagged={})",
+            "EventEncoder(data_parallel_rank={}, medium={}, group_idx={}, kv_cache_spec_kind={}, array_tagged={})",
             i(self.dp_rank),
             s(&self.meta.medium),
             i(self.meta.group_idx),
             s(&self.meta.kv_cache_spec_kind),
-            i(self.meta.lora_id),
             if self.tagging == Tagging::Array { "True" } else { "False" }
         )
     }

@@ -61,7 +61,6 @@ class EventPublisher:
         medium: str | None = "GPU",
         group_idx: int | None = 0,
         kv_cache_spec_kind: str | None = "full_attention",
-        lora_id: int | None = None,
         bind: bool | None = None,
     ) -> None:
         if buffer_steps < 1 or max_queue_size < 1 or hwm < 0 or data_parallel_rank < 0:
@@ -74,7 +73,6 @@ class EventPublisher:
             medium=medium,
             group_idx=group_idx,
             kv_cache_spec_kind=kv_cache_spec_kind,
-            lora_id=lora_id,
             array_tagged=array_tagged,
         )
         # SimpleQueue: a C-level put (no Condition) keeps the scheduler's side cheap;

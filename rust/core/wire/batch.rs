@@ -331,7 +331,7 @@ pub fn encode_cache_batch(
                     parent_block_hash: *parent_block_hash,
                     token_ids,
                     block_size: i64::try_from(*block_size).unwrap_or(i64::MAX),
-                    lora_id: if lora_name.is_some() { meta.lora_id } else { None },
+                    lora_id: None,
                     medium: meta.medium.as_deref(),
                     lora_name: lora_name.as_deref(),
                     extra_keys: Extra::Cache(extra_keys),

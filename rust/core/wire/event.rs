@@ -2,7 +2,8 @@
 //!
 //! The caches buffer the lean [`KvEvent`]; [`WireEvent::from_cache`] adds
 //! what a single-group cache knows about itself ([`CacheMeta`]: storage
-//! medium, KV group, spec kind, LoRA id). Decoded batches produce
+//! medium, KV group, spec kind). kvindex keys LoRA adapters by name, so a
+//! cache's events carry `lora_name` and send `lora_id` as None. Decoded batches produce
 //! [`WireEvent`]s directly, whatever the producer filled in.
 //!
 //! Hashes are `u64`: the low 64 bits of the digest read big-endian (vLLM's
@@ -21,8 +22,6 @@ pub struct CacheMeta {
     pub group_idx: Option<i64>,
     /// `kv_cache_spec_kind` on `BlockStored` (vLLM: `"full_attention"`).
     pub kv_cache_spec_kind: Option<String>,
-    /// `lora_id` on `BlockStored` of LoRA requests (kvindex keys LoRA by name).
-    pub lora_id: Option<i64>,
 }
 
 impl Default for CacheMeta {
@@ -31,7 +30,6 @@ impl Default for CacheMeta {
             medium: Some("GPU".to_owned()),
             group_idx: Some(0),
             kv_cache_spec_kind: Some("full_attention".to_owned()),
-            lora_id: None,
         }
     }
 }
@@ -123,7 +121,7 @@ impl WireEvent {
                 parent_block_hash,
                 token_ids,
                 block_size: i64::try_from(block_size).unwrap_or(i64::MAX),
-                lora_id: if lora_name.is_some() { meta.lora_id } else { None },
+                lora_id: None,
                 medium: meta.medium.clone(),
                 lora_name,
                 extra_keys: Some(

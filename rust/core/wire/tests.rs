@@ -28,7 +28,7 @@ fn cache_events() -> Vec<KvEvent> {
 
 #[test]
 fn cache_batch_round_trips_in_both_taggings() {
-    let meta = CacheMeta { lora_id: Some(3), ..CacheMeta::default() };
+    let meta = CacheMeta { group_idx: Some(3), ..CacheMeta::default() };
     let want: Vec<WireEvent> = cache_events().into_iter().map(|e| WireEvent::from_cache(e, &meta)).collect();
     for tagging in [Tagging::Map, Tagging::Array] {
         let mut out = Vec::new();
@@ -107,12 +107,12 @@ fn malformed_batches_are_errors_never_panics() {
     }
     let mut trailing = good.clone();
     trailing.push(0);
-    assert!(decode_batch(&trailing, None).unwrap_err().msg.contains("trailing"));
-    let e = decode_batch(&good, Some(16)).unwrap_err();
+    assert!(decode_batch(&trailing, None).expect_err("trailing byte").msg.contains("trailing"));
+    let e = decode_batch(&good, Some(16)).expect_err("block size 16");
     assert!(e.msg.contains("expected block_size 16"), "{e}");
     assert!(decode_batch(&[0x91, 0xc0], None).is_err());
     assert!(decode_batch(&[0x93, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0x91, 0x80, 0xc0], None)
-        .unwrap_err()
+        .expect_err("map without a type")
         .msg
         .contains("without a \"type\""));
 }
