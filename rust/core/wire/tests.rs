@@ -116,3 +116,40 @@ fn malformed_batches_are_errors_never_panics() {
         .msg
         .contains("without a \"type\""));
 }
+
+mod prop {
+    use proptest::prelude::*;
+
+    use crate::core::wire::batch::{decode_batch, encode_cache_batch, Tagging};
+    use crate::core::wire::event::CacheMeta;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+        /// Arbitrary bytes decode to a batch or an error, never a panic.
+        #[test]
+        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
+            let _ = decode_batch(&bytes, None);
+            let _ = decode_batch(&bytes, Some(4));
+        }
+
+        /// A valid payload with a few bytes overwritten or cut never panics either.
+        #[test]
+        fn mutated_payloads_never_panic(
+            edits in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..4),
+            cut in any::<usize>(),
+            array in any::<bool>(),
+        ) {
+            let mut out = Vec::new();
+            let tagging = if array { Tagging::Array } else { Tagging::Map };
+            encode_cache_batch(&mut out, 1.0, &super::cache_events(), Some(1), &CacheMeta::default(), tagging);
+            for (i, b) in edits {
+                let n = out.len();
+                out[i % n] = b;
+            }
+            let n = out.len();
+            out.truncate(cut % (n + 1));
+            let _ = decode_batch(&out, None);
+        }
+    }
+}
