@@ -16,7 +16,7 @@ corrupting state. ``block_hashes`` is pure and releases the GIL for prompts of
 4096 tokens or more.
 """
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, Self, final
 
 import numpy as np
@@ -74,8 +74,28 @@ class Admission:
 
 @final
 class BlockStored:
-    """A run of consecutive blocks became cached (hashes: low 64 bits, big-endian)."""
+    """A run of consecutive blocks became cached (vLLM ``BlockStored``; hashes: low 64 bits
+    of the digest, big-endian). Fields in vLLM 0.33's order; equal when all fields are;
+    picklable."""
 
+    def __new__(
+        cls,
+        block_hashes: Sequence[int],
+        parent_block_hash: int | None,
+        token_ids: Sequence[int],
+        block_size: int,
+        lora_id: int | None = None,
+        medium: str | None = None,
+        lora_name: str | None = None,
+        extra_keys: Sequence[Sequence[Any] | None] | None = None,
+        group_idx: int | None = None,
+        kv_cache_spec_kind: str | None = None,
+        kv_cache_spec_sliding_window: int | None = None,
+        locality: Any = None,
+        ownership: Any = None,
+        session_id: Any = None,
+        lookahead_token_ids: Sequence[int] | None = None,
+    ) -> Self: ...
     @property
     def block_hashes(self) -> list[int]: ...
     @property
@@ -85,21 +105,70 @@ class BlockStored:
     @property
     def block_size(self) -> int: ...
     @property
+    def lora_id(self) -> int | None: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
     def lora_name(self) -> str | None: ...
     @property
-    def extra_keys(self) -> list[tuple[Any, ...] | None]:
+    def extra_keys(self) -> list[tuple[Any, ...] | None] | None:
         """Per block: untagged extra keys (LoRA name, salt, ``(mm identifier, offset)``) or None."""
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def kv_cache_spec_kind(self) -> str | None: ...
+    @property
+    def kv_cache_spec_sliding_window(self) -> int | None: ...
+    @property
+    def locality(self) -> Any: ...
+    @property
+    def ownership(self) -> Any: ...
+    @property
+    def session_id(self) -> Any: ...
+    @property
+    def lookahead_token_ids(self) -> list[int] | None: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a dict: ``type`` first, then every field in vLLM's order."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
 @final
 class BlockRemoved:
-    """Blocks stopped being cached (one event per evicted physical block)."""
+    """Blocks stopped being cached (vLLM ``BlockRemoved``; one event per evicted physical
+    block from the hash-chain cache, one per evicted leaf from the radix cache)."""
 
+    def __new__(
+        cls,
+        block_hashes: Sequence[int],
+        medium: str | None = None,
+        group_idx: int | None = None,
+        locality: Any = None,
+        ownership: Any = None,
+    ) -> Self: ...
     @property
     def block_hashes(self) -> list[int]: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def locality(self) -> Any: ...
+    @property
+    def ownership(self) -> Any: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a dict: ``type`` first, then every field in vLLM's order."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
 @final
 class AllBlocksCleared:
     """Every cached block was dropped (reset)."""
+
+    def __new__(cls) -> Self: ...
+    def to_dict(self) -> dict[str, Any]:
+        """The event as a dict (``{"type": "AllBlocksCleared"}``)."""
+    def __eq__(self, value: object, /) -> bool: ...
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
 
 @final
 class HashChainCache:
@@ -431,3 +500,47 @@ class RadixPrefixCache:
     def ref_count(self, block_id: int) -> int: ...
     def check_invariants(self) -> None: ...
     def dump(self) -> str: ...
+
+_Event = BlockStored | BlockRemoved | AllBlocksCleared
+_Cache = HashChainCache | RadixCache | RadixPrefixCache
+
+@final
+class EventEncoder:
+    """Encodes KV events as vLLM 0.33 ``KVEventBatch`` msgpack payloads
+    (``[ts, events, data_parallel_rank]``, events map-tagged by ``"type"``, or with
+    ``array_tagged`` the older ``[type, field, ...]`` form). ``medium``, ``group_idx``,
+    ``kv_cache_spec_kind`` are written into a cache's own events (whose ``lora_id``
+    is None: kvindex keys LoRA adapters by name)."""
+
+    def __new__(
+        cls,
+        *,
+        data_parallel_rank: int | None = 0,
+        medium: str | None = "GPU",
+        group_idx: int | None = 0,
+        kv_cache_spec_kind: str | None = "full_attention",
+        array_tagged: bool = False,
+    ) -> Self: ...
+    @property
+    def data_parallel_rank(self) -> int | None: ...
+    @property
+    def array_tagged(self) -> bool: ...
+    @property
+    def medium(self) -> str | None: ...
+    @property
+    def group_idx(self) -> int | None: ...
+    @property
+    def kv_cache_spec_kind(self) -> str | None: ...
+    def encode(self, cache: _Cache, ts: float, *, skip_empty: bool = True) -> bytes | None:
+        """Drains ``cache``'s buffered events into one payload stamped ``ts``;
+        with ``skip_empty``, ``None`` when there were none."""
+    def encode_events(self, events: Iterable[_Event], ts: float) -> bytes:
+        """Encodes event objects (as they are, ignoring this encoder's metadata)
+        into one payload stamped ``ts``."""
+
+def decode_event_batch(
+    payload: bytes, *, block_size: int | None = None
+) -> tuple[float, list[_Event], int | None, list[str]]:
+    """Decodes a ``KVEventBatch`` payload (map- or array-tagged events; hashes as
+    unsigned or signed ints or bytes) into ``(ts, events, data_parallel_rank,
+    skipped_types)``. Raises ``InvalidArgumentError`` for malformed input."""

@@ -13,6 +13,7 @@
 //! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | request-level prefix cache over the radix tree (hash-chain-like API) |
+//! | [`wire`] | KV events as vLLM 0.33 msgpack batches (encode, decode) |
 
 pub mod block_pool;
 pub mod error;
@@ -26,3 +27,4 @@ pub mod radix;
 pub mod radix_cache;
 pub mod slot_pool;
 pub mod tables;
+pub mod wire;

@@ -275,3 +275,9 @@ impl PyHashChainCache {
         )
     }
 }
+
+impl events::EventSource for PyHashChainCache {
+    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
+        self.inner.take_events()
+    }
+}

@@ -35,6 +35,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
+    m.add_class::<events::EventEncoder>()?;
+    m.add_function(wrap_pyfunction!(events::decode_event_batch, m)?)?;
     m.add_class::<radix::PyRadixCache>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;

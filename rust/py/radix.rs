@@ -619,3 +619,15 @@ impl PyRadixPrefixCache {
         )
     }
 }
+
+impl events::EventSource for PyRadixCache {
+    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
+        self.inner.take_events()
+    }
+}
+
+impl events::EventSource for PyRadixPrefixCache {
+    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
+        self.inner.take_events()
+    }
+}

@@ -1,0 +1,200 @@
+"""A KV-event subscriber: decodes batches, tracks sequence numbers, fills gaps by replay.
+
+Everything it is sent is either a batch handed to the caller or a counted, logged
+skip: wrong frame counts, bad sequence frames, malformed msgpack, unknown event types
+and wrong block sizes never raise.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from kvindex.events._batch import END_SEQ, KVEventBatch, decode_batch, seq_bytes
+from kvindex.events._zmq import zmq
+from kvindex.exceptions import KvIndexError
+
+logger = logging.getLogger("kvindex.events")
+
+
+class EventSubscriber:
+    """Receives one publisher's KV-event stream (vLLM 0.33 protocol).
+
+    Connects a SUB socket to ``endpoint`` (subscribed to ``topic`` as a prefix) and,
+    with ``replay_endpoint``, a DEALER socket to the publisher's ROUTER. Sequence
+    numbers are tracked per subscriber: a jump forward is a gap (its batches are fetched
+    through replay when a replay endpoint is set, within ``replay_timeout`` seconds; what
+    replay cannot supply is counted as ``lost``); a number at or below the last one seen
+    is a publisher restart (counted; tracking restarts from it). With ``block_size``,
+    a batch with a ``BlockStored`` of another block size is skipped.
+
+    :meth:`poll` returns the batches in sequence order, replayed ones marked
+    ``replayed=True``. :attr:`stats` counts everything else.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str | bytes = "",
+        block_size: int | None = None,
+        replay_timeout: float = 1.0,
+        rcvhwm: int = 100_000,
+    ) -> None:
+        self._topic = topic.encode() if isinstance(topic, str) else bytes(topic)
+        self._block_size = block_size
+        self._replay_timeout = replay_timeout
+        self._ctx = zmq.Context()
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
+        self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
+        self._sub.connect(endpoint)
+        self._replay: Any = None
+        if replay_endpoint is not None:
+            self._replay = self._ctx.socket(zmq.DEALER)
+            self._replay.setsockopt(zmq.LINGER, 0)
+            self._replay.connect(replay_endpoint)
+        self.last_seq: int | None = None
+        self._stats = {
+            "received": 0,
+            "delivered": 0,
+            "bad_frames": 0,
+            "bad_payloads": 0,
+            "skipped_events": 0,
+            "gaps": 0,
+            "missed": 0,
+            "replayed": 0,
+            "lost": 0,
+            "restarts": 0,
+        }
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters: ``received`` (messages), ``delivered`` (batches returned, replayed
+        included), ``bad_frames`` (wrong frame count or sequence frame), ``bad_payloads``
+        (undecodable or wrong block size), ``skipped_events`` (unknown types), ``gaps``,
+        ``missed`` (sequence numbers skipped), ``replayed`` (recovered through replay),
+        ``lost`` (missed and not recovered), ``restarts``."""
+        return dict(self._stats)
+
+    def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[KVEventBatch]:
+        """Waits up to ``timeout`` seconds for the first message, then takes every message
+        already there (at most ``max_messages``). Returns the decoded batches in order."""
+        out: list[KVEventBatch] = []
+        if not self._sub.poll(int(timeout * 1000)):
+            return out
+        for _ in range(max_messages):
+            try:
+                frames = self._sub.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._stats["received"] += 1
+            self._handle(frames, out)
+        self._stats["delivered"] += len(out)
+        return out
+
+    def _handle(self, frames: list[bytes], out: list[KVEventBatch]) -> None:
+        if len(frames) != 3:
+            self._bad(
+                "bad_frames", f"message of {len(frames)} frames (expected 3: topic, seq, payload)"
+            )
+            return
+        topic, seq_frame, payload = frames
+        if len(seq_frame) != 8:
+            self._bad("bad_frames", f"sequence frame of {len(seq_frame)} bytes (expected 8)")
+            return
+        seq = int.from_bytes(seq_frame, "big")
+        last = self.last_seq
+        if last is not None and seq <= last:
+            self._stats["restarts"] += 1
+            logger.warning(
+                "kvindex.events: sequence went back from %d to %d: publisher restarted", last, seq
+            )
+        elif last is not None and seq > last + 1:
+            missed = seq - last - 1
+            self._stats["gaps"] += 1
+            self._stats["missed"] += missed
+            logger.warning("kvindex.events: gap of %d batches (%d..%d)", missed, last + 1, seq - 1)
+            got = self._fetch_replay(last + 1, seq, topic, out)
+            self._stats["lost"] += missed - got
+        self.last_seq = seq
+        batch = self._decode(payload, seq, topic, replayed=False)
+        if batch is not None:
+            out.append(batch)
+
+    def _decode(
+        self, payload: bytes, seq: int, topic: bytes, *, replayed: bool
+    ) -> KVEventBatch | None:
+        try:
+            batch = decode_batch(
+                payload, block_size=self._block_size, seq=seq, topic=topic, replayed=replayed
+            )
+        except KvIndexError as exc:
+            self._bad("bad_payloads", f"batch {seq} skipped: {exc}")
+            return None
+        if batch.skipped_types:
+            self._stats["skipped_events"] += len(batch.skipped_types)
+            logger.warning(
+                "kvindex.events: batch %d: skipped events of unknown types %s",
+                seq,
+                ", ".join(sorted(set(batch.skipped_types))),
+            )
+        return batch
+
+    def _bad(self, counter: str, msg: str) -> None:
+        self._stats[counter] += 1
+        logger.warning("kvindex.events: %s", msg)
+
+    def _fetch_replay(self, start: int, stop: int, topic: bytes, out: list[KVEventBatch]) -> int:
+        """Requests batches ``start..stop-1`` through replay; appends the ones that arrive
+        before the end marker or the timeout. Returns how many were recovered."""
+        sock = self._replay
+        if sock is None:
+            return 0
+        sock.send_multipart((b"", seq_bytes(start)))
+        deadline = time.monotonic() + self._replay_timeout
+        want = start
+        got = 0
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not sock.poll(int(left * 1000) + 1):
+                logger.warning("kvindex.events: replay from %d timed out", start)
+                return got
+            frames = sock.recv_multipart()
+            # [b"", seq, payload], or [b"", topic, seq, payload] from a publisher that
+            # repeats the topic.
+            if len(frames) == 3 and frames[0] == b"":
+                _, seq_frame, payload = frames
+            elif len(frames) == 4 and frames[0] == b"":
+                _, _, seq_frame, payload = frames
+            else:
+                self._bad("bad_frames", f"replay answer of {len(frames)} frames")
+                continue
+            if seq_frame == END_SEQ:
+                return got
+            if len(seq_frame) != 8:
+                self._bad("bad_frames", f"replay sequence frame of {len(seq_frame)} bytes")
+                continue
+            seq = int.from_bytes(seq_frame, "big")
+            if seq < want or seq >= stop:
+                continue  # before the gap (already seen) or after it (live stream has it)
+            batch = self._decode(payload, seq, topic, replayed=True)
+            want = seq + 1
+            if batch is not None:
+                out.append(batch)
+                got += 1
+                self._stats["replayed"] += 1
+
+    def close(self) -> None:
+        """Closes the sockets. Idempotent."""
+        if not self._ctx.closed:
+            self._ctx.destroy(linger=0)
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
