@@ -1,8 +1,8 @@
 """KV-event payloads against vLLM 0.33's own: every golden batch, byte for byte.
 
-``tests/data/golden/vllm_kv_events.json`` is a copy of the shared golden file
+``tests/data/vllm_golden/vllm_kv_events.json`` is a copy of the golden file
 ``vllm_kv_events.json`` (produced by vLLM 0.33.0's ``KVCacheManager`` with events on and
-encoded as its ``ZmqEventPublisher`` encodes batches; see that directory's README, events
+encoded as its ``ZmqEventPublisher`` encodes batches; see ``tests/data/vllm_golden/README.md``, events
 section). Each scenario's scheduler operations are replayed through ``HashChainCache``
 with the same algorithm, block size, pool size and chain seed; after every step the
 cache's events are encoded with the golden ``ts`` and compared with the golden payload.
@@ -21,7 +21,7 @@ import pytest
 import kvindex
 from kvindex.events import EventEncoder, decode_batch
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "golden" / "vllm_kv_events.json"
+GOLDEN = Path(__file__).resolve().parent / "data" / "vllm_golden" / "vllm_kv_events.json"
 DATA = json.loads(GOLDEN.read_text())
 ALGOS = {
     "sha256": "vllm_sha256",
