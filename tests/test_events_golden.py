@@ -2,10 +2,11 @@
 
 ``tests/data/vllm_golden/vllm_kv_events.json`` is a copy of the golden file
 ``vllm_kv_events.json`` (produced by vLLM 0.33.0's ``KVCacheManager`` with events on and
-encoded as its ``ZmqEventPublisher`` encodes batches; see ``tests/data/vllm_golden/README.md``, events
-section). Each scenario's scheduler operations are replayed through ``HashChainCache``
-with the same algorithm, block size, pool size and chain seed; after every step the
-cache's events are encoded with the golden ``ts`` and compared with the golden payload.
+encoded as its ``ZmqEventPublisher`` encodes batches; see the events section of
+``tests/data/vllm_golden/README.md``). Each scenario's scheduler operations are replayed
+through ``HashChainCache`` with the same algorithm, block size, pool size and chain seed;
+after every step the cache's events are encoded with the golden ``ts`` and compared with
+the golden payload.
 """
 
 from __future__ import annotations
