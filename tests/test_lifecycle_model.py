@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from models.hash_chain_model import HashChainModel
+from models.radix_lifecycle import RadixLifecycleModel
 from models.vllm_lifecycle import LifecycleError, Status, VllmLifecycleModel
 
 GOLDEN = Path(__file__).parent / "data" / "vllm_golden" / "vllm_lifecycle.json"
@@ -371,3 +372,83 @@ def test_model_hashes_match_kvindex(algo: str) -> None:
         lora=("n1", "/p"),
     )
     assert [bytes(row) for row in native] == r.hashes
+
+
+# ---------------------------------------------------------------------------- radix side
+
+
+def _vllm_prefixes(m: VllmLifecycleModel) -> set[tuple[int, ...]]:
+    bs = m.block_size
+    prefix = {
+        h: tuple(r.tokens[: (i + 1) * bs])
+        for r in m.requests.values()
+        for i, h in enumerate(r.hashes)
+    }
+    return {prefix[h] for h in m.cached}
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_radix_and_hash_chain_cache_the_same_tokens_at_the_same_moments(seed: int) -> None:
+    """Both designs under one op stream, unbounded capacity, page size = block size."""
+    rng = random.Random(seed)
+    bs = rng.choice([1, 2, 4, 8])
+    vm = VllmLifecycleModel(4096, bs, hash_algo="sha256")
+    rm = RadixLifecycleModel(bs)
+    systems = [[rng.randrange(50) for _ in range(rng.randrange(1, 5 * bs))] for _ in range(3)]
+    rids: list[int] = []
+    n_cached = 0
+    for step in range(400):
+        rid = rng.choice(rids) if rids and rng.random() < 0.85 else step
+        r = vm.requests.get(rid)
+        if r is None:
+            act = "a"
+        elif r.status is Status.PREEMPTED:
+            act = rng.choice("rrrf")
+        else:
+            act = rng.choice("ssssccccpf")
+        call: tuple[str, tuple[Any, ...], dict[str, Any]]
+        if act == "a":
+            toks = rng.choice(systems)[: rng.randrange(1, 5 * bs)]
+            toks = toks + [rng.randrange(50) for _ in range(rng.randrange(0, 2 * bs))]
+            kw = {"chunk": rng.randrange(1, 3 * bs + 1), "lookahead": rng.randrange(4)}
+            rids.append(rid)
+            call = ("admit", (rid, toks), kw)
+        elif act == "r":
+            kw = {"chunk": rng.choice([None, rng.randrange(1, 3 * bs + 1)])}
+            call = ("admit", (rid, None), kw)
+        elif act == "s":
+            assert r is not None
+            drafts = [rng.randrange(50) for _ in range(rng.choice([0, 0, 1, 3]))]
+            left = r.num_tokens + r.pending - r.num_computed
+            n = (left if drafts else rng.randrange(1, max(left, 1) + 1)) + len(drafts)
+            la = rng.randrange(4)
+            call = ("schedule", (rid, n), {"lookahead": la, "draft_token_ids": drafts})
+        elif act == "c":
+            assert r is not None
+            acc = rng.randrange(len(r.spec) + 1)
+            ids = r.spec[:acc] + [rng.randrange(50) for _ in range(rng.choice([0, 1, 1, 2]))]
+            rej = len(r.spec) - acc
+            call = ("commit_tokens", (rid, ids, rej), {})
+        else:
+            call = ("preempt" if act == "p" else "finish", (rid,), {})
+        outcomes = []
+        for m in (vm, rm):
+            try:
+                outcomes.append(getattr(m, call[0])(*call[1], **call[2]))
+            except LifecycleError as e:
+                outcomes.append(type(e))
+        a, b = outcomes
+        assert (a is LifecycleError) == (b is LifecycleError), (step, act, a, b)
+        if act in "ar" and a is not LifecycleError:
+            assert a is not None and b is not None and a.hit == b.hit, (step, a, b)
+        cached = _vllm_prefixes(vm)
+        assert cached == rm.cached_prefixes(), (step, act)
+        if rid in vm.requests and vm.requests[rid].status is not Status.FINISHED:
+            x, y = vm.requests[rid], rm.requests[rid].req
+            assert (x.tokens, x.num_computed, x.pending) == (y.tokens, y.num_computed, y.pending)
+        n_cached = max(n_cached, len(cached))
+        if act == "f" and a is None:
+            rids.remove(rid)
+        vm.check_invariants()
+        rm.check_invariants()
+    assert n_cached > 0

@@ -147,6 +147,9 @@ __all__ = [
     "Request",
     "Status",
     "VllmLifecycleModel",
+    "apply_commit",
+    "check_commit",
+    "check_schedule",
     "make_hasher",
 ]
 
@@ -221,6 +224,46 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
+
+
+def check_schedule(
+    r: Request, num_new_tokens: int, drafts: list[int], lookahead: int, reserved: int
+) -> int:
+    """Validate a step for ``r``; returns the placeholders it adds (1 if it samples)."""
+    if r.spec:
+        raise LifecycleError("commit the drafts of the previous step first")
+    if num_new_tokens < 1 or lookahead < 0 or reserved < 0:
+        raise LifecycleError("num_new_tokens must be >= 1, lookahead and reserved >= 0")
+    if len(drafts) >= num_new_tokens:
+        raise LifecycleError("drafts must leave at least one non-draft token")
+    end = r.num_computed + num_new_tokens - len(drafts)
+    last = r.num_tokens + r.pending
+    if end > last:
+        raise LifecycleError(f"schedules position {end - 1} but the sequence ends at {last - 1}")
+    if drafts and (end != last or r.pending):
+        raise LifecycleError("drafts must follow the last committed token")
+    return int(end == last)
+
+
+def check_commit(r: Request, ids: list[int], num_rejected: int) -> None:
+    """Validate committing ``ids`` (accepted drafts first) and rejecting ``num_rejected``."""
+    if not 0 <= num_rejected <= len(r.spec):
+        raise LifecycleError(f"rejects {num_rejected} of {len(r.spec)} drafts")
+    accepted = len(r.spec) - num_rejected
+    if len(ids) < accepted or ids[:accepted] != r.spec[:accepted]:
+        raise LifecycleError("the accepted drafts must lead the committed ids")
+    if len(ids) - accepted > r.pending:
+        raise LifecycleError(
+            f"{len(ids) - accepted} sampled ids for {r.pending} reserved placeholders"
+        )
+
+
+def apply_commit(r: Request, ids: list[int], num_rejected: int) -> None:
+    """Counters of a validated commit (the caller appends and hashes the ids)."""
+    accepted = len(r.spec) - num_rejected
+    r.num_computed -= num_rejected
+    r.pending -= len(ids) - accepted
+    r.spec = []
 
 
 @dataclass(frozen=True)
@@ -641,20 +684,7 @@ class VllmLifecycleModel:
         Returns the new blocks or ``None`` (refused: nothing changed, drafts dropped)."""
         r = self._req(rid, Status.RUNNING)
         drafts = [int(t) for t in draft_token_ids]
-        if r.spec:
-            raise LifecycleError("commit the drafts of the previous step first")
-        if num_new_tokens < 1 or lookahead < 0 or reserved_blocks < 0:
-            raise LifecycleError("num_new_tokens must be >= 1, lookahead >= 0")
-        if len(drafts) >= num_new_tokens:
-            raise LifecycleError("drafts must leave at least one non-draft token")
-        end = r.num_computed + num_new_tokens - len(drafts)
-        last = r.num_tokens + r.pending
-        if end > last:
-            raise LifecycleError(
-                f"schedules position {end - 1} but the sequence ends at {last - 1}"
-            )
-        if drafts and (end != last or r.pending):
-            raise LifecycleError("drafts must follow the last committed token")
+        samples = check_schedule(r, num_new_tokens, drafts, lookahead, reserved_blocks)
         res = self.allocate_slots(
             rid,
             num_new_tokens,
@@ -665,8 +695,7 @@ class VllmLifecycleModel:
             return None
         r.num_computed += num_new_tokens
         r.spec = drafts
-        if end == last:
-            r.pending += 1
+        r.pending += samples
         return res
 
     def commit_tokens(
@@ -675,18 +704,8 @@ class VllmLifecycleModel:
         """The ids sampled for the step in flight: accepted drafts, then sampled tokens."""
         r = self._req(rid, Status.RUNNING)
         ids = [int(t) for t in token_ids]
-        if not 0 <= num_rejected <= len(r.spec):
-            raise LifecycleError(f"rejects {num_rejected} of {len(r.spec)} drafts")
-        accepted = len(r.spec) - num_rejected
-        if len(ids) < accepted or ids[:accepted] != r.spec[:accepted]:
-            raise LifecycleError("the accepted drafts must lead the committed ids")
-        if len(ids) - accepted > r.pending:
-            raise LifecycleError(
-                f"{len(ids) - accepted} sampled ids for {r.pending} reserved placeholders"
-            )
-        r.num_computed -= num_rejected
-        r.pending -= len(ids) - accepted
-        r.spec = []
+        check_commit(r, ids, num_rejected)
+        apply_commit(r, ids, num_rejected)
         self.append_output_token_ids(rid, ids)
 
     def append(self, rid: str | int, token_ids: Sequence[int]) -> bool:
@@ -732,6 +751,9 @@ class VllmLifecycleModel:
         """In order; stops at the first refusal. ``len(result)`` = requests scheduled."""
         if len(set(rids)) != len(rids) or len(num_new_tokens) != len(rids):
             raise LifecycleError("distinct ids, one count each")
+        for i, rid in enumerate(rids):  # caller errors first: all or nothing
+            d = [int(t) for t in drafts[i]] if drafts else []
+            check_schedule(self._req(rid, Status.RUNNING), num_new_tokens[i], d, lookahead, 0)
         out: list[list[int]] = []
         for i, rid in enumerate(rids):
             res = self.schedule(
@@ -756,12 +778,7 @@ class VllmLifecycleModel:
             raise LifecycleError("distinct ids, one id list each")
         rej = list(num_rejected) if num_rejected is not None else [0] * len(rids)
         for rid, ids, k in zip(rids, token_ids, rej, strict=True):
-            r = self._req(rid, Status.RUNNING)
-            acc = len(r.spec) - k
-            if not 0 <= k <= len(r.spec) or len(ids) < acc or len(ids) - acc > r.pending:
-                raise LifecycleError(f"ids do not fit request {rid!r}'s reserved slots")
-            if list(ids[:acc]) != r.spec[:acc]:
-                raise LifecycleError("the accepted drafts must lead the committed ids")
+            check_commit(self._req(rid, Status.RUNNING), [int(t) for t in ids], k)
         for rid, ids, k in zip(rids, token_ids, rej, strict=True):
             self.commit_tokens(rid, ids, k)
 
