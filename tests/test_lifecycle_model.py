@@ -19,6 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from models.hash_chain_model import HashChainModel
 from models.radix_lifecycle import RadixLifecycleModel
@@ -452,3 +455,130 @@ def test_radix_and_hash_chain_cache_the_same_tokens_at_the_same_moments(seed: in
         vm.check_invariants()
         rm.check_invariants()
     assert n_cached > 0
+
+
+# ---------------------------------------------------------------------------- state machine
+
+
+class LifecycleMachine(RuleBasedStateMachine):
+    """Every protocol call in random order on a small pool; after every step the model's
+    invariants hold and the KV events replay to exactly the cached copies. The Rust caches
+    are meant to run under the same rules, compared call for call with this model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.m = VllmLifecycleModel(16, 2, hash_algo="sha256", watermark=0.1)
+        self.copies: dict[int, int] = {}  # low-64 hash -> cached physical copies, from events
+        self.next_id = 0
+
+    def _live(self, *statuses: Status) -> list[int | str]:
+        return [rid for rid, r in self.m.requests.items() if r.status in statuses]
+
+    @rule(
+        data=st.data(),
+        toks=st.lists(st.sampled_from([0, 0, 0, 1, 2]), min_size=1, max_size=14),
+        chunk=st.none() | st.integers(1, 14),
+        lookahead=st.integers(0, 4),
+        must_fit=st.booleans(),
+        external=st.sampled_from([0, 0, 0, 2, 4]),
+        delay=st.booleans(),
+    )
+    def admit(
+        self,
+        data: Any,
+        toks: list[int],
+        chunk: int | None,
+        lookahead: int,
+        must_fit: bool,
+        external: int,
+        delay: bool,
+    ) -> None:
+        held = self._live(Status.RUNNING, Status.WAITING_FOR_REMOTE_KVS)
+        if len(held) >= 3:  # at most three sequences hold blocks, as max_num_seqs would
+            self.m.finish(held[0])
+        resumable = self._live(Status.PREEMPTED)
+        resume = bool(resumable) and data.draw(st.booleans())
+        rid = data.draw(st.sampled_from(resumable)) if resume else self.next_id
+        self.next_id += not resume
+        try:
+            self.m.admit(
+                rid,
+                None if resume else toks,
+                chunk=chunk,
+                lookahead=lookahead,
+                must_fit=must_fit,
+                num_external_tokens=external,
+                delay_cache=delay and external > 0,
+                has_scheduled=bool(self._live(Status.RUNNING)),
+            )
+        except LifecycleError:
+            pass
+
+    @rule(data=st.data(), lookahead=st.integers(0, 4), n_drafts=st.integers(0, 3))
+    def schedule(self, data: Any, lookahead: int, n_drafts: int) -> None:
+        live = self._live(Status.RUNNING)
+        if not live:
+            return
+        rid = data.draw(st.sampled_from(live))
+        r = self.m.requests[rid]
+        left = r.num_tokens + r.pending - r.num_computed
+        n = data.draw(st.integers(1, max(left, 1))) if not n_drafts else left + n_drafts
+        drafts = data.draw(st.lists(st.integers(0, 3), min_size=n_drafts, max_size=n_drafts))
+        try:
+            self.m.schedule(rid, n, lookahead=lookahead, draft_token_ids=drafts)
+        except LifecycleError:
+            pass
+
+    @rule(data=st.data(), extra=st.integers(0, 2))
+    def commit(self, data: Any, extra: int) -> None:
+        live = self._live(Status.RUNNING)
+        if not live:
+            return
+        rid = data.draw(st.sampled_from(live))
+        r = self.m.requests[rid]
+        acc = data.draw(st.integers(0, len(r.spec)))
+        ids = r.spec[:acc] + data.draw(st.lists(st.integers(0, 3), min_size=extra, max_size=extra))
+        try:
+            self.m.commit_tokens(rid, ids, len(r.spec) - acc)
+        except LifecycleError:
+            pass
+
+    @rule(data=st.data())
+    def transfer_done(self, data: Any) -> None:
+        waiting = self._live(Status.WAITING_FOR_REMOTE_KVS)
+        if waiting:
+            self.m.finish_transfer(data.draw(st.sampled_from(waiting)))
+
+    @rule(data=st.data(), finish=st.booleans())
+    def preempt_or_finish(self, data: Any, finish: bool) -> None:
+        live = self._live(Status.RUNNING, Status.WAITING_FOR_REMOTE_KVS, Status.PREEMPTED)
+        if not live:
+            return
+        rid = data.draw(st.sampled_from(live))
+        if finish:
+            self.m.finish(rid)
+        elif self.m.requests[rid].status is not Status.PREEMPTED:
+            self.m.preempt(rid)
+
+    @rule(x=st.integers(0, 15))
+    def reset(self, x: int) -> None:
+        if x == 15:  # rarely: a reset wipes the cache the other rules build
+            self.m.reset_prefix_cache()
+
+    @invariant()
+    def consistent(self) -> None:
+        self.m.check_invariants()
+        for e in self.m.take_events():
+            if e["type"] == "AllBlocksCleared":
+                self.copies.clear()
+            for h in e.get("block_hashes", ()):
+                self.copies[h] = self.copies.get(h, 0) + (1 if e["type"] == "BlockStored" else -1)
+        want: dict[int, int] = {}
+        for h, blocks in self.m.cached.items():
+            low = int.from_bytes(h, "big") & ((1 << 64) - 1)
+            want[low] = want.get(low, 0) + len(blocks)
+        assert {h: c for h, c in self.copies.items() if c} == want
+
+
+TestLifecycleMachine = LifecycleMachine.TestCase
+TestLifecycleMachine.settings = settings(max_examples=150, stateful_step_count=40)

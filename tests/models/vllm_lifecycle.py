@@ -664,8 +664,14 @@ class VllmLifecycleModel:
         return Admitted(hit, n, self.block_table(rid)[len(hit_blocks) :])
 
     def finish_transfer(self, rid: str | int) -> None:
-        """External KV of a ``delay_cache`` admission landed: cache its blocks, run it."""
+        """External KV of a ``delay_cache`` admission landed: cache its blocks, run it.
+
+        As vLLM's ``_update_waiting_for_remote_kv``: ``num_computed`` is capped at
+        ``num_tokens - 1`` (the last token is recomputed for its logits), the blocks up to
+        it are cached, and the request continues with ``schedule`` (vLLM sends it through
+        its waiting queue again, without a second lookup)."""
         r = self._req(rid, Status.WAITING_FOR_REMOTE_KVS)
+        r.num_computed = min(r.num_computed, r.num_tokens - 1)
         if self.enable_caching:
             self.cache_blocks(rid, r.num_computed)
         r.status = Status.RUNNING
