@@ -249,7 +249,7 @@ def test_async_placeholders_cache_only_known_ids() -> None:
 def test_external_hits_with_delayed_caching() -> None:
     m = _model()
     prompt = list(range(40, 58))  # 18 tokens
-    a = m.admit("a", prompt, num_external_tokens=12, delay_cache=True)
+    a = m.admit("a", prompt, external_prefix=12, delay_cache=True)
     assert a is not None and a.scheduled == 0 and len(a.new_blocks) == 3
     assert m.requests["a"].status is Status.WAITING_FOR_REMOTE_KVS
     assert m.take_events() == [] and m.lookup(prompt) == 0
@@ -259,7 +259,7 @@ def test_external_hits_with_delayed_caching() -> None:
     assert m.requests["a"].num_computed == 18 and m.requests["a"].pending == 1
     assert _stored(m.take_events()) == 1  # block 3 (tokens 12..15)
     # without delay the external blocks are cached at once
-    b = m.admit("b", [1] * 9, num_external_tokens=8)
+    b = m.admit("b", [1] * 9, external_prefix=9)  # capped at num_tokens - 1
     assert b is not None and b.scheduled == 1 and _stored(m.take_events()) == 2
     m.check_invariants()
 
@@ -296,7 +296,8 @@ def test_watermark_applies_to_admissions_with_running_requests() -> None:
         lambda m: m.commit_batch(["a", "a"], [[1], [2]]),
         lambda m: m.admit("a", [1, 2]),  # duplicate id
         lambda m: m.admit("z", [1, 2], chunk=0),
-        lambda m: m.admit("z", [1, 2], num_external_tokens=2),
+        lambda m: m.admit("z", [1, 2], external_prefix=-1),
+        lambda m: m.admit_batch(["z", "a"], [[1], [2]]),  # "a" exists: "z" not admitted either
         lambda m: m.finish("nope"),
         lambda m: m.preempt("f"),  # finished
     ],
@@ -345,7 +346,6 @@ def test_one_chunk_special_case_is_the_whole_prompt_model(seed: int) -> None:
             assert (a is None) == (b is None)
             if a is not None and b is not None:
                 assert (a.hit, new.block_table(step)) == b
-                new.requests[step].pending = 0  # the sample is appended as computed below
                 live.append(step)
         elif u < 0.75:
             rid = rng.choice(live)
@@ -507,8 +507,8 @@ class LifecycleMachine(RuleBasedStateMachine):
                 chunk=chunk,
                 lookahead=lookahead,
                 must_fit=must_fit,
-                num_external_tokens=external,
-                delay_cache=delay and external > 0,
+                external_prefix=external,
+                delay_cache=delay,
                 has_scheduled=bool(self._live(Status.RUNNING)),
             )
         except LifecycleError:

@@ -91,14 +91,17 @@ Proposed kvindex protocol (one Python->Rust call per operation family per step)
 All arrays numpy, ids ``int64``, tokens ``int32`` or ``int64``, results ``int32``::
 
     admit(request_ids, tokens, offsets, *, chunk=None, lookahead=0, must_fit=False,
-          num_external_tokens=None, delay_cache=False, reserved_blocks=0,
+          external_prefix=None, delay_cache=False, reserved_blocks=0,
           has_scheduled=True, cache_salt=None, lora=None, skip_reading=False)
         -> (num_admitted, hit_tokens[int32], scheduled[int32], block_ids, block_offsets)
       New requests (tokens = prompt) or preempted ones resuming (their prompt + outputs
-      are kept; pass no tokens). In order, as vLLM's waiting loop: lookup, allocate
-      ``min(num_tokens - hit - external, chunk)`` tokens (0 with ``delay_cache``), stop at
-      the first refusal; requests from ``num_admitted`` on are untouched (the caller keeps
-      them waiting). ``admit(rid, prompt)`` with ``chunk=None`` is today's ``admit``.
+      are kept; pass no tokens). In order, as vLLM's waiting loop: lookup; external tokens
+      beyond the local hit from ``external_prefix`` (per request: leading tokens another
+      tier holds; the cache subtracts the hit, so the caller needs no lookup first);
+      allocate ``min(num_tokens - hit - external, chunk)`` tokens (0 with
+      ``delay_cache``); stop at the first refusal; requests from ``num_admitted`` on are
+      untouched (the caller keeps them waiting). ``admit(rid, prompt)`` with
+      ``chunk=None`` is today's ``admit``.
     schedule(request_ids, num_new_tokens, *, lookahead=0, draft_tokens=None,
              draft_offsets=None, reserved_blocks=0)
         -> (num_scheduled, block_ids, block_offsets)
@@ -120,13 +123,23 @@ All arrays numpy, ids ``int64``, tokens ``int32`` or ``int64``, results ``int32`
 
 Today's calls are the one-chunk special case: ``admit(rid, prompt)`` =
 ``admit(..., chunk=None)`` (whole prompt scheduled now, every full prompt block
-cached); ``append(rid, toks)`` / ``append_batch`` = ``commit_tokens`` of ids that are
-computed in the same step, i.e. ``commit_tokens`` then ``schedule(len(toks))`` with the
-cap at the new ``num_tokens`` (what :meth:`VllmLifecycleModel.append` does: every full
-block cached at once, as the existing ``HashChainModel.append``).
-The model's public methods below carry these names, one request per call plus
-``*_batch`` forms with the batch semantics above, so the Rust side can be compared
-call for call.
+cached, the step samples); ``append(rid, toks)`` / ``append_batch`` = ids that are
+known and computed in the same call: ``commit_tokens(toks)`` (the first fills the
+sampled placeholder) fused with ``schedule(len(toks))`` capped at the new
+``num_tokens``, so every full block is cached at once and the step samples again (what
+:meth:`VllmLifecycleModel.append` does; the tests check that ``admit`` + ``append`` +
+``finish`` give ``HashChainModel``'s block tables, free queue and cache exactly).
+The model's public methods carry these names, one request per call plus
+``admit_batch`` / ``schedule_batch`` / ``commit_batch`` with the batch semantics above,
+so the Rust side can be compared call for call.
+
+Not modelled: several KV-cache groups (hybrid, sliding window, Mamba), EAGLE's dropped
+last hit block, ``kv_cache_report_mode="full"``, multimodal and prompt-embeds extra keys
+(LoRA and cache salt are), ``evict_blocks``, the scheduler's deferred return of a
+finished request's blocks while a GPU step is in flight, failed KV transfers, and async
+scheduling combined with drafts (drafts need ``pending == 0``). ``max_model_len``
+defaults to unbounded; the remote-KV request that vLLM sends back through its waiting
+queue (where the watermark would apply) continues with ``schedule``.
 
 Caller errors raise :class:`LifecycleError` and leave the model unchanged; refusals
 (out of blocks) return ``None``.
@@ -447,7 +460,9 @@ class VllmLifecycleModel:
 
     def get_computed_blocks(self, rid: str | int) -> tuple[list[int], int]:
         """Longest cached prefix: (hit block ids, hit tokens). No side effects."""
-        r = self.requests[rid]
+        return self._hit(self.requests[rid])
+
+    def _hit(self, r: Request) -> tuple[list[int], int]:
         if not self.enable_caching or r.skip_reading:
             return [], 0
         max_blocks = (r.num_tokens - 1) // self.block_size
@@ -577,11 +592,7 @@ class VllmLifecycleModel:
         """Tokens a prompt would hit now (no side effects)."""
         r = Request("", [int(t) for t in tokens], len(tokens), cache_salt, lora)
         self._hash_blocks(r)
-        self.requests[r.rid] = r
-        try:
-            return self.get_computed_blocks(r.rid)[1]
-        finally:
-            del self.requests[r.rid]
+        return self._hit(r)[1]
 
     def admit(
         self,
@@ -591,7 +602,7 @@ class VllmLifecycleModel:
         chunk: int | None = None,
         lookahead: int = 0,
         must_fit: bool = False,
-        num_external_tokens: int = 0,
+        external_prefix: int = 0,
         delay_cache: bool = False,
         reserved_blocks: int = 0,
         has_scheduled: bool = True,
@@ -601,16 +612,19 @@ class VllmLifecycleModel:
     ) -> Admitted | None:
         """Admit a new request (``tokens`` = prompt) or resume a preempted one (no tokens).
 
-        vLLM's waiting loop: ``get_computed_blocks``, then ``allocate_slots`` for
-        ``min(num_tokens - hit - external, chunk)`` tokens (0 with ``delay_cache``: the
-        external KV arrives later, see :meth:`finish_transfer`). ``None``: refused, nothing
-        changed (a new request is not registered)."""
+        vLLM's waiting loop: ``get_computed_blocks`` (local hit), then the external tokens
+        beyond it: ``ext = max(0, min(external_prefix, limit) - hit)`` where
+        ``external_prefix`` is how many leading tokens an offload tier / prefill worker
+        holds and ``limit`` is ``num_tokens - 1`` (``num_tokens`` with ``delay_cache``:
+        the whole prompt may be transferred, its last token is recomputed afterwards);
+        then ``allocate_slots`` for ``min(num_tokens - hit - ext, chunk)`` tokens, or 0
+        with ``delay_cache`` (the KV arrives later, see :meth:`finish_transfer`; without
+        external tokens ``delay_cache`` does nothing). ``None``: refused, nothing changed
+        (a new request is not registered)."""
         if chunk is not None and chunk < 1:
             raise LifecycleError("chunk must be >= 1")
-        if lookahead < 0 or num_external_tokens < 0 or reserved_blocks < 0:
-            raise LifecycleError("negative lookahead / external tokens / reserved blocks")
-        if delay_cache and num_external_tokens == 0:
-            raise LifecycleError("delay_cache needs external tokens")
+        if lookahead < 0 or external_prefix < 0 or reserved_blocks < 0:
+            raise LifecycleError("negative lookahead / external prefix / reserved blocks")
         if tokens is None:
             r = self._req(rid, Status.PREEMPTED)
             new = False
@@ -619,31 +633,25 @@ class VllmLifecycleModel:
                 rid, tokens, cache_salt=cache_salt, lora=lora, skip_reading=skip_reading
             )
             new = True
-        try:
-            hit_blocks, hit = self.get_computed_blocks(rid)
-            if hit + num_external_tokens > r.num_tokens - 1 and not delay_cache:
-                raise LifecycleError("external tokens leave nothing to compute")
-            if hit + num_external_tokens > r.num_tokens:
-                raise LifecycleError("external tokens exceed the sequence")
-            n = 0 if delay_cache else r.num_tokens - hit - num_external_tokens
-            if chunk is not None:
-                n = min(n, chunk)
-            res = self.allocate_slots(
-                rid,
-                n,
-                hit,
-                hit_blocks,
-                num_lookahead_tokens=lookahead,
-                num_external_computed_tokens=num_external_tokens,
-                delay_cache_blocks=delay_cache,
-                full_sequence_must_fit=must_fit,
-                reserved_blocks=reserved_blocks,
-                has_scheduled_reqs=has_scheduled,
-            )
-        except LifecycleError:
-            if new:
-                del self.requests[rid]
-            raise
+        hit_blocks, hit = self.get_computed_blocks(rid)
+        limit = r.num_tokens if delay_cache else r.num_tokens - 1
+        ext = max(0, min(external_prefix, limit) - hit)
+        delay = delay_cache and ext > 0
+        n = 0 if delay else r.num_tokens - hit - ext
+        if chunk is not None:
+            n = min(n, chunk)
+        res = self.allocate_slots(
+            rid,
+            n,
+            hit,
+            hit_blocks,
+            num_lookahead_tokens=lookahead,
+            num_external_computed_tokens=ext,
+            delay_cache_blocks=delay,
+            full_sequence_must_fit=must_fit,
+            reserved_blocks=reserved_blocks,
+            has_scheduled_reqs=has_scheduled,
+        )
         if res is None:
             if new:
                 del self.requests[rid]
@@ -654,14 +662,35 @@ class VllmLifecycleModel:
             self.stats[p + "requests"] += 1
             self.stats[p + "queries"] += r.num_tokens
             self.stats[p + "hits"] += hit
-        r.num_computed = hit + num_external_tokens + n
-        if delay_cache:
+        r.num_computed = hit + ext + n
+        if delay:
             r.status = Status.WAITING_FOR_REMOTE_KVS
         else:
             r.status = Status.RUNNING
-            if n > 0 and r.num_computed == r.num_tokens:
+            if r.num_computed == r.num_tokens:
                 r.pending += 1  # the step computes the last position: it samples
         return Admitted(hit, n, self.block_table(rid)[len(hit_blocks) :])
+
+    def admit_batch(
+        self, rids: Sequence[str | int], prompts: Sequence[Sequence[int] | None], **kw: Any
+    ) -> list[Admitted]:
+        """In order, as vLLM's waiting loop; stops at the first refusal
+        (``len(result)`` = requests admitted, the rest untouched). Caller errors are
+        checked for every request before any is admitted."""
+        if len(set(rids)) != len(rids) or len(prompts) != len(rids):
+            raise LifecycleError("distinct ids, one prompt (or None to resume) each")
+        for rid, toks in zip(rids, prompts, strict=True):
+            if toks is None:
+                self._req(rid, Status.PREEMPTED)
+            elif rid in self.requests or len(toks) == 0:
+                raise LifecycleError(f"request {rid!r} exists or has an empty prompt")
+        out: list[Admitted] = []
+        for rid, toks in zip(rids, prompts, strict=True):
+            res = self.admit(rid, toks, **kw)
+            if res is None:
+                break
+            out.append(res)
+        return out
 
     def finish_transfer(self, rid: str | int) -> None:
         """External KV of a ``delay_cache`` admission landed: cache its blocks, run it.
@@ -715,10 +744,12 @@ class VllmLifecycleModel:
         self.append_output_token_ids(rid, ids)
 
     def append(self, rid: str | int, token_ids: Sequence[int]) -> bool:
-        """Today's ``append``: ids known and computed at once (every full block cached)."""
+        """Today's ``append``: decode ids known and computed in one go (the first fills the
+        placeholder the last step sampled); every full block is cached at once and the step
+        samples the next token. ``False`` (nothing changed) when a block is not free."""
         r = self._req(rid, Status.RUNNING)
-        if r.spec or r.pending or r.num_computed != r.num_tokens or not token_ids:
-            raise LifecycleError("append needs a request with no step in flight")
+        if r.spec or r.pending > 1 or r.num_computed != r.num_tokens or not token_ids:
+            raise LifecycleError("append needs a request with every known id computed")
         held = len(self.req_blocks.get(rid, ()))
         need = _cdiv(r.num_tokens + len(token_ids), self.block_size) - held
         if max(need, 0) > self.num_free:
@@ -727,6 +758,7 @@ class VllmLifecycleModel:
         res = self.allocate_slots(rid, len(token_ids))
         assert res is not None
         r.num_computed = r.num_tokens
+        r.pending = 1
         return True
 
     def preempt(self, rid: str | int) -> None:
