@@ -380,14 +380,19 @@ def test_model_hashes_match_kvindex(algo: str) -> None:
 # ---------------------------------------------------------------------------- radix side
 
 
-def _vllm_prefixes(m: VllmLifecycleModel) -> set[tuple[int, ...]]:
+def _vllm_prefixes(
+    m: VllmLifecycleModel, prefix_of: dict[bytes, tuple[int, ...]]
+) -> set[tuple[int, ...]]:
+    """The token prefix of every cached hash (``prefix_of`` is filled incrementally)."""
     bs = m.block_size
-    prefix = {
-        h: tuple(r.tokens[: (i + 1) * bs])
-        for r in m.requests.values()
-        for i, h in enumerate(r.hashes)
-    }
-    return {prefix[h] for h in m.cached}
+    for h in m.cached:
+        if h not in prefix_of:
+            for r in m.requests.values():
+                for i in range(len(r.hashes) - 1, -1, -1):
+                    if r.hashes[i] in prefix_of:
+                        break
+                    prefix_of[r.hashes[i]] = tuple(r.tokens[: (i + 1) * bs])
+    return {prefix_of[h] for h in m.cached}
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -399,6 +404,7 @@ def test_radix_and_hash_chain_cache_the_same_tokens_at_the_same_moments(seed: in
     rm = RadixLifecycleModel(bs)
     systems = [[rng.randrange(50) for _ in range(rng.randrange(1, 5 * bs))] for _ in range(3)]
     rids: list[int] = []
+    prefix_of: dict[bytes, tuple[int, ...]] = {}
     n_cached = 0
     for step in range(400):
         rid = rng.choice(rids) if rids and rng.random() < 0.85 else step
@@ -444,7 +450,7 @@ def test_radix_and_hash_chain_cache_the_same_tokens_at_the_same_moments(seed: in
         assert (a is LifecycleError) == (b is LifecycleError), (step, act, a, b)
         if act in "ar" and a is not LifecycleError:
             assert a is not None and b is not None and a.hit == b.hit, (step, a, b)
-        cached = _vllm_prefixes(vm)
+        cached = _vllm_prefixes(vm, prefix_of)
         assert cached == rm.cached_prefixes(), (step, act)
         if rid in vm.requests and vm.requests[rid].status is not Status.FINISHED:
             x, y = vm.requests[rid], rm.requests[rid].req
