@@ -18,11 +18,20 @@ Two layers
 2. The scheduler-facing protocol proposed for kvindex (below): ``admit`` / ``schedule`` /
    ``commit_tokens`` / ``preempt`` / ``finish`` / ``finish_transfer`` and their batch forms,
    each a fixed sequence of layer-1 calls, exactly as ``vllm/v1/core/sched/scheduler.py``
-   makes them. The Rust caches implement layer 2; a hypothesis state machine drives both
-   and compares results, block tables, free queues, events and stats after every step.
+   makes them. The Rust caches implement layer 2. ``LifecycleMachine`` in the test module
+   runs every layer-2 call in random order against the model's invariants and event
+   stream; run against a Rust cache as well, it becomes the differential test (results,
+   block tables, free queues, events and stats compared after every step).
+
+What the golden traces pin and what they do not: the 900 traced operations fix chunked
+prefill, lookahead, drafts with rejection, preemption and resume, ``full_sequence_must_fit``
+(in scenario ``sha256_cbor``/bs 2 some admissions are refused by it alone), free-queue
+order and events. They run with no watermark, no ``reserved_blocks``, no external tokens and no
+async placeholders: those follow vLLM's ``allocate_slots`` / scheduler code as read, and
+are pinned by the model's own tests.
 
 vLLM semantics reproduced (single group, ``hash_block_size == block_size``)
-========================================================================
+===========================================================================
 * Block 0 is the null block; ids ``1..num_blocks-1`` start in the free queue in id order.
 * Free queue = vLLM's ``FreeKVCacheBlockQueue``: head is the next victim. ``get_new_blocks``
   pops from the head and lazily evicts a popped block that still has a hash (one
