@@ -588,3 +588,41 @@ class LifecycleMachine(RuleBasedStateMachine):
 
 TestLifecycleMachine = LifecycleMachine.TestCase
 TestLifecycleMachine.settings = settings(max_examples=150, stateful_step_count=40)
+
+
+# ---------------------------------------------------------------------------- whole-prompt traces
+
+_EVENTS = json.loads((GOLDEN.parent / "vllm_kv_events.json").read_text())["scenarios"]
+
+
+@pytest.mark.parametrize(
+    "sc", _EVENTS, ids=[f"{i}-{s['hash_algo']}-bs{s['block_size']}" for i, s in enumerate(_EVENTS)]
+)
+def test_golden_kv_event_batches_are_the_one_chunk_case(sc: dict[str, Any]) -> None:
+    """vLLM's whole-prompt KV-event traces (``vllm_kv_events.json``: admit, decode tokens
+    computed one step per token, finish, reset) through ``admit`` / ``append`` /
+    ``finish``: hits, block tables and every event batch as vLLM published them."""
+    m = VllmLifecycleModel(
+        sc["num_blocks"], sc["block_size"], hash_algo=sc["hash_algo"], seed=sc["none_hash_seed"]
+    )
+    for i, step in enumerate(sc["steps"]):
+        for op in step["ops"]:
+            kind, rid = op["op"], op.get("id")
+            if kind == "admit":
+                res = m.admit(rid, op["tokens"], cache_salt=op.get("cache_salt"))
+                got = None if res is None else (res.hit, m.block_table(rid))
+                want = None if op["hit"] is None else (op["hit"], op["blocks"])
+                assert got == want, (i, op)
+            elif kind == "append":  # one decode step per token, up to the first refusal
+                before = len(m.block_table(rid))
+                ok = all(m.append(rid, [t]) for t in op["tokens"])
+                got = m.block_table(rid)[before:] if ok else None
+                assert got == op["new_blocks"], (i, op)
+            elif kind == "finish":
+                m.finish(rid)
+            else:
+                assert kind == "reset" and m.reset_prefix_cache()
+        fields = ("type", "block_hashes", "parent_block_hash", "token_ids")
+        want_events = [{k: e[k] for k in fields if k in e} for e in step["decoded"][1]]
+        assert m.take_events() == want_events, i
+        m.check_invariants()
