@@ -6,9 +6,13 @@ rejection, preemption and resume (see that directory's README). Every operation 
 replayed through the model's scheduler-facing calls and compared with vLLM's answer,
 the request's block table and counters, the whole free queue and the KV events, step by
 step; the first difference fails with the scenario, the operation and a field diff.
-Further tests pin the parts the traces do not exercise: async placeholders, external
-hits with delayed caching, caller errors, stats, and agreement with the whole-prompt
-model ``HashChainModel`` in the one-chunk special case.
+vLLM's whole-prompt KV-event traces (``vllm_kv_events.json``) replay through the
+one-chunk calls. Further tests pin the parts the traces do not exercise (async
+placeholders, external hits with delayed caching, watermark, batch calls, caller errors,
+stats), check that ``admit`` + ``append`` + ``finish`` is ``HashChainModel`` call for
+call, run a hypothesis state machine over every call, and drive the radix-tree model
+(``tests/models/radix_lifecycle.py``) and this one with the same random workloads:
+identical hits and cached prefixes after every call.
 """
 
 from __future__ import annotations

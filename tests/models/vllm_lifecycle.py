@@ -26,9 +26,11 @@ Two layers
 What the golden traces pin and what they do not: the 900 traced operations fix chunked
 prefill, lookahead, drafts with rejection, preemption and resume, ``full_sequence_must_fit``
 (in scenario ``sha256_cbor``/bs 2 some admissions are refused by it alone), free-queue
-order and events. They run with no watermark, no ``reserved_blocks``, no external tokens and no
-async placeholders: those follow vLLM's ``allocate_slots`` / scheduler code as read, and
-are pinned by the model's own tests.
+order and events. vLLM's whole-prompt KV-event traces (``vllm_kv_events.json``: cache salts, decode
+steps, evictions, resets) replay through ``admit`` / ``append`` / ``finish`` as well.
+Neither file uses a watermark, ``reserved_blocks``, external tokens or async
+placeholders: those follow vLLM's ``allocate_slots`` / scheduler code as read, and are
+pinned by the model's own tests.
 
 vLLM semantics reproduced (single group, ``hash_block_size == block_size``)
 ===========================================================================
