@@ -8,11 +8,12 @@
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
 //! | [`memo`] | prefix memo: cached blocks by (parent hash, tokens), skips re-hashing |
-//! | [`hash_chain`] | request-level prefix cache with vLLM `KVCacheManager` semantics |
+//! | [`request`] | the request lifecycle (admit/append/free, tables, stats), generic over a design |
+//! | [`hash_chain`] | the hash-chain design: vLLM `KVCacheManager` semantics under the request layer |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
 //! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
-//! | [`radix_cache`] | request-level prefix cache over the radix tree (hash-chain-like API) |
+//! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
 
 pub mod block_pool;
 pub mod error;
@@ -24,5 +25,6 @@ pub mod ids;
 pub mod memo;
 pub mod radix;
 pub mod radix_cache;
+pub mod request;
 pub mod slot_pool;
 pub mod tables;
