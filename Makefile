@@ -78,7 +78,7 @@ pytest:
 # Each cargo-fuzz target for FUZZ_SECONDS (libFuzzer, stable toolchain via RUSTC_BOOTSTRAP=1).
 # New inputs go to a temporary corpus; the committed one (fuzz/corpus/<t>) is only read.
 # A crash fails the target; its reproducer stays in fuzz/artifacts/<t>/ (see fuzz/README.md).
-FUZZ_TARGETS := hash_chain radix_tree radix_cache
+FUZZ_TARGETS := hash_chain radix_tree radix_cache pages
 FUZZ_SECONDS ?= 60
 fuzz-smoke:
 	cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked

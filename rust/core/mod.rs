@@ -11,6 +11,7 @@
 //! | [`request`] | the request lifecycle (admit/append/free, tables, stats), generic over a design |
 //! | [`hash_chain`] | the hash-chain design: vLLM `KVCacheManager` semantics under the request layer |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
+//! | [`pages`] | per-token slots <-> page ids (SSE2 fast paths, scalar reference) |
 //! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
@@ -23,6 +24,7 @@ pub mod hash;
 pub mod hash_chain;
 pub mod ids;
 pub mod memo;
+pub mod pages;
 pub mod radix;
 pub mod radix_cache;
 pub mod request;

@@ -11,7 +11,6 @@ pub mod events;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
-pub mod pages;
 pub mod radix;
 
 /// Test-only hook (issue 6 §4): panics as a broken internal invariant would,

@@ -25,9 +25,9 @@ use pyo3::types::{PyDict, PyList};
 use super::arrays::{self, TokenArray};
 use super::common;
 use super::errors::{inv_to_py, invalid, IntoPyResult};
-use super::pages::{pages_to_slots, slots_to_pages, PageMath};
 use super::{events, keys};
 use crate::core::ids::{BlockId, RequestId};
+use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 use crate::core::tables::TableSource;
@@ -246,7 +246,7 @@ impl PyRadixCache {
             let mut pages = std::mem::take(&mut self.in_pages);
             pages.clear();
             self.pages.clear();
-            let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).and_then(|tail_page| {
+            let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
                 self.inner
                     .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut self.pages)
                     .py()

@@ -1,32 +1,45 @@
-//! Per-token KV slots <-> page ids for the radix binding.
+//! Per-token KV slots <-> page ids.
 //!
-//! The core tree stores one value per page; callers pass and receive one slot
-//! per token. With `page_size > 1` a page's slots must be the aligned run
-//! `page * page_size + 0, 1, ...` (the partial tail too), so pages and slots
-//! convert both ways without a table. Both directions are single passes,
-//! written with SSE2 (baseline on x86-64) for the usual power-of-two page
-//! sizes: the compiler's own vectorisation of these loops mixes scalar and
-//! misaligned stores (expansion) and gathers across pages (checks).
-// `unsafe` here is SSE2 intrinsics only; each block says why it is in bounds.
+//! The radix tree stores one value per page; callers pass and receive one
+//! slot per token. With `page_size > 1` a page's slots must be the aligned
+//! run `page * page_size + 0, 1, ...` (the partial tail too), so pages and
+//! slots convert both ways without a table. Both directions are single
+//! passes, written with SSE2 (baseline on x86-64) for the usual power-of-two
+//! page sizes: the compiler's own vectorisation of these loops mixes scalar
+//! and misaligned stores (expansion) and gathers across pages (checks).
+//! [`scalar`] holds the plain reference both are tested against (property
+//! tests here, the `pages` fuzz target).
+//!
+//! # Contract
+//! - [`slots_to_pages`] accepts exactly the slot lists the reference
+//!   accepts, returns the same pages and tail page, and on error leaves its
+//!   output as it was;
+//! - [`pages_to_slots`] writes exactly `pages.len() * page_size` slots, the
+//!   reference's.
+//!
+//! # Costs
+//! O(slots) either way, one pass; no allocation beyond the output.
+//!
+//! The core's only `unsafe`: SSE2 intrinsics (unaligned loads and stores
+//! through pointers into the slices at hand); each block says why it is in
+//! bounds.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
 
-use pyo3::{PyErr, PyResult};
-
-use super::errors::invalid;
+use crate::core::error::{KvError, KvResult};
 use crate::core::ids::BlockId;
 
 #[cold]
-fn negative(slots: &[i32]) -> PyErr {
+fn negative(slots: &[i32]) -> KvError {
     let x = slots.iter().find(|&&x| x < 0).copied().unwrap_or_default();
-    invalid(format!("slots must be non-negative, got {x}"))
+    KvError::invalid(format!("slots must be non-negative, got {x}"))
 }
 
 #[cold]
-fn misaligned(slots: &[i32], ps: usize) -> PyErr {
+fn misaligned(slots: &[i32], ps: usize) -> KvError {
     let j = slots.chunks(ps).position(|run| !is_run(run, ps)).unwrap_or(0);
-    invalid(format!(
+    KvError::invalid(format!(
         "with page_size {ps} the slots of each page must be a page-aligned run \
          (first slot % page_size == 0, then consecutive); page {j} starts at slot {}",
         slots[j * ps]
@@ -44,8 +57,12 @@ fn is_run(run: &[i32], ps: usize) -> bool {
 /// page's slots (the tail's too) must be a page-aligned run. On error `out` is
 /// as it was. O(slots), one branch-free pass in the common case (unrolled for
 /// the usual power-of-two page sizes).
+///
+/// # Errors
+/// `InvalidArgument` naming the first negative slot, or the first page
+/// whose slots are not a page-aligned run.
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> PyResult<Option<BlockId>> {
+pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> KvResult<Option<BlockId>> {
     let ps = pm.ps;
     let start = out.len();
     if ps == 1 {
@@ -88,12 +105,15 @@ pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> Py
 }
 
 /// Non-zero unless `run` (at most a page) is `base, base + 1, ...` with
-/// `base` non-negative and page-aligned.
+/// every slot non-negative and `base` page-aligned. With a page size that
+/// is not a power of two an aligned run can pass `i32::MAX` and wrap: the
+/// last slot's sign catches that.
 #[allow(clippy::cast_sign_loss)]
 fn run_error(run: &[i32], pm: PageMath) -> i32 {
     let base = run[0];
+    let last = run[run.len() - 1];
     let gaps = run.iter().zip(0i32..).fold(0i32, |acc, (&x, k)| acc | (x ^ base.wrapping_add(k)));
-    gaps | (base & i32::MIN) | i32::from(pm.rem(base as usize) != 0)
+    gaps | ((base | last) & i32::MIN) | i32::from(pm.rem(base as usize) != 0)
 }
 
 /// [`slots_to_pages`] for a page size known at compile time (a power of two
@@ -151,13 +171,15 @@ fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
 }
 
 /// Division by the page size, by shifting when it is a power of two.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug)]
 pub struct PageMath {
     ps: usize,
     shift: Option<u32>,
 }
 
 impl PageMath {
+    /// Division by `ps` (at least 1).
+    #[must_use]
     pub fn new(ps: usize) -> Self {
         PageMath { ps, shift: ps.is_power_of_two().then(|| ps.trailing_zeros()) }
     }
@@ -263,5 +285,171 @@ fn expand_fixed<const N: usize>(pages: &[BlockId], dst: &mut [MaybeUninit<i32>])
         for (d, k) in run.iter_mut().zip(0..) {
             d.write(base + k);
         }
+    }
+}
+
+/// The plain references: what [`slots_to_pages`] and [`pages_to_slots`]
+/// must compute, written for clarity (one slot at a time, no unrolling).
+pub mod scalar {
+    use crate::core::ids::BlockId;
+
+    /// Reference [`super::slots_to_pages`]: the full pages' ids and the
+    /// tail's page, or `None` when a slot is negative or a page (the tail
+    /// included) is not a page-aligned run. O(slots).
+    #[must_use]
+    pub fn slots_to_pages(slots: &[i32], ps: usize) -> Option<(Vec<BlockId>, Option<BlockId>)> {
+        let mut pages = Vec::new();
+        let mut tail = None;
+        for run in slots.chunks(ps) {
+            let base = i64::from(run[0]);
+            let aligned = base >= 0 && base % ps as i64 == 0;
+            let consecutive = run.iter().enumerate().all(|(k, &x)| i64::from(x) == base + k as i64);
+            if !aligned || !consecutive {
+                return None;
+            }
+            let page = BlockId(u32::try_from(base / ps as i64).ok()?);
+            if run.len() == ps {
+                pages.push(page);
+            } else {
+                tail = Some(page);
+            }
+        }
+        Some((pages, tail))
+    }
+
+    /// Reference [`super::pages_to_slots`]: `page * ps + k` for every page
+    /// and `k < ps`, wrapping in i32 as the fast version does. O(slots).
+    #[must_use]
+    pub fn pages_to_slots(pages: &[BlockId], ps: usize) -> Vec<i32> {
+        let ps32 = i32::try_from(ps).expect("page sizes fit i32");
+        pages
+            .iter()
+            .flat_map(|p| {
+                #[allow(clippy::cast_possible_wrap)]
+                let base = (p.0 as i32).wrapping_mul(ps32);
+                (0..ps32).map(move |k| base.wrapping_add(k))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::mem::MaybeUninit;
+
+    use proptest::prelude::*;
+    use proptest::test_runner::RngSeed;
+
+    use super::*;
+
+    /// Deterministic by default (fixed seed, 512 cases); `PROPTEST_CASES`
+    /// and `PROPTEST_RNG_SEED` override for a longer randomised run.
+    fn config() -> ProptestConfig {
+        let env = ProptestConfig::default(); // reads PROPTEST_* from the environment
+        ProptestConfig {
+            cases: if std::env::var_os("PROPTEST_CASES").is_some() { env.cases } else { 512 },
+            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
+                env.rng_seed
+            } else {
+                RngSeed::Fixed(0x6b76_7061_6765_7301)
+            },
+            failure_persistence: None,
+            ..env
+        }
+    }
+
+    /// Page sizes: every unrolled size, and odd ones that take the generic path.
+    const SIZES: [usize; 10] = [1, 2, 3, 4, 5, 8, 16, 32, 64, 96];
+
+    fn expand(pages: &[BlockId], ps: usize) -> Vec<i32> {
+        let mut dst = vec![MaybeUninit::new(-7i32); pages.len() * ps + 3];
+        let n = pages_to_slots(pages, ps, &mut dst);
+        assert_eq!(n, pages.len() * ps);
+        // SAFETY: every element was initialised when the vector was built.
+        dst[..n].iter().map(|x| unsafe { x.assume_init() }).collect()
+    }
+
+    /// Slot lists that are valid for `ps` (page runs, maybe a tail), then
+    /// perhaps corrupted at one position.
+    fn slot_lists() -> impl Strategy<Value = (usize, Vec<i32>)> {
+        (0..SIZES.len(), prop::collection::vec(0u32..1 << 20, 0..12), 0..200usize, any::<i32>(), 0..3u8)
+            .prop_map(|(si, pages, tail, junk, mode)| {
+                let ps = SIZES[si];
+                let mut slots: Vec<i32> = pages
+                    .iter()
+                    .flat_map(|&p| {
+                        let base = i64::from(p) * ps as i64;
+                        (0..ps as i64).map(move |k| i32::try_from(base + k).unwrap_or(i32::MAX))
+                    })
+                    .collect();
+                let t = tail % ps;
+                if t > 0 {
+                    #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+                    slots.extend((0..t as i32).map(|k| 4096 * ps as i32 + k));
+                }
+                if mode > 0 && !slots.is_empty() {
+                    let i = tail % slots.len();
+                    slots[i] = if mode == 1 { junk } else { slots[i].wrapping_add(1) };
+                }
+                (ps, slots)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(config())]
+
+        #[test]
+        fn slots_to_pages_matches_scalar((ps, slots) in slot_lists()) {
+            let mut out = vec![BlockId(9)];
+            let got = slots_to_pages(&slots, PageMath::new(ps), &mut out);
+            match scalar::slots_to_pages(&slots, ps) {
+                Some((pages, tail)) => {
+                    prop_assert_eq!(got, Ok(tail));
+                    prop_assert_eq!(&out[1..], &pages[..]);
+                }
+                None => {
+                    prop_assert!(got.is_err());
+                    prop_assert_eq!(out, vec![BlockId(9)], "a refused conversion leaves the output as it was");
+                }
+            }
+        }
+
+        #[test]
+        fn pages_to_slots_matches_scalar(si in 0..SIZES.len(), pages in prop::collection::vec(0u32..1 << 24, 0..40)) {
+            let ps = SIZES[si];
+            let pages: Vec<BlockId> = pages.into_iter().map(BlockId).collect();
+            prop_assert_eq!(expand(&pages, ps), scalar::pages_to_slots(&pages, ps));
+        }
+
+        #[test]
+        fn round_trip(si in 0..SIZES.len(), pages in prop::collection::vec(0u32..1 << 20, 0..40)) {
+            let ps = SIZES[si];
+            let pages: Vec<BlockId> = pages.into_iter().map(BlockId).collect();
+            let slots = expand(&pages, ps);
+            let mut back = Vec::new();
+            prop_assert_eq!(slots_to_pages(&slots, PageMath::new(ps), &mut back), Ok(None));
+            prop_assert_eq!(back, pages);
+        }
+    }
+
+    #[test]
+    fn a_run_wrapping_past_i32_max_is_refused() {
+        // 2147483646 is a multiple of 3; the run's third slot would be 2^31.
+        let slots = [2_147_483_646, i32::MAX, i32::MIN];
+        assert_eq!(scalar::slots_to_pages(&slots, 3), None);
+        let mut out = Vec::new();
+        assert!(slots_to_pages(&slots, PageMath::new(3), &mut out).is_err());
+        assert!(out.is_empty());
+    }
+
+    #[test]
+    fn errors_name_the_culprit() {
+        let mut out = Vec::new();
+        let e = slots_to_pages(&[0, 1, -5, 3], PageMath::new(2), &mut out).expect_err("negative");
+        assert!(e.msg.contains("-5"), "{}", e.msg);
+        let e =
+            slots_to_pages(&[4, 5, 6, 7, 9, 10, 11, 12], PageMath::new(4), &mut out).expect_err("misaligned");
+        assert!(e.msg.contains("page 1 starts at slot 9"), "{}", e.msg);
+        assert!(out.is_empty());
     }
 }
