@@ -18,11 +18,11 @@ use std::collections::{HashMap, VecDeque};
 use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 
-use _core::core::error::ErrorKind;
-use _core::core::hash::{BlockHasher, HashAlgo, KeySpec, ALGO_NAMES};
-use _core::core::hash_chain::{HashChainCache, Stats};
-use _core::core::ids::{BlockHash, BlockId, RequestId};
-use _core::core::tables::TableSource;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::hash::{BlockHasher, HashAlgo, KeySpec, ALGO_NAMES};
+use kvindex::core::hash_chain::{HashChainCache, Stats};
+use kvindex::core::ids::{BlockHash, BlockId, RequestId};
+use kvindex::core::tables::TableSource;
 
 // ---------------------------------------------------------------------------------------
 // Operations

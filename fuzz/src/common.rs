@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
-use _core::core::error::{ErrorKind, KvResult};
-use _core::core::events::KvEvent;
-use _core::core::hash::{KeySpec, MmItem};
-use _core::core::ids::{BlockId, RequestId};
-use _core::core::tables::TableSource;
+use kvindex::core::error::{ErrorKind, KvResult};
+use kvindex::core::events::KvEvent;
+use kvindex::core::hash::{KeySpec, MmItem};
+use kvindex::core::ids::{BlockId, RequestId};
+use kvindex::core::tables::TableSource;
 
 /// Most operations decoded from one input (keeps every execution short).
 pub const MAX_OPS: usize = 256;

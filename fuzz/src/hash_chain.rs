@@ -6,11 +6,11 @@
 //! running requests, and — when the operation returned a caller error or
 //! refused (`None` / `false`) — that the observable state did not change.
 
-use _core::core::error::ErrorKind;
-use _core::core::hash::{HashAlgo, KeySpec, ALGO_NAMES};
-use _core::core::hash_chain::{HashChainCache, Stats};
-use _core::core::ids::{BlockHash, BlockId, RequestId};
-use _core::core::tables::TableSource;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::hash::{HashAlgo, KeySpec, ALGO_NAMES};
+use kvindex::core::hash_chain::{HashChainCache, Stats};
+use kvindex::core::ids::{BlockHash, BlockId, RequestId};
+use kvindex::core::tables::TableSource;
 
 use crate::common::{
     assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,

@@ -17,8 +17,8 @@
 
 use std::mem::MaybeUninit;
 
-use _core::core::ids::BlockId;
-use _core::core::pages::{pages_to_slots, scalar, slots_to_pages, PageMath};
+use kvindex::core::ids::BlockId;
+use kvindex::core::pages::{pages_to_slots, scalar, slots_to_pages, PageMath};
 
 use crate::common::{Input, MAX_OPS};
 

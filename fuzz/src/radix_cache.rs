@@ -7,11 +7,11 @@
 //! accounting, the harness's record of the running requests, and — after a
 //! caller error, a refusal or a read — that the observable state is unchanged.
 
-use _core::core::error::ErrorKind;
-use _core::core::hash_chain::Stats;
-use _core::core::ids::{BlockId, RequestId};
-use _core::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
-use _core::core::tables::TableSource;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::hash_chain::Stats;
+use kvindex::core::ids::{BlockId, RequestId};
+use kvindex::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
+use kvindex::core::tables::TableSource;
 
 use crate::common::{
     assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,

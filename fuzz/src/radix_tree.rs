@@ -9,10 +9,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use _core::core::error::ErrorKind;
-use _core::core::ids::BlockId;
-use _core::core::radix::{NodeHandle, NodeId, Policy, RadixTree, POLICY_NAMES};
-use _core::core::radix_cache::narrow_tokens;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::ids::BlockId;
+use kvindex::core::radix::{NodeHandle, NodeId, Policy, RadixTree, POLICY_NAMES};
+use kvindex::core::radix_cache::narrow_tokens;
 
 use crate::common::{assert_err, check_events, trace, Input, MAX_OPS};
 
