@@ -17,7 +17,7 @@
 
 use std::mem::MaybeUninit;
 
-use kvindex::core::ids::BlockId;
+use kvindex::core::ids::PageId;
 use kvindex::core::pages::{pages_to_slots, scalar, slots_to_pages, PageMath};
 
 use crate::common::{Input, MAX_OPS};
@@ -31,7 +31,7 @@ pub fn run(data: &[u8]) {
     let ps = SIZES[usize::from(inp.u8()) % SIZES.len()];
     let ps32 = i32::try_from(ps).expect("small page sizes");
     let mut slots: Vec<i32> = Vec::new();
-    let mut pages: Vec<BlockId> = Vec::new();
+    let mut pages: Vec<PageId> = Vec::new();
     let mut items = 0;
     while !inp.is_empty() && items < MAX_OPS {
         items += 1;
@@ -42,14 +42,14 @@ pub fn run(data: &[u8]) {
             continue;
         }
         let page = u32::from(inp.u8()) | u32::from(inp.u8()) << 8;
-        pages.push(BlockId(page));
+        pages.push(PageId(page));
         let base = i32::try_from(page).expect("16-bit page") * ps32;
         let k = if kind == 0 { 0 } else { usize::from(inp.u8()) % ps };
         let len = if kind == 2 { k } else { ps };
         #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
         slots.extend((0..len).map(|j| base + j as i32 + i32::from(kind == 3 && j == k)));
     }
-    let mut out = vec![BlockId(7)];
+    let mut out = vec![PageId(7)];
     let got = slots_to_pages(&slots, PageMath::new(ps), &mut out);
     match scalar::slots_to_pages(&slots, ps) {
         Some((want, tail)) => {
@@ -58,7 +58,7 @@ pub fn run(data: &[u8]) {
         }
         None => {
             assert!(got.is_err(), "ps {ps}: accepted invalid slots {slots:?}");
-            assert_eq!(out, vec![BlockId(7)], "a refused conversion leaves the output as it was");
+            assert_eq!(out, vec![PageId(7)], "a refused conversion leaves the output as it was");
         }
     }
     let mut dst = vec![MaybeUninit::new(-1i32); pages.len() * ps + 5];

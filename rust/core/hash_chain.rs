@@ -322,6 +322,7 @@ impl<T: Token> Reads<T> for HashChainIndex {
 
 impl PrefixIndex for HashChainIndex {
     type Tok = i64;
+    type Entry = BlockId;
     type Ext = ChainState;
     type Plan = ChainPlan;
 
@@ -343,7 +344,7 @@ impl PrefixIndex for HashChainIndex {
 
     /// Pins the hit blocks, allocates the rest from the free-queue head and
     /// registers every full prompt block.
-    fn commit(&mut self, plan: ChainPlan) -> Admitted<i64, ChainState> {
+    fn commit(&mut self, plan: ChainPlan) -> Admitted<i64, BlockId, ChainState> {
         let ChainPlan { tokens, spec, hashes, prefix_keys, mut blocks, new } = plan;
         let k = blocks.len();
         self.pool.touch(&blocks);

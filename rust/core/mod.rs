@@ -2,7 +2,7 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`ids`] | identity newtypes (`BlockId`, `RequestId`, `BlockHash`) |
+//! | [`ids`] | identity newtypes (`BlockId`, `PageId`, `RequestId`, `BlockHash`) |
 //! | [`error`] | caller errors (`KvError`) and invariant violations |
 //! | [`hash`] | chained block hashing: kvindex's own encodings and bit-exact vLLM modes |
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
@@ -12,7 +12,7 @@
 //! | [`hash_chain`] | the hash-chain design: vLLM `KVCacheManager` semantics under the request layer |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
 //! | [`pages`] | per-token slots <-> page ids (SSE2 fast paths, scalar reference) |
-//! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
+//! | [`page_pool`] | ref-counted pool of KV pages (`PageId`) behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
 
@@ -24,9 +24,9 @@ pub mod hash;
 pub mod hash_chain;
 pub mod ids;
 pub mod memo;
+pub mod page_pool;
 pub mod pages;
 pub mod radix;
 pub mod radix_cache;
 pub mod request;
-pub mod slot_pool;
 pub mod tables;

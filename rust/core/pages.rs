@@ -28,7 +28,7 @@
 use std::mem::MaybeUninit;
 
 use crate::core::error::{KvError, KvResult};
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 #[cold]
 fn negative(slots: &[i32]) -> KvError {
@@ -62,14 +62,14 @@ fn is_run(run: &[i32], ps: usize) -> bool {
 /// `InvalidArgument` naming the first negative slot, or the first page
 /// whose slots are not a page-aligned run.
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
-pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> KvResult<Option<BlockId>> {
+pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<PageId>) -> KvResult<Option<PageId>> {
     let ps = pm.ps;
     let start = out.len();
     if ps == 1 {
         let mut sign = 0i32;
         out.extend(slots.iter().map(|&s| {
             sign |= s;
-            BlockId(s as u32)
+            PageId(s as u32)
         }));
         if sign < 0 {
             out.truncate(start);
@@ -88,14 +88,14 @@ pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<BlockId>) -> Kv
             let mut bad = 0;
             out.extend(body.chunks_exact(ps).map(|run| {
                 bad |= run_error(run, pm);
-                BlockId(pm.div(run[0] as usize) as u32)
+                PageId(pm.div(run[0] as usize) as u32)
             }));
             bad
         }
     };
     let tail_page = tail.first().map(|&base| {
         bad |= run_error(tail, pm);
-        BlockId(pm.div(base as usize) as u32)
+        PageId(pm.div(base as usize) as u32)
     });
     if bad != 0 {
         out.truncate(start);
@@ -125,7 +125,7 @@ fn run_error(run: &[i32], pm: PageMath) -> i32 {
 /// compiler's own vectorisation gathers across pages and spills.
 #[inline(never)]
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
-fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
+fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<PageId>) -> i32 {
     const { assert!(N.is_power_of_two() && N >= 4) };
     let mut head = 0i32;
     #[cfg(target_arch = "x86_64")]
@@ -150,7 +150,7 @@ fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
                     acc = _mm_or_si128(acc, _mm_xor_si128(_mm_loadu_si128(p.add(q)), want));
                 }
             }
-            BlockId((base as u32) >> N.trailing_zeros())
+            PageId((base as u32) >> N.trailing_zeros())
         }));
         let clean = unsafe { _mm_movemask_epi8(_mm_cmpeq_epi32(acc, _mm_setzero_si128())) } == 0xFFFF;
         head | i32::from(!clean)
@@ -164,7 +164,7 @@ fn runs_fixed<const N: usize>(slots: &[i32], out: &mut Vec<BlockId>) -> i32 {
             for (k, &x) in run.iter().enumerate() {
                 gaps |= x ^ base.wrapping_add(k as i32);
             }
-            BlockId((base as u32) >> N.trailing_zeros())
+            PageId((base as u32) >> N.trailing_zeros())
         }));
         head | gaps
     }
@@ -208,7 +208,7 @@ impl PageMath {
 /// # Panics
 /// If `dst` is shorter than `pages.len() * ps`.
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-pub fn pages_to_slots(pages: &[BlockId], ps: usize, dst: &mut [MaybeUninit<i32>]) -> usize {
+pub fn pages_to_slots(pages: &[PageId], ps: usize, dst: &mut [MaybeUninit<i32>]) -> usize {
     let n = pages.len() * ps;
     let dst = &mut dst[..n];
     match ps {
@@ -258,7 +258,7 @@ fn iota_quads<const N: usize>() -> [core::arch::x86_64::__m128i; 16] {
 /// splits whole-page stores into a mix of scalar and misaligned vector
 /// stores, which doubles the store count.
 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
-fn expand_fixed<const N: usize>(pages: &[BlockId], dst: &mut [MaybeUninit<i32>]) {
+fn expand_fixed<const N: usize>(pages: &[PageId], dst: &mut [MaybeUninit<i32>]) {
     const { assert!(N.is_multiple_of(4)) };
     let dst = &mut dst[..pages.len() * N];
     #[cfg(target_arch = "x86_64")]
@@ -291,13 +291,13 @@ fn expand_fixed<const N: usize>(pages: &[BlockId], dst: &mut [MaybeUninit<i32>])
 /// The plain references: what [`slots_to_pages`] and [`pages_to_slots`]
 /// must compute, written for clarity (one slot at a time, no unrolling).
 pub mod scalar {
-    use crate::core::ids::BlockId;
+    use crate::core::ids::PageId;
 
     /// Reference [`super::slots_to_pages`]: the full pages' ids and the
     /// tail's page, or `None` when a slot is negative or a page (the tail
     /// included) is not a page-aligned run. O(slots).
     #[must_use]
-    pub fn slots_to_pages(slots: &[i32], ps: usize) -> Option<(Vec<BlockId>, Option<BlockId>)> {
+    pub fn slots_to_pages(slots: &[i32], ps: usize) -> Option<(Vec<PageId>, Option<PageId>)> {
         let mut pages = Vec::new();
         let mut tail = None;
         for run in slots.chunks(ps) {
@@ -307,7 +307,7 @@ pub mod scalar {
             if !aligned || !consecutive {
                 return None;
             }
-            let page = BlockId(u32::try_from(base / ps as i64).ok()?);
+            let page = PageId(u32::try_from(base / ps as i64).ok()?);
             if run.len() == ps {
                 pages.push(page);
             } else {
@@ -320,7 +320,7 @@ pub mod scalar {
     /// Reference [`super::pages_to_slots`]: `page * ps + k` for every page
     /// and `k < ps`, wrapping in i32 as the fast version does. O(slots).
     #[must_use]
-    pub fn pages_to_slots(pages: &[BlockId], ps: usize) -> Vec<i32> {
+    pub fn pages_to_slots(pages: &[PageId], ps: usize) -> Vec<i32> {
         let ps32 = i32::try_from(ps).expect("page sizes fit i32");
         pages
             .iter()
@@ -361,7 +361,7 @@ mod tests {
     /// Page sizes: every unrolled size, and odd ones that take the generic path.
     const SIZES: [usize; 10] = [1, 2, 3, 4, 5, 8, 16, 32, 64, 96];
 
-    fn expand(pages: &[BlockId], ps: usize) -> Vec<i32> {
+    fn expand(pages: &[PageId], ps: usize) -> Vec<i32> {
         let mut dst = vec![MaybeUninit::new(-7i32); pages.len() * ps + 3];
         let n = pages_to_slots(pages, ps, &mut dst);
         assert_eq!(n, pages.len() * ps);
@@ -400,7 +400,7 @@ mod tests {
 
         #[test]
         fn slots_to_pages_matches_scalar((ps, slots) in slot_lists()) {
-            let mut out = vec![BlockId(9)];
+            let mut out = vec![PageId(9)];
             let got = slots_to_pages(&slots, PageMath::new(ps), &mut out);
             match scalar::slots_to_pages(&slots, ps) {
                 Some((pages, tail)) => {
@@ -409,7 +409,7 @@ mod tests {
                 }
                 None => {
                     prop_assert!(got.is_err());
-                    prop_assert_eq!(out, vec![BlockId(9)], "a refused conversion leaves the output as it was");
+                    prop_assert_eq!(out, vec![PageId(9)], "a refused conversion leaves the output as it was");
                 }
             }
         }
@@ -417,14 +417,14 @@ mod tests {
         #[test]
         fn pages_to_slots_matches_scalar(si in 0..SIZES.len(), pages in prop::collection::vec(0u32..1 << 24, 0..40)) {
             let ps = SIZES[si];
-            let pages: Vec<BlockId> = pages.into_iter().map(BlockId).collect();
+            let pages: Vec<PageId> = pages.into_iter().map(PageId).collect();
             prop_assert_eq!(expand(&pages, ps), scalar::pages_to_slots(&pages, ps));
         }
 
         #[test]
         fn round_trip(si in 0..SIZES.len(), pages in prop::collection::vec(0u32..1 << 20, 0..40)) {
             let ps = SIZES[si];
-            let pages: Vec<BlockId> = pages.into_iter().map(BlockId).collect();
+            let pages: Vec<PageId> = pages.into_iter().map(PageId).collect();
             let slots = expand(&pages, ps);
             let mut back = Vec::new();
             prop_assert_eq!(slots_to_pages(&slots, PageMath::new(ps), &mut back), Ok(None));

@@ -9,7 +9,7 @@
 //!   page-aligned: as SGLang's scheduler, which matches at most
 //!   `input_len - 1` tokens, the last prompt token is always computed), lock
 //!   the matched node, and allocate pages for the rest from the
-//!   [`SlotPool`], evicting unlocked tree leaves for the shortfall.
+//!   [`PagePool`], evicting unlocked tree leaves for the shortfall.
 //!   All-or-nothing: `None`, with nothing changed (not even recency), when
 //!   free pages plus evictable ones cannot cover the request.
 //! - [`RadixPrefixCache::append`] / [`RadixPrefixCache::append_batch`]:
@@ -24,9 +24,9 @@
 //!   references: duplicates of pages the tree already had and the partial
 //!   last page return to the pool, pages the tree adopted stay cached.
 //!
-//! # Pages, block ids and the null page
+//! # Pages and the null page
 //! The pool holds `num_blocks` pages of `page_size` slots. A request's table
-//! lists page ids (block ids), so a paged-attention kernel consumes it like a
+//! lists page ids ([`PageId`]), so a paged-attention kernel consumes it like a
 //! hash-chain block table; with `page_size == 1` tables are token-level
 //! (page id == slot). Page 0 is never handed out: tables are padded with 0.
 //!
@@ -61,10 +61,10 @@ use std::borrow::Cow;
 use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{PageId, RequestId};
+use crate::core::page_pool::PagePool;
 use crate::core::radix::{NodeId, Policy, RadixTree};
 use crate::core::request::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf};
-use crate::core::slot_pool::SlotPool;
 use crate::ensure_inv;
 
 /// The radix state of a running request.
@@ -128,10 +128,10 @@ pub fn narrow_tokens(tokens: &[i64]) -> KvResult<Vec<i32>> {
 #[derive(Clone, Debug)]
 pub struct RadixIndex {
     tree: RadixTree,
-    pool: SlotPool,
+    pool: PagePool,
     page_size: usize,
     evictions: u64,
-    scratch: Vec<BlockId>,
+    scratch: Vec<PageId>,
 }
 
 /// The radix-tree request cache: the request layer over [`RadixIndex`].
@@ -145,7 +145,7 @@ impl RadixIndex {
     /// `InvalidArgument` for `page_size` outside `1..=2^20` or `num_blocks < 2`.
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         let tree = RadixTree::new(page_size, policy, enable_events)?;
-        let pool = SlotPool::new(num_blocks)?;
+        let pool = PagePool::new(num_blocks)?;
         Ok(RadixIndex { tree, pool, page_size, evictions: 0, scratch: Vec::new() })
     }
 
@@ -178,7 +178,7 @@ impl RadixIndex {
 
     /// Inserts the full pages of a request into the tree; the tree takes a
     /// reference on the pages it adopts. Returns the full-page token count.
-    fn insert_request(&mut self, tokens: &[i32], pages: &[BlockId], ns: Option<&str>) -> usize {
+    fn insert_request(&mut self, tokens: &[i32], pages: &[PageId], ns: Option<&str>) -> usize {
         let ps = self.page_size;
         let full = tokens.len() / ps;
         let mut dups = std::mem::take(&mut self.scratch);
@@ -267,6 +267,7 @@ impl Reads<i32> for RadixIndex {
 
 impl PrefixIndex for RadixIndex {
     type Tok = i32;
+    type Entry = PageId;
     type Ext = RadixState;
     type Plan = RadixPlan;
 
@@ -288,7 +289,7 @@ impl PrefixIndex for RadixIndex {
 
     /// Matches and locks the hit path, references its pages and allocates
     /// the rest (evicting unlocked leaves for the shortfall).
-    fn commit(&mut self, plan: RadixPlan) -> Admitted<i32, RadixState> {
+    fn commit(&mut self, plan: RadixPlan) -> Admitted<i32, PageId, RadixState> {
         let RadixPlan { tokens, ns, cap, hit, need } = plan;
         let mut pages = Vec::with_capacity(tokens.len().div_ceil(self.page_size) + 1);
         let m = self.tree.match_prefix(&tokens[..cap], ns.as_deref(), &mut pages);
@@ -302,7 +303,7 @@ impl PrefixIndex for RadixIndex {
     }
 
     #[inline]
-    fn allocate(&mut self, n: usize, table: &mut Vec<BlockId>) {
+    fn allocate(&mut self, n: usize, table: &mut Vec<PageId>) {
         self.ensure_free(n);
         self.pool.alloc(n, table);
     }
@@ -342,7 +343,7 @@ impl PrefixIndex for RadixIndex {
     }
 
     #[inline]
-    fn ref_count(&self, b: BlockId) -> u32 {
+    fn ref_count(&self, b: PageId) -> u32 {
         self.pool.ref_count(b)
     }
 
@@ -359,7 +360,7 @@ impl PrefixIndex for RadixIndex {
         self.tree.all_values(&mut tree_pages);
         for p in &tree_pages {
             ensure_inv!(
-                *p != BlockId::NULL && p.idx() < refs.len(),
+                *p != PageId::NULL && p.idx() < refs.len(),
                 "tree holds page {} (null or out of range)",
                 p.0
             );
@@ -416,7 +417,7 @@ impl RadixPrefixCache {
 
     /// The pool (read-only introspection).
     #[must_use]
-    pub fn pool(&self) -> &SlotPool {
+    pub fn pool(&self) -> &PagePool {
         &self.design().pool
     }
 

@@ -22,7 +22,7 @@ use rustc_hash::FxHashMap;
 
 use super::{EvictKey, NodeHandle, NodeId, Ns, RadixTree};
 use crate::core::error::{ErrorKind, KvError, KvResult};
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 /// Children sharing one map key: with `page_size > 1` two first pages may
 /// hash alike (they are told apart by comparing the page).
@@ -44,7 +44,7 @@ pub(super) struct Node {
     pub(super) children: FxHashMap<u64, Kids>,
     pub(super) last_access: u64,
     // line 1: what a match's output and locks read
-    pub(super) value: Vec<BlockId>,
+    pub(super) value: Vec<PageId>,
     /// The node's entry in the evictable set, if it is in it.
     pub(super) evict_key: Option<EvictKey>,
     /// Own locks + Σ children's `lock_ref` (root: 1 forever).

@@ -28,7 +28,7 @@
 //! slots are reused, and a per-slot generation makes a caller's
 //! [`NodeHandle`] to an evicted node detectably stale. Each non-root node
 //! holds an edge: `key` (token ids, a multiple of `page_size` long) and
-//! `value` (one [`BlockId`] per page: the KV slot when `page_size == 1`, the
+//! `value` (one [`PageId`] per page: the KV slot when `page_size == 1`, the
 //! page id `slot / page_size` otherwise). Children are keyed by
 //! `(namespace, first page)`: exactly (`ns << 32 | token`) when
 //! `page_size == 1`, by a hash of the page otherwise (a lookup compares the
@@ -113,7 +113,7 @@ use rustc_hash::FxHashMap;
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::events::KvEvent;
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 #[cfg(test)]
 use arena::FORCE_COLLISIONS;
@@ -171,7 +171,7 @@ pub struct Matched<'a> {
 
 impl<'a> Matched<'a> {
     /// The matched nodes' values (one per page), root side first.
-    pub fn values(&self) -> impl Iterator<Item = &'a [BlockId]> + 'a {
+    pub fn values(&self) -> impl Iterator<Item = &'a [PageId]> + 'a {
         let tree = self.tree;
         tree.path.iter().map(move |&(n, _)| tree.nodes[n.idx()].value.as_slice())
     }
@@ -322,7 +322,7 @@ impl RadixTree {
 
     /// Appends the values of the path root..=`id` to `out`, root side first
     /// (SGLang `path_device_indices`). O(depth + pages).
-    pub fn path_values(&self, id: NodeId, out: &mut Vec<BlockId>) {
+    pub fn path_values(&self, id: NodeId, out: &mut Vec<PageId>) {
         let start = out.len();
         let mut cur = id;
         while cur != NodeId::ROOT {
@@ -333,7 +333,7 @@ impl RadixTree {
     }
 
     /// Appends every value in the tree to `out` (DFS order). O(nodes + pages).
-    pub fn all_values(&self, out: &mut Vec<BlockId>) {
+    pub fn all_values(&self, out: &mut Vec<PageId>) {
         for n in &self.nodes[1..] {
             if n.live {
                 out.extend_from_slice(&n.value);
@@ -422,7 +422,7 @@ impl RadixTree {
     /// Removes every node (handles become stale, locks are dropped) and
     /// appends all values the tree held to `freed` (the caller releases
     /// them). Emits `AllBlocksCleared`. O(nodes + pages).
-    pub fn reset(&mut self, freed: &mut Vec<BlockId>) {
+    pub fn reset(&mut self, freed: &mut Vec<PageId>) {
         self.all_values(freed);
         for i in 1..self.nodes.len() {
             if self.nodes[i].live {

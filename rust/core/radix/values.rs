@@ -14,7 +14,7 @@
 
 use super::RadixTree;
 use crate::core::error::{KvError, KvResult};
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 /// Sets the bits of `vals` in `bits` (sized for them), 64 values at a time:
 /// a chunk of consecutive values, ascending or descending (the usual case:
@@ -22,7 +22,7 @@ use crate::core::ids::BlockId;
 /// values of one word in a register and write each word once. Fails, with
 /// `Err(i)`, at the first chunk or word-run holding a value already set (or
 /// repeated): `vals[..i]` are then marked by this call and nothing else is.
-pub(super) fn mark_all(bits: &mut [u64], vals: &[BlockId]) -> Result<(), usize> {
+pub(super) fn mark_all(bits: &mut [u64], vals: &[PageId]) -> Result<(), usize> {
     for (c, chunk) in vals.chunks(64).enumerate() {
         let start = c * 64;
         let base = chunk[0].0;
@@ -85,7 +85,7 @@ pub(super) fn range_mask(lo: usize, hi: usize) -> u64 {
 
 /// Clears the bits of `vals` (word-run batched like [`mark_all`]). Values
 /// beyond the bitmap are ignored.
-pub(super) fn unmark_all(bits: &mut [u64], vals: &[BlockId]) {
+pub(super) fn unmark_all(bits: &mut [u64], vals: &[PageId]) {
     let mut cur = usize::MAX;
     let mut mask = 0u64;
     for v in vals {
@@ -105,14 +105,14 @@ pub(super) fn unmark_all(bits: &mut [u64], vals: &[BlockId]) {
 }
 
 #[cold]
-pub(super) fn first_repeat(vals: &[BlockId]) -> Option<BlockId> {
+pub(super) fn first_repeat(vals: &[PageId]) -> Option<PageId> {
     let mut seen = rustc_hash::FxHashSet::default();
     vals.iter().find(|v| !seen.insert(**v)).copied()
 }
 
 /// `a == b` for equal-length value slices, branch-free so it vectorises
 /// (derived `PartialEq` on a newtype does not compile to memcmp). O(len).
-pub(super) fn same_values(a: &[BlockId], b: &[BlockId]) -> bool {
+pub(super) fn same_values(a: &[PageId], b: &[PageId]) -> bool {
     debug_assert_eq!(a.len(), b.len());
     a.iter().zip(b).fold(0u32, |acc, (x, y)| acc | (x.0 ^ y.0)) == 0
 }
@@ -120,7 +120,7 @@ pub(super) fn same_values(a: &[BlockId], b: &[BlockId]) -> bool {
 impl RadixTree {
     /// Whether `v` is one of the tree's values. O(1).
     #[must_use]
-    pub fn contains_value(&self, v: BlockId) -> bool {
+    pub fn contains_value(&self, v: PageId) -> bool {
         let i = v.idx();
         self.in_tree.get(i / 64).is_some_and(|w| w >> (i % 64) & 1 == 1)
     }
@@ -130,7 +130,7 @@ impl RadixTree {
     /// the tree, using the value bitmap as scratch. On success the values to
     /// store (`lists[1]`) are left marked (they are about to enter the tree);
     /// on error the bitmap is as it was. O(values).
-    pub(super) fn check_values(&mut self, lists: [&[BlockId]; 3]) -> KvResult<()> {
+    pub(super) fn check_values(&mut self, lists: [&[PageId]; 3]) -> KvResult<()> {
         let words_before = self.in_tree.len();
         let max = lists.iter().filter_map(|l| l.iter().map(|v| v.0).max()).max();
         if let Some(m) = max {

@@ -21,7 +21,7 @@ use super::arena::{child_key, Kids};
 use super::values::same_values;
 use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
 use crate::core::error::{KvError, KvResult};
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 /// Length of the common prefix of `a` and `b`. Galloping: compares windows of
 /// 64, 128, 256, ... tokens with one memcmp each, then scans the first window
@@ -123,7 +123,7 @@ impl RadixTree {
     /// tick; a match ending inside an edge splits it there (the tree's
     /// contents and sizes do not change). Appends the matched values to
     /// `out`. O(hit + depth + split edge).
-    pub fn match_prefix(&mut self, tokens: &[i32], ns: Option<&str>, out: &mut Vec<BlockId>) -> Match {
+    pub fn match_prefix(&mut self, tokens: &[i32], ns: Option<&str>, out: &mut Vec<PageId>) -> Match {
         self.match_prefix_with(tokens, ns, |vals| out.extend_from_slice(vals))
     }
 
@@ -133,7 +133,7 @@ impl RadixTree {
         &mut self,
         tokens: &[i32],
         ns: Option<&str>,
-        mut sink: impl FnMut(&[BlockId]),
+        mut sink: impl FnMut(&[PageId]),
     ) -> Match {
         let m = self.match_nodes(tokens, ns);
         for vals in m.values() {
@@ -179,7 +179,7 @@ impl RadixTree {
         debug_assert!(l > 0 && l < cn.key.len() && l.is_multiple_of(ps));
         let lp = l / ps;
         let upper_key: Vec<i32> = cn.key.drain(..l).collect();
-        let upper_value: Vec<BlockId> = cn.value.drain(..lp).collect();
+        let upper_value: Vec<PageId> = cn.value.drain(..lp).collect();
         let upper_hashes: Vec<u64> =
             if cn.hashes.is_empty() { Vec::new() } else { cn.hashes.drain(..lp).collect() };
         let (parent, ns, lock_ref, hit_count, priority) =
@@ -236,11 +236,11 @@ impl RadixTree {
     pub fn insert(
         &mut self,
         tokens: &[i32],
-        values: &[BlockId],
+        values: &[PageId],
         ns: Option<&str>,
         priority: i64,
-        extra: &[BlockId],
-        to_free: &mut Vec<BlockId>,
+        extra: &[PageId],
+        to_free: &mut Vec<PageId>,
     ) -> KvResult<usize> {
         let ps = self.page_size;
         if !tokens.len().is_multiple_of(ps) {
@@ -315,7 +315,7 @@ impl RadixTree {
         parent: NodeId,
         ns: Ns,
         key: &[i32],
-        value: &[BlockId],
+        value: &[PageId],
         priority: i64,
         tick: u64,
     ) {

@@ -12,7 +12,7 @@ use super::{Admitted, PrefixIndex, Reads, Record, RecordOf, SpecArg, Stats};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{RequestId, TableEntry};
 use crate::core::tables::{batch_ranges, TableSource};
 use crate::ensure_inv;
 
@@ -363,18 +363,18 @@ impl<D: PrefixIndex> PrefixCache<D> {
             );
             for b in &r.blocks {
                 ensure_inv!(
-                    *b != BlockId::NULL && b.idx() < refs.len(),
+                    *b != D::Entry::NULL && b.index() < refs.len(),
                     "request {} holds block {} (null or out of range)",
                     r.id.0,
-                    b.0
+                    b.raw()
                 );
-                refs[b.idx()] += 1;
+                refs[b.index()] += 1;
             }
         }
         self.design.check_invariants(&running, &mut refs)?;
         for (i, &c) in refs.iter().enumerate() {
             #[allow(clippy::cast_possible_truncation)]
-            let rc = self.design.ref_count(BlockId(i as u32));
+            let rc = self.design.ref_count(D::Entry::from_raw(i as u32));
             ensure_inv!(rc == c, "block {i}: ref count {rc}, held by {c} (cache + tables)");
         }
         Ok(())
@@ -382,11 +382,13 @@ impl<D: PrefixIndex> PrefixCache<D> {
 }
 
 impl<D: PrefixIndex> TableSource for PrefixCache<D> {
+    type Entry = D::Entry;
+
     fn table_block_size(&self) -> usize {
         self.design.block_size()
     }
 
-    fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)> {
+    fn table(&self, id: RequestId) -> KvResult<(&[D::Entry], usize)> {
         let r = self.get(id)?;
         Ok((&r.blocks, r.tokens.len()))
     }

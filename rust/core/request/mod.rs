@@ -43,7 +43,7 @@ pub use lifecycle::PrefixCache;
 use crate::core::error::{InvariantViolation, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{RequestId, TableEntry};
 
 pub use crate::core::tables::TableSource;
 
@@ -66,14 +66,14 @@ pub struct Stats {
 /// the first field of the design's state) together in the first cache line.
 #[derive(Clone, Debug)]
 #[repr(C)]
-pub struct Record<T, X> {
+pub struct Record<T, B, X> {
     /// Batch epoch in which the request was last seen (detects an id
     /// repeated within one batch).
     pub epoch: u64,
     /// Every token of the request: prompt, then appended tokens.
     pub tokens: Vec<T>,
-    /// The block table: `ceil(tokens.len() / block_size)` block ids.
-    pub blocks: Vec<BlockId>,
+    /// The table: `ceil(tokens.len() / block_size)` block (or page) ids.
+    pub blocks: Vec<B>,
     /// The design's per-request state.
     pub ext: X,
     /// The request's id.
@@ -81,15 +81,15 @@ pub struct Record<T, X> {
 }
 
 /// The record type of design `D`.
-pub type RecordOf<D> = Record<<D as PrefixIndex>::Tok, <D as PrefixIndex>::Ext>;
+pub type RecordOf<D> = Record<<D as PrefixIndex>::Tok, <D as PrefixIndex>::Entry, <D as PrefixIndex>::Ext>;
 
 /// What an admission's pinning and allocation produced.
 #[derive(Debug)]
-pub struct Admitted<T, X> {
+pub struct Admitted<T, B, X> {
     /// The request's tokens (the prompt).
     pub tokens: Vec<T>,
-    /// Its block table: the hit blocks, then the newly allocated ones.
-    pub blocks: Vec<BlockId>,
+    /// Its table: the hit blocks, then the newly allocated ones.
+    pub blocks: Vec<B>,
     /// The design's per-request state.
     pub ext: X,
     /// Prompt tokens served from the cache.
@@ -105,6 +105,9 @@ pub struct Admitted<T, X> {
 pub trait PrefixIndex {
     /// Token type stored in request records.
     type Tok: Copy + Into<i64> + std::fmt::Debug;
+    /// Table entry type: what the design's pool hands out ([`crate::core::ids::BlockId`],
+    /// [`crate::core::ids::PageId`]).
+    type Entry: TableEntry;
     /// Per-request design state (hashes, locked node, ...).
     type Ext: Clone + std::fmt::Debug;
     /// A checked admission, ready to pin and allocate ([`Reads::plan_admit`]).
@@ -125,11 +128,11 @@ pub trait PrefixIndex {
 
     /// Pins the plan's hits, allocates the rest of the prompt's blocks and
     /// caches what the design caches at admission. O(prompt blocks).
-    fn commit(&mut self, plan: Self::Plan) -> Admitted<Self::Tok, Self::Ext>;
+    fn commit(&mut self, plan: Self::Plan) -> Admitted<Self::Tok, Self::Entry, Self::Ext>;
 
     /// Appends `n` newly allocated blocks to `table`, evicting first if the
     /// design must. The caller checked `n <= num_available()`. O(n).
-    fn allocate(&mut self, n: usize, table: &mut Vec<BlockId>);
+    fn allocate(&mut self, n: usize, table: &mut Vec<Self::Entry>);
 
     /// After `req` grew (tokens appended, blocks allocated) from `had_full`
     /// full blocks: cache what the design caches while a request runs.
@@ -155,7 +158,7 @@ pub trait PrefixIndex {
     fn clear_evictions(&mut self);
 
     /// Holders of block `b` (the design's own plus every table's).
-    fn ref_count(&self, b: BlockId) -> u32;
+    fn ref_count(&self, b: Self::Entry) -> u32;
 
     /// Whether the design itself holds a reference on table entry `i` of
     /// `req` (beside the table's own): such a block is shared by every
