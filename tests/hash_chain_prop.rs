@@ -1,5 +1,5 @@
 //! Property test: random operation sequences on `HashChainCache` against a tiny
-//! reference model of vLLM 0.33's block pool (issue 2 §5).
+//! reference model of vLLM 0.33's block pool.
 //!
 //! The model keys a cached block by (extra-key spec, every token of the prefix up
 //! to the block's end) instead of by a hash, so it is independent of the hashing

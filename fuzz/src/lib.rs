@@ -1,4 +1,4 @@
-//! Fuzz harnesses for kvindex's core (issue 6 §1).
+//! Fuzz harnesses for kvindex's core.
 //!
 //! Each harness decodes arbitrary bytes into a cache configuration and a
 //! sequence of operations — invalid ones included — runs them, and checks

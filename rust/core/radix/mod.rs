@@ -36,8 +36,8 @@
 //! id, cache salt; interned as [`Ns`]) isolates sequences completely: the
 //! same tokens under two namespaces never share a node.
 //!
-//! # Invariants (checked by [`RadixTree::check_invariants`]; numbering of
-//! the SGLang reference, §10)
+//! # Invariants (checked by [`RadixTree::check_invariants`]; numbered as in
+//! the SGLang radix-cache behaviour reference)
 //! 1. The root is node 0: no parent, empty key and value, `lock_ref == 1`
 //!    forever, never evictable.
 //! 2. Every live non-root node: `key` non-empty and a multiple of
