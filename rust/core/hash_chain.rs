@@ -128,43 +128,6 @@ pub struct HashChainIndex {
 pub type HashChainCache = PrefixCache<HashChainIndex>;
 
 impl HashChainIndex {
-    /// A design of `num_blocks` blocks (block 0 is the null block) of
-    /// `block_size` tokens, hashing with `algo` from the NONE_HASH of `seed`.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for `block_size < 1` or `num_blocks < 2`.
-    pub fn new(
-        num_blocks: usize,
-        block_size: usize,
-        algo: HashAlgo,
-        seed: Option<&str>,
-        enable_events: bool,
-    ) -> KvResult<Self> {
-        if !(1..=1 << 20).contains(&block_size) {
-            return Err(KvError::invalid(format!("block_size must be in 1..=2^20, got {block_size}")));
-        }
-        let mut pool = BlockPool::new(num_blocks, enable_events)?;
-        num_blocks
-            .checked_mul(block_size)
-            .filter(|&n| n <= isize::MAX as usize / 8)
-            .ok_or_else(|| KvError::invalid("num_blocks * block_size is too large"))?;
-        pool.log_evictions();
-        Ok(HashChainIndex {
-            pool,
-            block_size,
-            hasher: BlockHasher::new(algo, seed),
-            // A disabled memo holds no per-block state at all.
-            memo: if algo.is_sha() { Memo::new(num_blocks, block_size)? } else { Memo::new(0, 0)? },
-            use_memo: algo.is_sha(),
-            pending: std::collections::VecDeque::new(),
-            evictions: 0,
-            scratch_hashes: Vec::new(),
-            scratch_keys: Vec::new(),
-            scratch_cand: Vec::new(),
-            scratch_blocks: Vec::new(),
-        })
-    }
-
     /// Number of full blocks a lookup may hit for a prompt of `n` tokens.
     fn hit_cap(&self, n: usize) -> usize {
         n.saturating_sub(1) / self.block_size
@@ -497,7 +460,29 @@ impl HashChainCache {
         seed: Option<&str>,
         enable_events: bool,
     ) -> KvResult<Self> {
-        Ok(PrefixCache::with_design(HashChainIndex::new(num_blocks, block_size, algo, seed, enable_events)?))
+        if !(1..=1 << 20).contains(&block_size) {
+            return Err(KvError::invalid(format!("block_size must be in 1..=2^20, got {block_size}")));
+        }
+        let mut pool = BlockPool::new(num_blocks, enable_events)?;
+        num_blocks
+            .checked_mul(block_size)
+            .filter(|&n| n <= isize::MAX as usize / 8)
+            .ok_or_else(|| KvError::invalid("num_blocks * block_size is too large"))?;
+        pool.log_evictions();
+        Ok(PrefixCache::with_design(HashChainIndex {
+            pool,
+            block_size,
+            hasher: BlockHasher::new(algo, seed),
+            // A disabled memo holds no per-block state at all.
+            memo: if algo.is_sha() { Memo::new(num_blocks, block_size)? } else { Memo::new(0, 0)? },
+            use_memo: algo.is_sha(),
+            pending: std::collections::VecDeque::new(),
+            evictions: 0,
+            scratch_hashes: Vec::new(),
+            scratch_keys: Vec::new(),
+            scratch_cand: Vec::new(),
+            scratch_blocks: Vec::new(),
+        }))
     }
 
     /// The pool (read-only introspection).

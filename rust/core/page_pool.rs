@@ -23,7 +23,7 @@
 
 use std::collections::VecDeque;
 
-use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::error::{pool_size, try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::ids::PageId;
 use crate::ensure_inv;
 
@@ -41,15 +41,7 @@ impl PagePool {
     /// `InvalidArgument` if `num_pages < 2` or too large for `u32` ids;
     /// `Capacity` if its tables cannot be allocated.
     pub fn new(num_pages: usize) -> KvResult<Self> {
-        if num_pages < 2 {
-            return Err(KvError::invalid(format!(
-                "num_blocks must be >= 2 (block 0 is the null page), got {num_pages}"
-            )));
-        }
-        let n = u32::try_from(num_pages)
-            .ok()
-            .filter(|&n| n <= i32::MAX as u32) // page ids travel as int32
-            .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_pages}")))?;
+        let n = pool_size(num_pages, "page")?;
         let mut free = VecDeque::new();
         free.try_reserve_exact(num_pages).map_err(|_| {
             KvError::new(ErrorKind::Capacity, format!("cannot allocate the free list of {num_pages} pages"))
