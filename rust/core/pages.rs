@@ -61,6 +61,7 @@ fn is_run(run: &[i32], ps: usize) -> bool {
 /// # Errors
 /// `InvalidArgument` naming the first negative slot, or the first page
 /// whose slots are not a page-aligned run.
+#[inline] // one caller per binding method: inlined there, as when it lived in the binding
 #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
 pub fn slots_to_pages(slots: &[i32], pm: PageMath, out: &mut Vec<PageId>) -> KvResult<Option<PageId>> {
     let ps = pm.ps;
