@@ -35,6 +35,8 @@
 //! table; freed slab entries are reused.
 
 mod lifecycle;
+#[cfg(test)]
+mod tests;
 
 use std::borrow::Cow;
 
