@@ -14,7 +14,9 @@
 //! ([`crate::core::hash_chain`]) and the radix tree
 //! ([`crate::core::radix_cache`]) are two implementations; another design (a
 //! hybrid of block groups, an offload tier) is a third `impl PrefixIndex`,
-//! not a third copy of the lifecycle.
+//! not a third copy of the lifecycle; the unit tests of this module drive
+//! the lifecycle over such a third design (a plain pool that never caches,
+//! about a hundred lines).
 //!
 //! Dispatch is static: `PrefixCache<D>` is monomorphised per design, so the
 //! hot paths (`append_batch`, `admit`) compile to the design's own code.
