@@ -4,7 +4,7 @@ On a shared 2-vCPU VM two separate benchmark runs of the same build differ by 30
 more; interleaving the builds in one process and taking the median of per-round ratios
 resolves about ±5% (an A/A run of one build against a copy of itself gives 0.98–1.05).
 Each build is loaded as its own module from a ``.so`` file (``_core.abi3.so`` of an
-installed wheel, or ``target/release/lib_core.so`` of ``cargo build --release --features
+installed wheel, or ``target/release/libkvindex.so`` of ``cargo build --release --features
 python,pyo3/extension-module``); rounds alternate ABBA so neither build always runs
 first. Usage::
 

@@ -3,10 +3,10 @@
 //! admission + free of a 2,705-token prompt with a shared system prompt, and a
 //! 16-request decode step.
 
-use _core::core::hash::{BlockHasher, HashAlgo, KeySpec};
-use _core::core::hash_chain::HashChainCache;
-use _core::core::ids::RequestId;
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use kvindex::core::hash::{BlockHasher, HashAlgo, KeySpec};
+use kvindex::core::hash_chain::HashChainCache;
+use kvindex::core::ids::RequestId;
 
 fn tokens(n: usize, seed: u64) -> Vec<i32> {
     let mut x = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);

@@ -4,11 +4,11 @@
 
 use std::collections::HashMap;
 
-use _core::core::error::{ErrorKind, KvResult};
-use _core::core::events::KvEvent;
-use _core::core::hash::{KeySpec, MmItem};
-use _core::core::ids::{BlockId, RequestId};
-use _core::core::tables::TableSource;
+use kvindex::core::error::{ErrorKind, KvResult};
+use kvindex::core::events::KvEvent;
+use kvindex::core::hash::{KeySpec, MmItem};
+use kvindex::core::ids::{RequestId, TableEntry};
+use kvindex::core::tables::TableSource;
 
 /// Most operations decoded from one input (keeps every execution short).
 pub const MAX_OPS: usize = 256;
@@ -304,7 +304,7 @@ pub fn check_block_tables<T: TableSource>(src: &T, inp: &mut Input<'_>) {
     const SENTINEL: i32 = -7;
     let mut out = vec![SENTINEL; len];
     let res = src.fill_block_tables(&ids, width, &mut out);
-    let tables: Vec<Option<&[BlockId]>> = ids.iter().map(|&id| src.blocks(RequestId(id)).ok()).collect();
+    let tables: Vec<Option<&[T::Entry]>> = ids.iter().map(|&id| src.blocks(RequestId(id)).ok()).collect();
     let expect_ok = len == exact
         && tables.iter().all(Option::is_some)
         && tables.iter().flatten().all(|t| t.len() <= width);
@@ -314,7 +314,7 @@ pub fn check_block_tables<T: TableSource>(src: &T, inp: &mut Input<'_>) {
             for (row, t) in out.chunks(width.max(1)).zip(&tables) {
                 let t = t.expect("checked above");
                 for (j, v) in row.iter().enumerate() {
-                    let want = t.get(j).map_or(0, |b| i32::try_from(b.0).expect("block ids fit i32"));
+                    let want = t.get(j).map_or(0, |b| i32::try_from(b.raw()).expect("block ids fit i32"));
                     assert_eq!(*v, want, "block table row of {ids:?}, column {j}");
                 }
             }
@@ -362,7 +362,7 @@ pub fn check_slot_mapping<T: TableSource>(src: &T, inp: &mut Input<'_>) {
             };
             for pos in n - ql..n {
                 #[allow(clippy::cast_possible_wrap)]
-                want.push((blocks[pos / bs].idx() * bs + pos % bs) as i64);
+                want.push((blocks[pos / bs].index() * bs + pos % bs) as i64);
             }
         }
     }

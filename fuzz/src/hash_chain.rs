@@ -6,11 +6,11 @@
 //! running requests, and — when the operation returned a caller error or
 //! refused (`None` / `false`) — that the observable state did not change.
 
-use _core::core::error::ErrorKind;
-use _core::core::hash::{HashAlgo, KeySpec, ALGO_NAMES};
-use _core::core::hash_chain::{HashChainCache, Stats};
-use _core::core::ids::{BlockHash, BlockId, RequestId};
-use _core::core::tables::TableSource;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::hash::{HashAlgo, KeySpec, ALGO_NAMES};
+use kvindex::core::hash_chain::{HashChainCache, Stats};
+use kvindex::core::ids::{BlockHash, BlockId, RequestId};
+use kvindex::core::tables::TableSource;
 
 use crate::common::{
     assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,
@@ -219,7 +219,7 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
             let flags = inp.u8();
             let Ok(spec) = spec else { return };
             let skip = flags & 1 != 0;
-            let look = c.lookup(&tokens, &spec);
+            let look = c.lookup(&tokens, &spec).expect("a hash-chain lookup cannot fail");
             let free = c.pool().num_free();
             let res = match narrow(&tokens).filter(|_| flags & 2 != 0) {
                 Some(t32) => c.admit(RequestId(id), &t32, spec.clone(), skip),
@@ -356,13 +356,13 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
         op::LOOKUP => {
             let tokens = inp.prompt();
             let Ok(spec) = inp.spec() else { return };
-            let hit = c.lookup(&tokens, &spec);
+            let hit = c.lookup(&tokens, &spec).expect("a hash-chain lookup cannot fail");
             assert!(
                 hit.is_multiple_of(bs) && hit <= tokens.len().saturating_sub(1) / bs * bs,
                 "lookup {hit}"
             );
             if let Some(t32) = narrow(&tokens) {
-                assert_eq!(c.lookup(&t32, &spec), hit, "i32 and i64 tokens hash alike");
+                assert_eq!(c.lookup(&t32, &spec), Ok(hit), "i32 and i64 tokens hash alike");
             }
             let hashes = c.hash_prompt(&tokens, &spec);
             assert_eq!(hashes.len(), tokens.len() / bs);

@@ -5,12 +5,13 @@
 //! `check_invariants()` plus the harness's own expectations after every
 //! operation; any violation panics (a crash for libFuzzer). The byte format is
 //! documented in `fuzz/README.md`; the libFuzzer entry points in
-//! `fuzz_targets/` only call [`hash_chain::run`], [`radix_tree::run`] and
-//! [`radix_cache::run`], so the same harnesses run under `cargo test` on the
+//! `fuzz_targets/` only call [`hash_chain::run`], [`radix_tree::run`],
+//! [`radix_cache::run`] and [`pages::run`], so the same harnesses run under `cargo test` on the
 //! committed corpus.
 
 pub mod common;
 pub mod hash_chain;
+pub mod pages;
 pub mod radix_cache;
 pub mod radix_tree;
 pub mod seeds;
@@ -19,5 +20,9 @@ pub mod seeds;
 pub type Harness = fn(&[u8]);
 
 /// The fuzz targets, by name, with their harness.
-pub const TARGETS: [(&str, Harness); 3] =
-    [("hash_chain", hash_chain::run), ("radix_tree", radix_tree::run), ("radix_cache", radix_cache::run)];
+pub const TARGETS: [(&str, Harness); 4] = [
+    ("hash_chain", hash_chain::run),
+    ("radix_tree", radix_tree::run),
+    ("radix_cache", radix_cache::run),
+    ("pages", pages::run),
+];

@@ -1,4 +1,4 @@
-//! Fuzz harness for `RadixPrefixCache` (radix tree + `SlotPool`): admit,
+//! Fuzz harness for `RadixPrefixCache` (radix tree + `PagePool`): admit,
 //! append, append_batch, checkpoint, free, free_batch, evict, reset, lookup,
 //! block tables, slot mappings and events.
 //!
@@ -7,11 +7,11 @@
 //! accounting, the harness's record of the running requests, and — after a
 //! caller error, a refusal or a read — that the observable state is unchanged.
 
-use _core::core::error::ErrorKind;
-use _core::core::hash_chain::Stats;
-use _core::core::ids::{BlockId, RequestId};
-use _core::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
-use _core::core::tables::TableSource;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::ids::{PageId, RequestId};
+use kvindex::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
+use kvindex::core::request::Stats;
+use kvindex::core::tables::TableSource;
 
 use crate::common::{
     assert_err, check_append, check_append_batch, check_block_tables, check_events, check_free_batch,
@@ -70,9 +70,9 @@ pub mod op {
 struct Snapshot {
     dump: String,
     seqs: Vec<(Option<String>, Vec<i32>)>,
-    free: Vec<BlockId>,
+    free: Vec<PageId>,
     refs: Vec<u32>,
-    reqs: Vec<Option<(usize, Vec<BlockId>, usize)>>,
+    reqs: Vec<Option<(usize, Vec<PageId>, usize)>>,
     stats: Stats,
     locks: u64,
 }
@@ -80,7 +80,7 @@ struct Snapshot {
 fn snapshot(c: &RadixPrefixCache) -> Snapshot {
     let pool = c.pool();
     #[allow(clippy::cast_possible_truncation)]
-    let refs = (0..pool.num_pages()).map(|p| pool.ref_count(BlockId(p as u32))).collect();
+    let refs = (0..pool.num_pages()).map(|p| pool.ref_count(PageId(p as u32))).collect();
     Snapshot {
         dump: c.tree().dump(),
         seqs: c.tree().sequences(),
@@ -105,10 +105,10 @@ fn check(c: &RadixPrefixCache, mirror: &Mirror<Option<String>>) {
     let ps = c.page_size();
     let n = pool.num_pages();
     #[allow(clippy::cast_possible_truncation)]
-    let held = (1..n).filter(|&p| pool.ref_count(BlockId(p as u32)) > 0).count();
+    let held = (1..n).filter(|&p| pool.ref_count(PageId(p as u32)) > 0).count();
     assert_eq!(pool.num_free() + held + 1, n, "free + held + null page == num_pages");
     assert_eq!(pool.free_pages().count(), pool.num_free());
-    assert_eq!(pool.ref_count(BlockId::NULL), 0, "null page");
+    assert_eq!(pool.ref_count(PageId::NULL), 0, "null page");
     let t = c.tree();
     assert!(t.total_size().is_multiple_of(ps) && t.evictable_size().is_multiple_of(ps));
     assert_eq!(c.num_free_blocks(), pool.num_free() + t.evictable_size() / ps);

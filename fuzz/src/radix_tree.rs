@@ -9,10 +9,10 @@
 
 use std::collections::{BTreeSet, HashMap};
 
-use _core::core::error::ErrorKind;
-use _core::core::ids::BlockId;
-use _core::core::radix::{NodeHandle, NodeId, Policy, RadixTree, POLICY_NAMES};
-use _core::core::radix_cache::narrow_tokens;
+use kvindex::core::error::ErrorKind;
+use kvindex::core::ids::PageId;
+use kvindex::core::radix::{NodeHandle, NodeId, Policy, RadixTree, POLICY_NAMES};
+use kvindex::core::radix_cache::narrow_tokens;
 
 use crate::common::{assert_err, check_events, trace, Input, MAX_OPS};
 
@@ -97,7 +97,7 @@ const VALUE_SPACE: u32 = 1 << 12;
 const BIG_VALUE: u32 = 1 << 20;
 
 /// Everything observable about the tree: dump, sequences, sorted values, locks.
-type TreeState = (String, Vec<(Option<String>, Vec<i32>)>, Vec<BlockId>, u64);
+type TreeState = (String, Vec<(Option<String>, Vec<i32>)>, Vec<PageId>, u64);
 
 struct Harness {
     t: RadixTree,
@@ -115,11 +115,11 @@ struct Harness {
 
 impl Harness {
     /// `n` values not in the tree and distinct.
-    fn fresh(&mut self, n: usize) -> Vec<BlockId> {
+    fn fresh(&mut self, n: usize) -> Vec<PageId> {
         let mut out = Vec::with_capacity(n);
         while out.len() < n {
             self.next = self.next % (VALUE_SPACE - 1) + 1;
-            let v = BlockId(self.next);
+            let v = PageId(self.next);
             if !self.owned.contains(&v.0) && !out.contains(&v) {
                 out.push(v);
             }
@@ -150,7 +150,7 @@ impl Harness {
         let vals: BTreeSet<u32> = vals.iter().map(|v| v.0).collect();
         assert_eq!(vals, self.owned, "the tree's values are those inserted and not freed");
         for v in self.owned.iter().take(8) {
-            assert!(self.t.contains_value(BlockId(*v)), "contains_value({v})");
+            assert!(self.t.contains_value(PageId(*v)), "contains_value({v})");
         }
         let held: u64 = self.locks.values().map(|&n| u64::from(n)).sum();
         assert_eq!(self.t.num_own_locks(), held, "locks taken and not released");
@@ -269,9 +269,9 @@ fn step(h: &mut Harness, inp: &mut Input<'_>) {
             let Some(tokens) = tokens else { return };
             let probe = h.t.probe(&tokens, ns);
             let seqs = h.t.sequences();
-            let mut out = vec![BlockId(u32::MAX)]; // match appends after existing entries
+            let mut out = vec![PageId(u32::MAX)]; // match appends after existing entries
             let m = h.t.match_prefix(&tokens, ns, &mut out);
-            assert_eq!(out[0], BlockId(u32::MAX), "match_prefix overwrote the caller's entries");
+            assert_eq!(out[0], PageId(u32::MAX), "match_prefix overwrote the caller's entries");
             assert_eq!(m.len, probe.len, "probe and match agree");
             assert!(m.len.is_multiple_of(ps) && m.len <= tokens.len(), "hit {} of {}", m.len, tokens.len());
             assert_eq!((out.len() - 1) * ps, m.len, "one value per matched page");
@@ -344,9 +344,9 @@ fn step(h: &mut Harness, inp: &mut Input<'_>) {
                 255 => usize::MAX,
                 b => usize::from(b) % 48,
             };
-            let mut freed = vec![BlockId(u32::MAX)];
+            let mut freed = vec![PageId(u32::MAX)];
             let got = h.t.evict(k, &mut freed);
-            assert_eq!(freed[0], BlockId(u32::MAX), "evict overwrote the caller's entries");
+            assert_eq!(freed[0], PageId(u32::MAX), "evict overwrote the caller's entries");
             assert_eq!((freed.len() - 1) * ps, got, "evict returns whole pages");
             assert!(got >= k.min(sizes.1), "evicted {got} of {k} wanted, {} evictable", sizes.1);
             assert_eq!(h.t.total_size(), sizes.0 - got);
@@ -456,7 +456,7 @@ fn insert(h: &mut Harness, inp: &mut Input<'_>) {
     let aligned = tokens.len() % ps == 0;
     let prefix = if aligned { copy.match_prefix(&tokens, ns, &mut tree_vals).len } else { 0 };
     drop(copy);
-    let values: Vec<BlockId> = match mode % 6 {
+    let values: Vec<PageId> = match mode % 6 {
         0 => h.fresh(pages),
         1 => {
             let mut v = h.fresh(pages);
@@ -469,18 +469,18 @@ fn insert(h: &mut Harness, inp: &mut Input<'_>) {
             v.truncate(pages);
             v
         }
-        3 => (0..pages).map(|_| BlockId(u32::from(inp.u8()))).collect(),
+        3 => (0..pages).map(|_| PageId(u32::from(inp.u8()))).collect(),
         4 => h.fresh(if arg & 1 == 0 { pages + 1 } else { pages.saturating_sub(1) }),
-        _ => (0..pages).map(|i| BlockId(u32::from(arg) * 8 + u32::try_from(i).expect("few pages"))).collect(),
+        _ => (0..pages).map(|i| PageId(u32::from(arg) * 8 + u32::try_from(i).expect("few pages"))).collect(),
     };
-    let extra: Vec<BlockId> = match extra_kind {
+    let extra: Vec<PageId> = match extra_kind {
         2 => {
             let mut e = h.fresh(1 + pages);
             e.retain(|v| !values.contains(v));
             e.truncate(1);
             e
         }
-        3 => vec![h.owned.iter().next().map_or(BlockId(BIG_VALUE), |&v| BlockId(v))],
+        3 => vec![h.owned.iter().next().map_or(PageId(BIG_VALUE), |&v| PageId(v))],
         _ => Vec::new(),
     };
     // The expected outcome.
@@ -498,9 +498,9 @@ fn insert(h: &mut Harness, inp: &mut Input<'_>) {
     }
     let before = h.state();
     let total_before = h.t.total_size();
-    let mut to_free = vec![BlockId(u32::MAX - 1)]; // entries already there must survive
+    let mut to_free = vec![PageId(u32::MAX - 1)]; // entries already there must survive
     let res = h.t.insert(&tokens, &values, ns, priority, &extra, &mut to_free);
-    assert_eq!(to_free[0], BlockId(u32::MAX - 1), "insert dropped the caller's to_free entries");
+    assert_eq!(to_free[0], PageId(u32::MAX - 1), "insert dropped the caller's to_free entries");
     match res {
         Ok(p) => {
             assert!(expect_ok, "insert accepted {values:?} (extra {extra:?}) for {} tokens", tokens.len());

@@ -620,7 +620,27 @@ pub fn radix_cache() -> Vec<Seed> {
 /// Every target's seeds.
 #[must_use]
 pub fn all() -> Vec<(&'static str, Vec<Seed>)> {
-    vec![("hash_chain", hash_chain()), ("radix_tree", radix_tree()), ("radix_cache", radix_cache())]
+    vec![
+        ("hash_chain", hash_chain()),
+        ("radix_tree", radix_tree()),
+        ("radix_cache", radix_cache()),
+        ("pages", pages()),
+    ]
+}
+
+/// Page/slot conversions (byte format in `pages.rs`): valid runs for an
+/// unrolled and a generic page size, a tail, an off-by-one run, a negative
+/// slot, and a run that would wrap past `i32::MAX`.
+#[must_use]
+pub fn pages() -> Vec<Seed> {
+    // page size selectors: 0 -> 1, 2 -> 3, 7 -> 16 (see `pages::SIZES`)
+    vec![
+        ("runs-ps16", vec![7, 0, 3, 0, 0, 1, 0, 0, 9, 1, 2, 2, 0, 5]),
+        ("runs-ps3", vec![2, 0, 4, 0, 0, 0, 0, 2, 1, 0, 2]),
+        ("off-by-one-ps16", vec![7, 0, 1, 0, 3, 2, 0, 7]),
+        ("negative-ps1", vec![0, 0, 5, 0, 1, 255, 255, 255, 255]),
+        ("wraps-ps3", vec![2, 1, 254, 255, 255, 127, 1, 255, 255, 255, 127, 1, 0, 0, 0, 128]),
+    ]
 }
 
 /// The file name of seed `i`.

@@ -28,7 +28,7 @@
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
-use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::error::{pool_size, try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
@@ -73,15 +73,7 @@ impl BlockPool {
     /// `InvalidArgument` if `num_blocks < 2` or it does not fit in `u32`;
     /// `Capacity` if its tables cannot be allocated.
     pub fn new(num_blocks: usize, enable_events: bool) -> KvResult<Self> {
-        if num_blocks < 2 {
-            return Err(KvError::invalid(format!(
-                "num_blocks must be >= 2 (block 0 is the null block), got {num_blocks}"
-            )));
-        }
-        let n = u32::try_from(num_blocks)
-            .ok()
-            .filter(|&n| n <= i32::MAX as u32) // block ids travel as int32
-            .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_blocks}")))?;
+        let n = pool_size(num_blocks, "block")?;
         // Largest table first: a size the allocator refuses fails before
         // anything else is touched.
         let meta = try_filled(num_blocks, Meta { hash: None, ref_cnt: 0 }, "block records")?;

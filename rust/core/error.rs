@@ -86,6 +86,24 @@ macro_rules! ensure_inv {
     };
 }
 
+/// Checks a pool size from a caller (`num_blocks`): at least 2 (entry 0 is
+/// the null `unit`, "block" or "page"), and ids that travel as int32.
+/// Returns the size as `u32`.
+///
+/// # Errors
+/// `InvalidArgument` naming the problem.
+pub fn pool_size(num: usize, unit: &str) -> KvResult<u32> {
+    if num < 2 {
+        return Err(KvError::invalid(format!(
+            "num_blocks must be >= 2 ({unit} 0 is the null {unit}), got {num}"
+        )));
+    }
+    u32::try_from(num)
+        .ok()
+        .filter(|&n| n <= i32::MAX as u32) // ids travel as int32
+        .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num}")))
+}
+
 /// A vector of `n` copies of `v`, or a `Capacity` error (instead of an abort)
 /// when the allocator refuses `n` elements. For tables sized by a caller's
 /// argument (`num_blocks`, ...). O(n).

@@ -1,11 +1,13 @@
 //! Identity newtypes. Every identity in the core has its own `Copy` type so
-//! that a block id can never be passed where a request id is expected.
+//! that a block id can never be passed where a page or request id is
+//! expected: [`BlockId`] (hash-chain blocks), [`PageId`] (radix pages),
+//! [`RequestId`], [`BlockHash`].
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
-/// Index of a physical KV block in a pool (`0..num_blocks`). Block 0 is the
-/// null block of the hash-chain cache.
+/// Index of a physical KV block in the hash chain's block pool
+/// (`0..num_blocks`). Block 0 is the null block of the hash-chain cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct BlockId(pub u32);
 
@@ -18,6 +20,66 @@ impl BlockId {
     #[must_use]
     pub fn idx(self) -> usize {
         self.0 as usize
+    }
+}
+
+/// Index of a KV page in a page pool (`0..num_pages`): the `page_size`
+/// consecutive KV slots `p * page_size ..`, so with `page_size == 1` a page
+/// is one slot. Page 0 is the null page of the radix request cache. Slots
+/// themselves never get an id type: they travel as the `int32` / `int64`
+/// arrays kernels read (`core::pages` converts between the two).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PageId(pub u32);
+
+impl PageId {
+    /// The null page: never handed out; pads block tables.
+    pub const NULL: PageId = PageId(0);
+
+    /// The id as a `usize` index.
+    #[inline]
+    #[must_use]
+    pub fn idx(self) -> usize {
+        self.0 as usize
+    }
+}
+
+/// An entry of a request's table, as kernels read it: a block id (hash
+/// chain) or a page id (radix cache), 0 being the null entry that pads tables.
+pub trait TableEntry: Copy + Eq + Ord + fmt::Debug {
+    /// The null entry.
+    const NULL: Self;
+    /// The entry from its raw id.
+    fn from_raw(raw: u32) -> Self;
+    /// The raw id (what a table array holds).
+    fn raw(self) -> u32;
+    /// The raw id as a `usize` index.
+    #[inline]
+    fn index(self) -> usize {
+        self.raw() as usize
+    }
+}
+
+impl TableEntry for BlockId {
+    const NULL: Self = BlockId::NULL;
+    #[inline]
+    fn from_raw(raw: u32) -> Self {
+        BlockId(raw)
+    }
+    #[inline]
+    fn raw(self) -> u32 {
+        self.0
+    }
+}
+
+impl TableEntry for PageId {
+    const NULL: Self = PageId::NULL;
+    #[inline]
+    fn from_raw(raw: u32) -> Self {
+        PageId(raw)
+    }
+    #[inline]
+    fn raw(self) -> u32 {
+        self.0
     }
 }
 

@@ -2,17 +2,19 @@
 //!
 //! | module | what it holds |
 //! |---|---|
-//! | [`ids`] | identity newtypes (`BlockId`, `RequestId`, `BlockHash`) |
+//! | [`ids`] | identity newtypes (`BlockId`, `PageId`, `RequestId`, `BlockHash`) |
 //! | [`error`] | caller errors (`KvError`) and invariant violations |
 //! | [`hash`] | chained block hashing: kvindex's own encodings and bit-exact vLLM modes |
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
 //! | [`memo`] | prefix memo: cached blocks by (parent hash, tokens), skips re-hashing |
-//! | [`hash_chain`] | request-level prefix cache with vLLM `KVCacheManager` semantics |
+//! | [`request`] | the request lifecycle (admit/append/free, tables, stats), generic over a design |
+//! | [`hash_chain`] | the hash-chain design: vLLM `KVCacheManager` semantics under the request layer |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
-//! | [`slot_pool`] | ref-counted KV slot/page pool behind the radix request cache |
+//! | [`pages`] | per-token slots <-> page ids (SSE2 fast paths, scalar reference) |
+//! | [`page_pool`] | ref-counted pool of KV pages (`PageId`) behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
-//! | [`radix_cache`] | request-level prefix cache over the radix tree (hash-chain-like API) |
+//! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
 //! | [`wire`] | KV events as vLLM 0.33 msgpack batches (encode, decode) |
 
 pub mod block_pool;
@@ -23,8 +25,10 @@ pub mod hash;
 pub mod hash_chain;
 pub mod ids;
 pub mod memo;
+pub mod page_pool;
+pub mod pages;
 pub mod radix;
 pub mod radix_cache;
-pub mod slot_pool;
+pub mod request;
 pub mod tables;
 pub mod wire;

@@ -1,13 +1,15 @@
-//! Request-level prefix cache over the radix tree, driven like
-//! [`crate::core::hash_chain::HashChainCache`] (admit / append / free, block
-//! tables, slot mappings, statistics), with SGLang's request lifecycle.
+//! Request-level prefix cache over the radix tree, with SGLang's request
+//! lifecycle: [`RadixIndex`], the radix design of the request layer
+//! ([`crate::core::request`], which holds the requests, their tables, the id
+//! checks and statistics, as for [`crate::core::hash_chain::HashChainCache`]),
+//! and [`RadixPrefixCache`], the request-level cache over it.
 //!
 //! # Flow
 //! - [`RadixPrefixCache::admit`]: match the prompt (cut to `num_tokens - 1`,
 //!   page-aligned: as SGLang's scheduler, which matches at most
 //!   `input_len - 1` tokens, the last prompt token is always computed), lock
 //!   the matched node, and allocate pages for the rest from the
-//!   [`SlotPool`], evicting unlocked tree leaves for the shortfall.
+//!   [`PagePool`], evicting unlocked tree leaves for the shortfall.
 //!   All-or-nothing: `None`, with nothing changed (not even recency), when
 //!   free pages plus evictable ones cannot cover the request.
 //! - [`RadixPrefixCache::append`] / [`RadixPrefixCache::append_batch`]:
@@ -22,20 +24,21 @@
 //!   references: duplicates of pages the tree already had and the partial
 //!   last page return to the pool, pages the tree adopted stay cached.
 //!
-//! # Pages, block ids and the null page
+//! # Pages and the null page
 //! The pool holds `num_blocks` pages of `page_size` slots. A request's table
-//! lists page ids (block ids), so a paged-attention kernel consumes it like a
+//! lists page ids ([`PageId`]), so a paged-attention kernel consumes it like a
 //! hash-chain block table; with `page_size == 1` tables are token-level
 //! (page id == slot). Page 0 is never handed out: tables are padded with 0.
 //!
-//! # Ownership (checked by [`RadixPrefixCache::check_invariants`])
+//! # Ownership (checked by [`RadixPrefixCache::check_invariants`], with the
+//! request layer's invariants)
 //! Every holder takes one pool reference: the tree for each page it stores,
 //! each running request for each page of its table (its hit prefix included).
 //! - `ref_count(p) == [p in tree] + #(tables holding p)`; free iff 0;
 //! - so each page is exactly one of: free, in the tree, or held only by
 //!   running requests;
 //! - a request's table starts with the values of its locked tree path
-//!   (`cached` tokens) and has `ceil(num_tokens / page_size)` pages;
+//!   (`cached` tokens);
 //! - the tree's own locks are exactly the requests' locks.
 //!
 //! Every unlocked tree page is held by the tree alone (requests hold only
@@ -53,29 +56,38 @@
 //! `append`: O(tokens) + O(1) per new page. `free`: the tree insert
 //! (O(sequence)) + O(pages). Evictions: O(log L) per tree leaf.
 
-use rustc_hash::FxHashMap;
+use std::borrow::Cow;
 
-use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
-use crate::core::hash_chain::Stats;
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{PageId, RequestId};
+use crate::core::page_pool::PagePool;
 use crate::core::radix::{NodeId, Policy, RadixTree};
-use crate::core::slot_pool::SlotPool;
-use crate::core::tables::{batch_ranges, TableSource};
+use crate::core::request::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf};
 use crate::ensure_inv;
 
-/// A running request.
+/// The radix state of a running request.
 #[derive(Clone, Debug)]
-struct Request {
-    tokens: Vec<i32>,
+pub struct RadixState {
     ns: Option<Box<str>>,
-    pages: Vec<BlockId>,
     /// The locked tree node (root: nothing locked).
     node: NodeId,
     /// Leading tokens whose pages are the tree's (the path to `node`).
     cached: usize,
-    epoch: u64,
+}
+
+/// A checked admission: the prompt, its namespace and what the probe saw.
+#[derive(Debug)]
+pub struct RadixPlan {
+    tokens: Vec<i32>,
+    ns: Option<String>,
+    /// Tokens the tree is read for (0 with `skip_reading`).
+    cap: usize,
+    /// Tokens the probe hit.
+    hit: usize,
+    /// Pages to allocate.
+    need: usize,
 }
 
 /// The tree namespace of a key spec: `None` without LoRA and salt, else
@@ -112,94 +124,29 @@ pub fn narrow_tokens(tokens: &[i64]) -> KvResult<Vec<i32>> {
         .collect()
 }
 
-/// The radix-tree request cache.
+/// The radix design: the tree, the page pool behind it, and the eviction tally.
 #[derive(Clone, Debug)]
-pub struct RadixPrefixCache {
+pub struct RadixIndex {
     tree: RadixTree,
-    pool: SlotPool,
+    pool: PagePool,
     page_size: usize,
-    reqs: FxHashMap<RequestId, Request>,
-    stats: Stats,
-    epoch: u64,
-    scratch: Vec<BlockId>,
+    evictions: u64,
+    scratch: Vec<PageId>,
 }
 
-#[cold]
-fn unknown(id: RequestId) -> KvError {
-    KvError::new(
-        ErrorKind::UnknownRequest,
-        format!("unknown request id {} (never admitted, or already freed)", id.0),
-    )
-}
+/// The radix-tree request cache: the request layer over [`RadixIndex`].
+pub type RadixPrefixCache = PrefixCache<RadixIndex>;
 
-impl RadixPrefixCache {
-    /// A cache of `num_blocks` pages (page 0 is the null page) of `page_size`
-    /// tokens, evicting tree leaves by `policy`.
+impl RadixIndex {
+    /// A design of `num_blocks` pages (page 0 is the null page) of
+    /// `page_size` tokens, evicting tree leaves by `policy`.
     ///
     /// # Errors
     /// `InvalidArgument` for `page_size` outside `1..=2^20` or `num_blocks < 2`.
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         let tree = RadixTree::new(page_size, policy, enable_events)?;
-        let pool = SlotPool::new(num_blocks)?;
-        Ok(RadixPrefixCache {
-            tree,
-            pool,
-            page_size,
-            reqs: FxHashMap::default(),
-            stats: Stats::default(),
-            epoch: 0,
-            scratch: Vec::new(),
-        })
-    }
-
-    /// The tree (read-only introspection).
-    #[must_use]
-    pub fn tree(&self) -> &RadixTree {
-        &self.tree
-    }
-
-    /// The pool (read-only introspection).
-    #[must_use]
-    pub fn pool(&self) -> &SlotPool {
-        &self.pool
-    }
-
-    /// Tokens per page (= block size). O(1).
-    #[must_use]
-    pub fn page_size(&self) -> usize {
-        self.page_size
-    }
-
-    /// Running requests. O(1).
-    #[must_use]
-    pub fn num_requests(&self) -> usize {
-        self.reqs.len()
-    }
-
-    /// Pages available to new work: free ones plus those evictable from the
-    /// tree (held by no running request). O(1).
-    #[must_use]
-    pub fn num_free_blocks(&self) -> usize {
-        self.pool.num_free() + self.tree.evictable_size() / self.page_size
-    }
-
-    /// Fraction of usable pages held by running requests. O(1).
-    #[must_use]
-    pub fn usage(&self) -> f64 {
-        #[allow(clippy::cast_precision_loss)]
-        let u = 1.0 - self.num_free_blocks() as f64 / (self.pool.num_pages() - 1) as f64;
-        u
-    }
-
-    /// Statistics since construction (or the last `take_stats`). O(1).
-    #[must_use]
-    pub fn stats(&self) -> Stats {
-        self.stats
-    }
-
-    /// Returns the statistics and zeroes them. O(1).
-    pub fn take_stats(&mut self) -> Stats {
-        std::mem::take(&mut self.stats)
+        let pool = PagePool::new(num_blocks)?;
+        Ok(RadixIndex { tree, pool, page_size, evictions: 0, scratch: Vec::new() })
     }
 
     /// The page-aligned query a prompt of `n` tokens may hit.
@@ -207,14 +154,10 @@ impl RadixPrefixCache {
         n.saturating_sub(1) / self.page_size * self.page_size
     }
 
-    /// Tokens a prompt would hit now; no side effects. O(prompt).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for multimodal items.
-    pub fn lookup(&mut self, tokens: &[i32], spec: &KeySpec) -> KvResult<usize> {
-        let ns = namespace(spec)?;
-        let cap = self.hit_cap(tokens.len());
-        Ok(self.tree.probe(&tokens[..cap], ns.as_deref()).len)
+    /// Pages available to new work: free ones plus those evictable from the
+    /// tree (held by no running request). O(1).
+    fn num_free_blocks(&self) -> usize {
+        self.pool.num_free() + self.tree.evictable_size() / self.page_size
     }
 
     /// Evicts tree leaves until `need` pages are free. The caller checked
@@ -227,37 +170,89 @@ impl RadixPrefixCache {
         let mut freed = std::mem::take(&mut self.scratch);
         freed.clear();
         self.tree.evict((need - free) * self.page_size, &mut freed);
-        self.stats.evictions += freed.len() as u64;
+        self.evictions += freed.len() as u64;
         self.pool.decref(&freed);
         self.scratch = freed;
         assert!(self.pool.num_free() >= need, "evictable tree pages are held by the tree alone");
     }
 
-    /// Admits request `id` with prompt `tokens`: returns the number of cached
-    /// (hit) tokens, or `None` — with nothing changed — when free plus
-    /// evictable pages do not cover it. With `skip_reading` the tree is not
-    /// read (hit 0), but the sequence is still inserted when it finishes.
-    ///
-    /// # Errors
-    /// `DuplicateRequest` if `id` is running; `InvalidArgument` for an empty
-    /// prompt or multimodal items.
-    pub fn admit(
-        &mut self,
-        id: RequestId,
-        tokens: &[i32],
-        spec: &KeySpec,
-        skip_reading: bool,
-    ) -> KvResult<Option<usize>> {
-        if self.reqs.contains_key(&id) {
-            return Err(KvError::new(
-                ErrorKind::DuplicateRequest,
-                format!("request {} is already running", id.0),
-            ));
+    /// Inserts the full pages of a request into the tree; the tree takes a
+    /// reference on the pages it adopts. Returns the full-page token count.
+    fn insert_request(&mut self, tokens: &[i32], pages: &[PageId], ns: Option<&str>) -> usize {
+        let ps = self.page_size;
+        let full = tokens.len() / ps;
+        let mut dups = std::mem::take(&mut self.scratch);
+        dups.clear();
+        let prefix = self
+            .tree
+            .insert(&tokens[..full * ps], &pages[..full], ns, 0, &[], &mut dups)
+            .expect("a request's pages are its own or the tree's at the same positions");
+        self.scratch = dups;
+        self.pool.incref(&pages[prefix / ps..full]);
+        full * ps
+    }
+
+    /// Inserts a running request's full pages now; see
+    /// [`RadixPrefixCache::checkpoint`].
+    fn checkpoint(&mut self, req: &mut RecordOf<Self>) {
+        let full_tokens = self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref());
+        if full_tokens > req.ext.cached {
+            let mut tree_pages = std::mem::take(&mut self.scratch);
+            tree_pages.clear();
+            let m =
+                self.tree.match_prefix(&req.tokens[..full_tokens], req.ext.ns.as_deref(), &mut tree_pages);
+            assert_eq!(m.len, full_tokens, "the request's full pages were just inserted");
+            for (mine, &theirs) in req.blocks.iter_mut().zip(&tree_pages) {
+                if *mine != theirs {
+                    self.pool.incref(&[theirs]);
+                    self.pool.decref(&[*mine]);
+                    *mine = theirs;
+                }
+            }
+            self.scratch = tree_pages;
+            self.tree.lock(m.node);
+            self.tree.unlock(req.ext.node).expect("a request holds its lock");
+            req.ext.node = m.node;
+            req.ext.cached = full_tokens;
         }
-        if tokens.is_empty() {
-            return Err(KvError::invalid("a prompt needs at least one token"));
-        }
+    }
+
+    /// Evicts unlocked tree leaves; see [`RadixPrefixCache::evict`].
+    fn evict(&mut self, num_tokens: usize) -> usize {
+        let mut freed = std::mem::take(&mut self.scratch);
+        freed.clear();
+        let n = self.tree.evict(num_tokens, &mut freed);
+        self.evictions += freed.len() as u64;
+        self.pool.decref(&freed);
+        self.scratch = freed;
+        n
+    }
+}
+
+impl Reads<i32> for RadixIndex {
+    #[inline]
+    fn extend_tokens(dst: &mut Vec<i32>, src: &[i32]) {
+        dst.extend_from_slice(src);
+    }
+
+    fn lookup(&mut self, tokens: &[i32], spec: &KeySpec) -> KvResult<usize> {
         let ns = namespace(spec)?;
+        let cap = self.hit_cap(tokens.len());
+        Ok(self.tree.probe(&tokens[..cap], ns.as_deref()).len)
+    }
+
+    /// Probes the prompt (cut to `num_tokens - 1`, page-aligned; nothing with
+    /// `skip_reading`) and checks that free plus evictable pages, less the
+    /// evictable pages the hit would lock, cover the rest. Changes nothing,
+    /// not even recency.
+    fn plan_admit(
+        &mut self,
+        _id: RequestId,
+        tokens: &[i32],
+        spec: Cow<'_, KeySpec>,
+        skip_reading: bool,
+    ) -> KvResult<Option<RadixPlan>> {
+        let ns = namespace(&spec)?;
         let ps = self.page_size;
         let n = tokens.len();
         let cap = if skip_reading { 0 } else { self.hit_cap(n) };
@@ -266,104 +261,185 @@ impl RadixPrefixCache {
         if need > self.pool.num_free() + (self.tree.evictable_size() - probe.lockable) / ps {
             return Ok(None);
         }
-        let mut pages = Vec::with_capacity(n.div_ceil(ps) + 1);
+        Ok(Some(RadixPlan { tokens: tokens.to_vec(), ns, cap, hit: probe.len, need }))
+    }
+}
+
+impl PrefixIndex for RadixIndex {
+    type Tok = i32;
+    type Entry = PageId;
+    type Ext = RadixState;
+    type Plan = RadixPlan;
+
+    const UNIT: &'static str = "pages";
+
+    #[inline]
+    fn block_size(&self) -> usize {
+        self.page_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.pool.num_pages()
+    }
+
+    #[inline]
+    fn num_available(&self) -> usize {
+        self.num_free_blocks()
+    }
+
+    /// Matches and locks the hit path, references its pages and allocates
+    /// the rest (evicting unlocked leaves for the shortfall).
+    fn commit(&mut self, plan: RadixPlan) -> Admitted<i32, PageId, RadixState> {
+        let RadixPlan { tokens, ns, cap, hit, need } = plan;
+        let mut pages = Vec::with_capacity(tokens.len().div_ceil(self.page_size) + 1);
         let m = self.tree.match_prefix(&tokens[..cap], ns.as_deref(), &mut pages);
-        assert_eq!(m.len, probe.len, "match hits what the probe saw");
+        assert_eq!(m.len, hit, "match hits what the probe saw");
         self.tree.lock(m.node);
         self.pool.incref(&pages);
         self.ensure_free(need);
         self.pool.alloc(need, &mut pages);
-        self.stats.requests += 1;
-        self.stats.queries += n as u64;
-        self.stats.hits += m.len as u64;
-        let req = Request {
-            tokens: tokens.to_vec(),
-            ns: ns.map(Into::into),
-            pages,
-            node: m.node,
-            cached: m.len,
-            epoch: 0,
-        };
-        self.reqs.insert(id, req);
-        Ok(Some(m.len))
+        let ext = RadixState { ns: ns.map(Into::into), node: m.node, cached: m.len };
+        Admitted { tokens, blocks: pages, ext, hit_tokens: m.len }
     }
 
-    fn get(&self, id: RequestId) -> KvResult<&Request> {
-        self.reqs.get(&id).ok_or_else(|| unknown(id))
+    #[inline]
+    fn allocate(&mut self, n: usize, table: &mut Vec<PageId>) {
+        self.ensure_free(n);
+        self.pool.alloc(n, table);
     }
 
-    fn pages_needed(&self, req: &Request, extra: usize) -> usize {
-        (req.tokens.len() + extra).div_ceil(self.page_size) - req.pages.len()
+    /// Nothing enters the tree while a request runs (unless checkpointed).
+    #[inline]
+    fn appended(&mut self, _req: &mut RecordOf<Self>, _had_full: usize) {}
+
+    /// Inserts the whole sequence's full pages, unlocks the request's path
+    /// and drops its page references: duplicates of pages the tree already
+    /// had and the partial last page return to the pool.
+    fn release(&mut self, req: RecordOf<Self>) {
+        self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref());
+        self.tree.unlock(req.ext.node).expect("a request holds its lock");
+        self.pool.decref(&req.blocks);
     }
 
-    /// Appends computed decode tokens to request `id`. Returns `false`, with
-    /// nothing changed, when free plus evictable pages cannot cover them.
-    /// O(tokens + new pages).
-    ///
-    /// # Errors
-    /// `UnknownRequest` if `id` is not running.
-    pub fn append(&mut self, id: RequestId, tokens: &[i32]) -> KvResult<bool> {
-        let need = self.pages_needed(self.get(id)?, tokens.len());
-        if need > self.num_free_blocks() {
-            return Ok(false);
-        }
-        self.apply_append(id, tokens, need);
-        Ok(true)
+    /// Drops the whole tree (its pages return to the pool, in id order).
+    fn reset(&mut self) -> KvResult<()> {
+        let mut freed = Vec::new();
+        self.tree.reset(&mut freed);
+        freed.sort_unstable(); // pages return to the pool in id order
+        self.pool.decref(&freed);
+        Ok(())
     }
 
-    fn apply_append(&mut self, id: RequestId, tokens: &[i32], need: usize) {
-        self.ensure_free(need);
-        let req = self.reqs.get_mut(&id).expect("request checked by caller");
-        req.tokens.extend_from_slice(tokens);
-        self.pool.alloc(need, &mut req.pages);
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        self.tree.take_events()
     }
 
-    /// Appends `tokens[offsets[i]..offsets[i+1]]` to request `ids[i]` for
-    /// every i, all or nothing (see `HashChainCache::append_batch`; `None`
-    /// offsets mean one token per request). O(tokens + new pages).
-    ///
-    /// # Errors
-    /// `UnknownRequest`, or `InvalidArgument` for a repeated id or bad
-    /// offsets; checked before anything changes.
-    pub fn append_batch(&mut self, ids: &[u64], tokens: &[i32], offsets: Option<&[i64]>) -> KvResult<bool> {
-        let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
-        self.epoch += 1;
-        let epoch = self.epoch;
-        let mut need = 0usize;
-        for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = ranges.get(i);
-            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
-            if req.epoch == epoch {
-                return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
-            }
-            req.epoch = epoch;
-            need += (req.tokens.len() + b - a).div_ceil(self.page_size) - req.pages.len();
-        }
-        if need > self.num_free_blocks() {
-            return Ok(false);
-        }
-        for (i, &id) in ids.iter().enumerate() {
-            let (a, b) = ranges.get(i);
-            let need = self.pages_needed(self.get(RequestId(id))?, b - a);
-            self.apply_append(RequestId(id), &tokens[a..b], need);
-        }
-        Ok(true)
+    fn evictions(&self) -> u64 {
+        self.evictions
     }
 
-    /// Inserts the full pages of `req` into the tree; the tree takes a
-    /// reference on the pages it adopts. Returns the full-page token count.
-    fn insert_request(&mut self, req: &Request) -> usize {
+    fn clear_evictions(&mut self) {
+        self.evictions = 0;
+    }
+
+    #[inline]
+    fn ref_count(&self, b: PageId) -> u32 {
+        self.pool.ref_count(b)
+    }
+
+    /// The tree holds the pages of a request's locked path.
+    fn holds(&self, req: &RecordOf<Self>, i: usize) -> bool {
+        i < req.ext.cached / self.page_size
+    }
+
+    fn check_invariants(&self, reqs: &[&RecordOf<Self>], refs: &mut [u32]) -> Result<(), InvariantViolation> {
+        self.tree.check_invariants()?;
+        self.pool.check_invariants()?;
         let ps = self.page_size;
-        let full = req.tokens.len() / ps;
-        let mut dups = std::mem::take(&mut self.scratch);
-        dups.clear();
-        let prefix = self
-            .tree
-            .insert(&req.tokens[..full * ps], &req.pages[..full], req.ns.as_deref(), 0, &[], &mut dups)
-            .expect("a request's pages are its own or the tree's at the same positions");
-        self.scratch = dups;
-        self.pool.incref(&req.pages[prefix / ps..full]);
-        full * ps
+        let mut tree_pages = Vec::new();
+        self.tree.all_values(&mut tree_pages);
+        for p in &tree_pages {
+            ensure_inv!(
+                *p != PageId::NULL && p.idx() < refs.len(),
+                "tree holds page {} (null or out of range)",
+                p.0
+            );
+            refs[p.idx()] += 1;
+        }
+        let mut locks = 0u64;
+        let mut path = Vec::new();
+        for r in reqs {
+            let (id, st, n) = (r.id, &r.ext, r.tokens.len());
+            ensure_inv!(
+                st.cached.is_multiple_of(ps) && st.cached <= n,
+                "request {}: cached {} of {n}",
+                id.0,
+                st.cached
+            );
+            ensure_inv!(
+                self.tree.path_len(st.node) == st.cached,
+                "request {}: locked path is not its cached prefix",
+                id.0
+            );
+            path.clear();
+            self.tree.path_values(st.node, &mut path);
+            ensure_inv!(
+                path[..] == r.blocks[..st.cached / ps],
+                "request {}: hit pages differ from the tree's",
+                id.0
+            );
+            locks += u64::from(st.node != NodeId::ROOT);
+        }
+        ensure_inv!(
+            self.tree.num_own_locks() == locks,
+            "tree holds {} locks, requests {locks}",
+            self.tree.num_own_locks()
+        );
+        Ok(())
+    }
+}
+
+impl RadixPrefixCache {
+    /// A cache of `num_blocks` pages (page 0 is the null page) of `page_size`
+    /// tokens, evicting tree leaves by `policy`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `page_size` outside `1..=2^20` or `num_blocks < 2`.
+    pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
+        Ok(PrefixCache::with_design(RadixIndex::new(num_blocks, page_size, policy, enable_events)?))
+    }
+
+    /// The tree (read-only introspection).
+    #[must_use]
+    pub fn tree(&self) -> &RadixTree {
+        &self.design().tree
+    }
+
+    /// The pool (read-only introspection).
+    #[must_use]
+    pub fn pool(&self) -> &PagePool {
+        &self.design().pool
+    }
+
+    /// Tokens per page (= block size). O(1).
+    #[must_use]
+    pub fn page_size(&self) -> usize {
+        self.design().page_size
+    }
+
+    /// Pages available to new work: free ones plus those evictable from the
+    /// tree (held by no running request). O(1).
+    #[must_use]
+    pub fn num_free_blocks(&self) -> usize {
+        self.design().num_free_blocks()
+    }
+
+    /// Fraction of usable pages held by running requests. O(1).
+    #[must_use]
+    pub fn usage(&self) -> f64 {
+        #[allow(clippy::cast_precision_loss)]
+        let u = 1.0 - self.num_free_blocks() as f64 / (self.pool().num_pages() - 1) as f64;
+        u
     }
 
     /// Inserts request `id`'s full pages into the tree now (SGLang
@@ -375,62 +451,8 @@ impl RadixPrefixCache {
     /// # Errors
     /// `UnknownRequest`.
     pub fn checkpoint(&mut self, id: RequestId) -> KvResult<()> {
-        let mut req = self.reqs.remove(&id).ok_or_else(|| unknown(id))?;
-        let full_tokens = self.insert_request(&req);
-        if full_tokens > req.cached {
-            let mut tree_pages = std::mem::take(&mut self.scratch);
-            tree_pages.clear();
-            let m = self.tree.match_prefix(&req.tokens[..full_tokens], req.ns.as_deref(), &mut tree_pages);
-            assert_eq!(m.len, full_tokens, "the request's full pages were just inserted");
-            for (mine, &theirs) in req.pages.iter_mut().zip(&tree_pages) {
-                if *mine != theirs {
-                    self.pool.incref(&[theirs]);
-                    self.pool.decref(&[*mine]);
-                    *mine = theirs;
-                }
-            }
-            self.scratch = tree_pages;
-            self.tree.lock(m.node);
-            self.tree.unlock(req.node).expect("a request holds its lock");
-            req.node = m.node;
-            req.cached = full_tokens;
-        }
-        self.reqs.insert(id, req);
-        Ok(())
-    }
-
-    /// Finishes request `id`: inserts its full pages into the tree, unlocks
-    /// its path and drops its page references (duplicates and the partial
-    /// last page return to the pool). O(sequence + pages).
-    ///
-    /// # Errors
-    /// `UnknownRequest` if `id` is not running (including a double free).
-    pub fn free(&mut self, id: RequestId) -> KvResult<()> {
-        let req = self.reqs.remove(&id).ok_or_else(|| unknown(id))?;
-        self.insert_request(&req);
-        self.tree.unlock(req.node).expect("a request holds its lock");
-        self.pool.decref(&req.pages);
-        Ok(())
-    }
-
-    /// Finishes every request of `ids`, in order. All ids are checked (known,
-    /// no repeats) before anything changes.
-    ///
-    /// # Errors
-    /// `UnknownRequest`, or `InvalidArgument` for a repeated id.
-    pub fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
-        self.epoch += 1;
-        let epoch = self.epoch;
-        for &id in ids {
-            let req = self.reqs.get_mut(&RequestId(id)).ok_or_else(|| unknown(RequestId(id)))?;
-            if req.epoch == epoch {
-                return Err(KvError::invalid(format!("request {id} appears twice in one batch")));
-            }
-            req.epoch = epoch;
-        }
-        for &id in ids {
-            self.free(RequestId(id))?;
-        }
+        let (design, req) = self.get_mut(id)?;
+        design.checkpoint(req);
         Ok(())
     }
 
@@ -438,36 +460,7 @@ impl RadixPrefixCache {
     /// are freed or nothing is evictable; their pages return to the pool.
     /// Returns the tokens evicted. O(log L + pages) per leaf.
     pub fn evict(&mut self, num_tokens: usize) -> usize {
-        let mut freed = std::mem::take(&mut self.scratch);
-        freed.clear();
-        let n = self.tree.evict(num_tokens, &mut freed);
-        self.stats.evictions += freed.len() as u64;
-        self.pool.decref(&freed);
-        self.scratch = freed;
-        n
-    }
-
-    /// Drops the whole tree (its pages return to the pool).
-    ///
-    /// # Errors
-    /// `BlockInUse` while any request is running.
-    pub fn reset(&mut self) -> KvResult<()> {
-        if !self.reqs.is_empty() {
-            return Err(KvError::new(
-                ErrorKind::BlockInUse,
-                format!("cannot reset the prefix cache while {} requests hold pages", self.reqs.len()),
-            ));
-        }
-        let mut freed = Vec::new();
-        self.tree.reset(&mut freed);
-        freed.sort_unstable(); // pages return to the pool in id order
-        self.pool.decref(&freed);
-        Ok(())
-    }
-
-    /// Drains buffered KV events.
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.tree.take_events()
+        self.design_mut().evict(num_tokens)
     }
 
     /// Leading tokens of request `id` served by (locked) tree pages.
@@ -475,101 +468,6 @@ impl RadixPrefixCache {
     /// # Errors
     /// `UnknownRequest`.
     pub fn num_cached_tokens(&self, id: RequestId) -> KvResult<usize> {
-        Ok(self.get(id)?.cached)
-    }
-
-    /// Pages shared by every running request: from page 0 of any running
-    /// request's table, the pages that every running request holds — the part
-    /// of the tree path that every request has locked (each holder takes one
-    /// page reference, the tree one more for the pages it stores). 0 when
-    /// nothing runs. O(shared pages).
-    #[must_use]
-    pub fn num_common_prefix_blocks(&self) -> usize {
-        let n = self.reqs.len();
-        let Some(r) = self.reqs.values().next() else { return 0 };
-        let tree_pages = r.cached / self.page_size;
-        r.pages
-            .iter()
-            .enumerate()
-            .take_while(|&(i, &p)| self.pool.ref_count(p) as usize == n + usize::from(i < tree_pages))
-            .count()
-    }
-
-    /// Checks the tree's, the pool's and the ownership invariants (module
-    /// header). O(pages + tokens + nodes).
-    ///
-    /// # Errors
-    /// The first violation found.
-    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        self.tree.check_invariants()?;
-        self.pool.check_invariants()?;
-        let ps = self.page_size;
-        let mut refs = vec![0u32; self.pool.num_pages()];
-        let mut tree_pages = Vec::new();
-        self.tree.all_values(&mut tree_pages);
-        for p in &tree_pages {
-            ensure_inv!(
-                *p != BlockId::NULL && p.idx() < refs.len(),
-                "tree holds page {} (null or out of range)",
-                p.0
-            );
-            refs[p.idx()] += 1;
-        }
-        let mut locks = 0u64;
-        let mut path = Vec::new();
-        for (id, r) in &self.reqs {
-            let n = r.tokens.len();
-            ensure_inv!(
-                r.pages.len() == n.div_ceil(ps),
-                "request {}: {} pages for {n} tokens",
-                id.0,
-                r.pages.len()
-            );
-            ensure_inv!(
-                r.cached.is_multiple_of(ps) && r.cached <= n,
-                "request {}: cached {} of {n}",
-                id.0,
-                r.cached
-            );
-            ensure_inv!(
-                self.tree.path_len(r.node) == r.cached,
-                "request {}: locked path is not its cached prefix",
-                id.0
-            );
-            path.clear();
-            self.tree.path_values(r.node, &mut path);
-            ensure_inv!(
-                path[..] == r.pages[..r.cached / ps],
-                "request {}: hit pages differ from the tree's",
-                id.0
-            );
-            locks += u64::from(r.node != NodeId::ROOT);
-            for p in &r.pages {
-                ensure_inv!(*p != BlockId::NULL, "request {} holds the null page", id.0);
-                refs[p.idx()] += 1;
-            }
-        }
-        ensure_inv!(
-            self.tree.num_own_locks() == locks,
-            "tree holds {} locks, requests {locks}",
-            self.tree.num_own_locks()
-        );
-        for (i, &c) in refs.iter().enumerate() {
-            #[allow(clippy::cast_possible_truncation)]
-            let rc = self.pool.ref_count(BlockId(i as u32));
-            ensure_inv!(rc == c, "page {i}: ref count {rc}, held by {c} (tree + tables)");
-        }
-        Ok(())
-    }
-}
-
-impl TableSource for RadixPrefixCache {
-    fn table_block_size(&self) -> usize {
-        self.page_size
-    }
-
-    fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)> {
-        let r = self.get(id)?;
-        Ok((&r.pages, r.tokens.len()))
+        Ok(self.get(id)?.ext.cached)
     }
 }

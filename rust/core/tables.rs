@@ -7,10 +7,13 @@
 //! Every method validates the whole batch before writing anything.
 
 use crate::core::error::{KvError, KvResult};
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{RequestId, TableEntry};
 
 /// A cache whose running requests have block tables.
 pub trait TableSource {
+    /// Table entry type (block or page ids).
+    type Entry: TableEntry;
+
     /// Tokens per block (page).
     fn table_block_size(&self) -> usize;
 
@@ -18,13 +21,13 @@ pub trait TableSource {
     ///
     /// # Errors
     /// `UnknownRequest` if `id` is not running.
-    fn table(&self, id: RequestId) -> KvResult<(&[BlockId], usize)>;
+    fn table(&self, id: RequestId) -> KvResult<(&[Self::Entry], usize)>;
 
     /// Request `id`'s block table. O(1).
     ///
     /// # Errors
     /// `UnknownRequest`.
-    fn blocks(&self, id: RequestId) -> KvResult<&[BlockId]> {
+    fn blocks(&self, id: RequestId) -> KvResult<&[Self::Entry]> {
         Ok(self.table(id)?.0)
     }
 
@@ -72,7 +75,7 @@ pub trait TableSource {
             let blocks = self.table(RequestId(id))?.0;
             let vals = blocks
                 .iter()
-                .map(|b| i32::try_from(b.0).expect("block ids fit i32"))
+                .map(|b| i32::try_from(b.raw()).expect("block ids fit i32"))
                 .chain(std::iter::repeat(0));
             for (o, v) in row.iter_mut().zip(vals) {
                 *o = v;
@@ -106,7 +109,7 @@ pub trait TableSource {
             #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
             for pos in n - q as usize..n {
                 #[allow(clippy::cast_possible_wrap)]
-                out.push((blocks[pos / bs].idx() * bs + pos % bs) as i64);
+                out.push((blocks[pos / bs].index() * bs + pos % bs) as i64);
             }
         }
         Ok(out)

@@ -8,8 +8,8 @@ use pyo3::types::PyDict;
 
 use super::arrays;
 use super::errors::{dtype, invalid, IntoPyResult};
-use crate::core::hash_chain::Stats;
-use crate::core::ids::BlockId;
+use crate::core::ids::TableEntry;
+use crate::core::request::Stats;
 use crate::core::tables::TableSource;
 
 /// Result of a successful admission (either cache).
@@ -23,7 +23,7 @@ pub struct Admission {
 
 impl Admission {
     /// An admission of `num_cached_tokens` hit tokens with table `blocks`.
-    pub fn new(py: Python<'_>, num_cached_tokens: usize, blocks: &[BlockId]) -> Self {
+    pub fn new<B: TableEntry>(py: Python<'_>, num_cached_tokens: usize, blocks: &[B]) -> Self {
         Admission { num_cached_tokens, block_ids: block_ids_array(py, blocks).unbind() }
     }
 }
@@ -50,9 +50,9 @@ impl Admission {
     }
 }
 
-/// Block ids as a new int32 array.
-pub fn block_ids_array<'py>(py: Python<'py>, blocks: &[BlockId]) -> Bound<'py, PyArray1<i32>> {
-    PyArray1::from_iter(py, blocks.iter().map(|b| i32::try_from(b.0).expect("block ids fit i32")))
+/// Block (or page) ids as a new int32 array.
+pub fn block_ids_array<'py, B: TableEntry>(py: Python<'py>, blocks: &[B]) -> Bound<'py, PyArray1<i32>> {
+    PyArray1::from_iter(py, blocks.iter().map(|b| i32::try_from(b.raw()).expect("block ids fit i32")))
 }
 
 /// Statistics as the dict both caches' `stats` return.

@@ -132,7 +132,7 @@ impl PyHashChainCache {
         // SAFETY: read after every argument that may run Python code; only
         // Rust runs while the view lives.
         let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        Ok(with_tokens!(arr, s => self.inner.lookup(s, &spec)))
+        with_tokens!(arr, s => self.inner.lookup(s, &spec)).py()
     }
 
     fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {

@@ -11,7 +11,6 @@ pub mod events;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
-pub mod pages;
 pub mod radix;
 
 /// Test-only hook (issue 6 §4): panics as a broken internal invariant would,
@@ -22,9 +21,11 @@ fn _force_panic_for_tests() {
     panic!("forced panic: kvindex test hook for the panic policy");
 }
 
-/// The native module `kvindex._core`.
+/// The native module `kvindex._core` (the crate is `kvindex`; the Python
+/// extension module keeps its private `_core` name).
 #[pymodule]
-fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+#[pyo3(name = "_core")]
+fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("HASH_ALGOS", crate::core::hash::ALGO_NAMES.to_vec())?;
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;

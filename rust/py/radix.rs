@@ -25,9 +25,9 @@ use pyo3::types::{PyDict, PyList};
 use super::arrays::{self, TokenArray};
 use super::common;
 use super::errors::{inv_to_py, invalid, IntoPyResult};
-use super::pages::{pages_to_slots, slots_to_pages, PageMath};
 use super::{events, keys};
-use crate::core::ids::{BlockId, RequestId};
+use crate::core::ids::{PageId, RequestId};
+use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 use crate::core::tables::TableSource;
@@ -60,7 +60,7 @@ unsafe fn slots_i32<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [i32]>> {
 }
 
 /// The per-token slots of `pages` as a new int32 array.
-fn slot_array<'py>(py: Python<'py>, pages: &[BlockId], ps: usize) -> Bound<'py, PyArray1<i32>> {
+fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> Bound<'py, PyArray1<i32>> {
     arrays::filled_i32(py, pages.len() * ps, |dst| pages_to_slots(pages, ps, dst))
 }
 
@@ -136,9 +136,9 @@ impl InsertResult {
 pub struct PyRadixCache {
     inner: RadixTree,
     /// Scratch: pages out of the core (matches, duplicates, evictions).
-    pages: Vec<BlockId>,
+    pages: Vec<PageId>,
     /// Scratch: the caller's slots as pages.
-    in_pages: Vec<BlockId>,
+    in_pages: Vec<PageId>,
 }
 
 #[pymethods]
@@ -246,7 +246,7 @@ impl PyRadixCache {
             let mut pages = std::mem::take(&mut self.in_pages);
             pages.clear();
             self.pages.clear();
-            let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).and_then(|tail_page| {
+            let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
                 self.inner
                     .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut self.pages)
                     .py()
@@ -580,7 +580,7 @@ impl PyRadixPrefixCache {
     }
 
     fn free_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let v: Vec<BlockId> = self.inner.pool().free_pages().collect();
+        let v: Vec<PageId> = self.inner.pool().free_pages().collect();
         common::block_ids_array(py, &v)
     }
 
@@ -596,7 +596,7 @@ impl PyRadixPrefixCache {
             .ok()
             .filter(|&b| (b as usize) < n)
             .ok_or_else(|| invalid(format!("block id {block_id} out of range 0..{n}")))?;
-        Ok(self.inner.pool().ref_count(BlockId(b)))
+        Ok(self.inner.pool().ref_count(PageId(b)))
     }
 
     fn check_invariants(&self) -> PyResult<()> {

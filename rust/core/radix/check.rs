@@ -4,7 +4,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::core::error::InvariantViolation;
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 use crate::ensure_inv;
 
 use super::{child_key, common_prefix, Kids, NodeId, Ns, RadixTree};
@@ -104,7 +104,7 @@ impl RadixTree {
         let mut evictable = 0usize;
         let mut protected = 0usize;
         let mut leaves = 0usize;
-        let mut values: FxHashSet<BlockId> = FxHashSet::default();
+        let mut values: FxHashSet<PageId> = FxHashSet::default();
         let mut free_slots = 0usize;
         for (i, n) in self.nodes.iter().enumerate().skip(1) {
             #[allow(clippy::cast_possible_truncation)]

@@ -23,7 +23,7 @@
 
 use crate::core::error::{KvError, KvResult};
 use crate::core::events::KvEvent;
-use crate::core::ids::BlockId;
+use crate::core::ids::PageId;
 
 use super::{child_key, Kids, Node, NodeId, RadixTree};
 
@@ -154,7 +154,7 @@ impl RadixTree {
     /// `freed` (the caller releases them) and returns the tokens freed.
     /// Never touches a locked node or an ancestor of one; never leaves an
     /// unreachable node. O(log L + pages) per removed node.
-    pub fn evict(&mut self, num_tokens: usize, freed: &mut Vec<BlockId>) -> usize {
+    pub fn evict(&mut self, num_tokens: usize, freed: &mut Vec<PageId>) -> usize {
         let mut done = 0;
         while done < num_tokens {
             let Some((k, x)) = self.evictable.pop_first() else { break };

@@ -5,8 +5,8 @@ use proptest::prelude::*;
 
 use super::*;
 
-fn b(v: &[u32]) -> Vec<BlockId> {
-    v.iter().map(|&x| BlockId(x)).collect()
+fn b(v: &[u32]) -> Vec<PageId> {
+    v.iter().map(|&x| PageId(x)).collect()
 }
 
 fn tree(ps: usize) -> RadixTree {
@@ -16,12 +16,12 @@ fn tree(ps: usize) -> RadixTree {
 /// Inserts with values `base..base + pages`; returns the prefix length.
 fn ins(t: &mut RadixTree, toks: &[i32], ns: Option<&str>, base: u32) -> usize {
     let pages = u32::try_from(toks.len() / t.page_size()).expect("small");
-    let vals: Vec<BlockId> = (base..base + pages).map(BlockId).collect();
+    let vals: Vec<PageId> = (base..base + pages).map(PageId).collect();
     let mut dups = Vec::new();
     t.insert(toks, &vals, ns, 0, &[], &mut dups).expect("valid insert")
 }
 
-fn hit(t: &mut RadixTree, toks: &[i32], ns: Option<&str>) -> (usize, Vec<BlockId>, NodeId) {
+fn hit(t: &mut RadixTree, toks: &[i32], ns: Option<&str>) -> (usize, Vec<PageId>, NodeId) {
     let mut out = Vec::new();
     let m = t.match_prefix(toks, ns, &mut out);
     (m.len, out, m.node)
@@ -56,7 +56,7 @@ fn match_nodes_lists_the_matched_values_across_a_split() {
     let nodes_before = t.num_nodes();
     let m = t.match_nodes(&q, None);
     let (len, node) = (m.len, m.node);
-    let vals: Vec<BlockId> = m.values().flatten().copied().collect();
+    let vals: Vec<PageId> = m.values().flatten().copied().collect();
     assert_eq!((len, vals), (8, b(&[100, 101])));
     assert_eq!(t.num_nodes(), nodes_before + 1, "the match split the edge");
     assert_eq!(t.nodes[node.idx()].key, (0..8).collect::<Vec<i32>>());
@@ -431,7 +431,7 @@ proptest! {
                     let ns = ns_of(n);
                     let al = &s[..s.len() / ps * ps];
                     let want = oracle_hit(&seqs, al, ns, ps);
-                    let vals: Vec<BlockId> = (0..al.len() / ps).map(|i| BlockId(next + u32::try_from(i).expect("small"))).collect();
+                    let vals: Vec<PageId> = (0..al.len() / ps).map(|i| PageId(next + u32::try_from(i).expect("small"))).collect();
                     next += 100;
                     let mut dups = Vec::new();
                     let p = t.insert(al, &vals, ns, i64::from(prio), &[], &mut dups).expect("fresh values");
@@ -496,7 +496,7 @@ mod request_cache {
     use proptest::prelude::*;
 
     use crate::core::hash::KeySpec;
-    use crate::core::ids::{BlockId, RequestId};
+    use crate::core::ids::{PageId, RequestId};
     use crate::core::radix::Policy;
     use crate::core::radix_cache::RadixPrefixCache;
     use crate::core::tables::TableSource;
@@ -572,7 +572,7 @@ mod request_cache {
         ok(&c);
         // A duplicate computed meanwhile is swapped for the tree's page.
         c.admit(RequestId(3), &p, &spec, true).expect("ok");
-        let own: Vec<BlockId> = c.blocks(RequestId(3)).expect("ok").to_vec();
+        let own: Vec<PageId> = c.blocks(RequestId(3)).expect("ok").to_vec();
         c.checkpoint(RequestId(3)).expect("ok");
         ok(&c);
         assert_eq!(c.blocks(RequestId(3)).expect("ok")[..4], c.blocks(RequestId(1)).expect("ok")[..4]);
@@ -712,7 +712,7 @@ mod request_cache {
 #[test]
 fn bitmap_mark_unmark_runs() {
     let mut bits = vec![0u64; 4];
-    let v: Vec<BlockId> = [1, 2, 3, 64, 65, 200].iter().map(|&x| BlockId(x)).collect();
+    let v: Vec<PageId> = [1, 2, 3, 64, 65, 200].iter().map(|&x| PageId(x)).collect();
     assert_eq!(mark_all(&mut bits, &v), Ok(()));
     assert_eq!(bits[0], 0b1110);
     assert_eq!(mark_all(&mut bits, &b(&[10, 11, 65])), Err(2), "conflict in the second word-run");
@@ -755,7 +755,7 @@ proptest! {
         let mut bits = vec![0u64; 8];
         let mut set = std::collections::BTreeSet::new();
         for g in &groups {
-            let vals: Vec<BlockId> = g.iter().map(|&x| BlockId(x)).collect();
+            let vals: Vec<PageId> = g.iter().map(|&x| PageId(x)).collect();
             let before = bits.clone();
             let fresh = g.iter().all(|x| !set.contains(x))
                 && g.iter().collect::<std::collections::BTreeSet<_>>().len() == g.len();

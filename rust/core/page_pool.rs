@@ -1,12 +1,12 @@
 //! Ref-counted pool of KV pages (a page is `page_size` consecutive slots;
 //! with `page_size == 1` a page is one slot), behind the radix request cache.
 //!
-//! Page ids double as block ids in block tables: page `p` holds slots
-//! `p * page_size .. (p + 1) * page_size`. Page 0 is the null page: never
-//! handed out, so tables can be padded with 0 safely (as the hash chain's
-//! null block).
+//! The radix request cache's tables list page ids where the hash chain's
+//! list block ids: page `p` holds slots `p * page_size .. (p + 1) *
+//! page_size`. Page 0 is the null page: never handed out, so tables can be
+//! padded with 0 safely (as the hash chain's null block).
 //!
-//! # Invariants (checked by [`SlotPool::check_invariants`])
+//! # Invariants (checked by [`PagePool::check_invariants`])
 //! 1. The null page has ref count 0 and is never free-listed.
 //! 2. A page is in the free list iff its ref count is 0; it is listed once.
 //! 3. `num_free + #(ref > 0) + 1 == num_pages`.
@@ -23,39 +23,31 @@
 
 use std::collections::VecDeque;
 
-use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
-use crate::core::ids::BlockId;
+use crate::core::error::{pool_size, try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::ids::PageId;
 use crate::ensure_inv;
 
-/// The pool.
+/// The page pool.
 #[derive(Clone, Debug)]
-pub struct SlotPool {
+pub struct PagePool {
     ref_cnt: Vec<u32>,
-    free: VecDeque<BlockId>,
+    free: VecDeque<PageId>,
 }
 
-impl SlotPool {
+impl PagePool {
     /// A pool of `num_pages` pages (page 0 is the null page), all free.
     ///
     /// # Errors
     /// `InvalidArgument` if `num_pages < 2` or too large for `u32` ids;
     /// `Capacity` if its tables cannot be allocated.
     pub fn new(num_pages: usize) -> KvResult<Self> {
-        if num_pages < 2 {
-            return Err(KvError::invalid(format!(
-                "num_blocks must be >= 2 (block 0 is the null page), got {num_pages}"
-            )));
-        }
-        let n = u32::try_from(num_pages)
-            .ok()
-            .filter(|&n| n <= i32::MAX as u32) // page ids travel as int32
-            .ok_or_else(|| KvError::invalid(format!("num_blocks too large: {num_pages}")))?;
+        let n = pool_size(num_pages, "page")?;
         let mut free = VecDeque::new();
         free.try_reserve_exact(num_pages).map_err(|_| {
             KvError::new(ErrorKind::Capacity, format!("cannot allocate the free list of {num_pages} pages"))
         })?;
-        free.extend((1..n).map(BlockId));
-        Ok(SlotPool { ref_cnt: try_filled(num_pages, 0, "page ref counts")?, free })
+        free.extend((1..n).map(PageId));
+        Ok(PagePool { ref_cnt: try_filled(num_pages, 0, "page ref counts")?, free })
     }
 
     /// Pages, the null page included. O(1).
@@ -72,7 +64,7 @@ impl SlotPool {
 
     /// Holders of page `p`. O(1).
     #[must_use]
-    pub fn ref_count(&self, p: BlockId) -> u32 {
+    pub fn ref_count(&self, p: PageId) -> u32 {
         self.ref_cnt[p.idx()]
     }
 
@@ -81,7 +73,7 @@ impl SlotPool {
     ///
     /// # Panics
     /// If fewer than `n` pages are free (callers check first).
-    pub fn alloc(&mut self, n: usize, out: &mut Vec<BlockId>) {
+    pub fn alloc(&mut self, n: usize, out: &mut Vec<PageId>) {
         assert!(n <= self.free.len(), "alloc({n}) with {} free pages", self.free.len());
         for _ in 0..n {
             let p = self.free.pop_front().expect("length checked above");
@@ -95,9 +87,9 @@ impl SlotPool {
     ///
     /// # Panics
     /// If a page is free or the null page (a holder must already exist).
-    pub fn incref(&mut self, pages: &[BlockId]) {
+    pub fn incref(&mut self, pages: &[PageId]) {
         for &p in pages {
-            assert!(p != BlockId::NULL, "incref of the null page");
+            assert!(p != PageId::NULL, "incref of the null page");
             let r = &mut self.ref_cnt[p.idx()];
             assert!(*r > 0, "incref of free page {}", p.0);
             *r += 1;
@@ -109,10 +101,10 @@ impl SlotPool {
     ///
     /// # Panics
     /// If a page has no holder (a double free).
-    pub fn decref(&mut self, pages: &[BlockId]) {
+    pub fn decref(&mut self, pages: &[PageId]) {
         for &p in pages {
             let r = &mut self.ref_cnt[p.idx()];
-            assert!(*r > 0 && p != BlockId::NULL, "double free of page {}", p.0);
+            assert!(*r > 0 && p != PageId::NULL, "double free of page {}", p.0);
             *r -= 1;
             if *r == 0 {
                 self.free.push_back(p);
@@ -121,7 +113,7 @@ impl SlotPool {
     }
 
     /// The free list, next page handed out first. O(n).
-    pub fn free_pages(&self) -> impl Iterator<Item = BlockId> + '_ {
+    pub fn free_pages(&self) -> impl Iterator<Item = PageId> + '_ {
         self.free.iter().copied()
     }
 
@@ -133,7 +125,7 @@ impl SlotPool {
         ensure_inv!(self.ref_cnt[0] == 0, "null page has ref count {}", self.ref_cnt[0]);
         let mut listed = vec![false; self.ref_cnt.len()];
         for &p in &self.free {
-            ensure_inv!(p != BlockId::NULL, "null page is free-listed");
+            ensure_inv!(p != PageId::NULL, "null page is free-listed");
             ensure_inv!(!listed[p.idx()], "page {} free-listed twice", p.0);
             listed[p.idx()] = true;
             ensure_inv!(

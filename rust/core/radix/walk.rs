@@ -1,0 +1,354 @@
+//! Matching and inserting: walks from the root along token-run edges,
+//! splitting an edge where a match or insert ends inside it.
+//!
+//! # Invariants kept
+//! - a walk never changes the tree; `match_prefix` and `insert` change only
+//!   recency stamps, hit counts, priorities and (by splitting) the shape,
+//!   never the sizes, except that `insert` adds its new suffix as one leaf;
+//! - a split keeps the lower node's id (handles and locks stay valid) and
+//!   gives the new upper node the lower node's lock count, hit count and
+//!   priority, so invariants 3-5 of the module header hold across it;
+//! - `insert` validates every value (the value bitmap) before changing
+//!   anything, so a refused insert leaves no trace.
+//!
+//! # Costs
+//! `n` = query tokens, `d` = depth of the walk. A walk: O(n) token compares
+//! (galloping memcmp) and O(d) child-map probes. `match_prefix`: the walk
+//! plus O(hit pages) to copy values; a split moves O(edge) tokens.
+//! `insert`: the walk, O(prefix pages) to find duplicates and O(new pages).
+
+use super::arena::{child_key, Kids};
+use super::values::same_values;
+use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
+use crate::core::error::{KvError, KvResult};
+use crate::core::ids::PageId;
+
+/// Length of the common prefix of `a` and `b`. Galloping: compares windows of
+/// 64, 128, 256, ... tokens with one memcmp each, then scans the first window
+/// that differs in chunks of 16. O(common prefix).
+#[must_use]
+pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    let mut w = 64;
+    while i < n {
+        let e = (i + w).min(n);
+        if a[i..e] == b[i..e] {
+            i = e;
+            w *= 2;
+            continue;
+        }
+        while i + 16 <= e {
+            let x: &[i32; 16] = a[i..i + 16].try_into().expect("16 tokens");
+            let y: &[i32; 16] = b[i..i + 16].try_into().expect("16 tokens");
+            if x != y {
+                break;
+            }
+            i += 16;
+        }
+        while i < e && a[i] == b[i] {
+            i += 1;
+        }
+        return i;
+    }
+    n
+}
+
+impl RadixTree {
+    /// Finds the child of `node` in namespace `ns` whose edge shares at least
+    /// one page with `q` (non-empty, page-aligned); returns it and the
+    /// page-aligned common prefix length. O(common prefix).
+    pub(super) fn find_child(&self, node: NodeId, ns: Ns, q: &[i32]) -> Option<(NodeId, usize)> {
+        let ps = self.page_size;
+        let kids = self.nodes[node.idx()].children.get(&child_key(ns, &q[..ps]))?;
+        let try_one = |c: NodeId| {
+            let l = common_prefix(&self.nodes[c.idx()].key, q) / ps * ps;
+            (l > 0).then_some((c, l))
+        };
+        match kids {
+            Kids::One(c) => try_one(*c),
+            Kids::Many(v) => v.iter().find_map(|&c| try_one(c)),
+        }
+    }
+
+    /// Walks `q` (page-aligned) from the root without changing anything,
+    /// recording `(child, matched tokens)` per visited child in `self.path`
+    /// (the last may be partial). Returns the hit length. O(hit + depth).
+    pub(super) fn walk(&mut self, q: &[i32], ns: Ns) -> usize {
+        let mut path = std::mem::take(&mut self.path);
+        path.clear();
+        let mut node = NodeId::ROOT;
+        let mut pos = 0;
+        while pos < q.len() {
+            let Some((c, l)) = self.find_child(node, ns, &q[pos..]) else { break };
+            path.push((c, l));
+            pos += l;
+            if l < self.nodes[c.idx()].key.len() {
+                break;
+            }
+            node = c;
+        }
+        self.path = path;
+        pos
+    }
+
+    pub(super) fn aligned<'a>(&self, tokens: &'a [i32]) -> &'a [i32] {
+        &tokens[..tokens.len() / self.page_size * self.page_size]
+    }
+
+    /// What [`RadixTree::match_prefix`] would hit now, and how many tokens of
+    /// currently unlocked nodes locking that match would protect; changes
+    /// nothing. O(hit + depth).
+    pub fn probe(&mut self, tokens: &[i32], ns: Option<&str>) -> Probe {
+        let q = self.aligned(tokens);
+        let Some(ns) = self.ns.lookup(ns) else { return Probe { len: 0, lockable: 0 } };
+        if q.is_empty() {
+            return Probe { len: 0, lockable: 0 };
+        }
+        let len = self.walk(q, ns);
+        let lockable =
+            self.path.iter().filter(|(c, _)| self.nodes[c.idx()].lock_ref == 0).map(|&(_, l)| l).sum();
+        Probe { len, lockable }
+    }
+
+    pub(super) fn stamp(&mut self, id: NodeId, tick: u64) {
+        self.nodes[id.idx()].last_access = tick;
+        self.rekey(id);
+    }
+
+    /// Longest cached page-aligned prefix of `tokens` in namespace `ns`. The
+    /// query is first cut down to a page multiple; a query shorter than one
+    /// page hits 0 and touches nothing. Stamps every visited node with a new
+    /// tick; a match ending inside an edge splits it there (the tree's
+    /// contents and sizes do not change). Appends the matched values to
+    /// `out`. O(hit + depth + split edge).
+    pub fn match_prefix(&mut self, tokens: &[i32], ns: Option<&str>, out: &mut Vec<PageId>) -> Match {
+        self.match_prefix_with(tokens, ns, |vals| out.extend_from_slice(vals))
+    }
+
+    /// [`RadixTree::match_prefix`] handing the matched values to `sink`, one
+    /// node's run at a time, root side first (no intermediate buffer).
+    pub fn match_prefix_with(
+        &mut self,
+        tokens: &[i32],
+        ns: Option<&str>,
+        mut sink: impl FnMut(&[PageId]),
+    ) -> Match {
+        let m = self.match_nodes(tokens, ns);
+        for vals in m.values() {
+            sink(vals);
+        }
+        m.result()
+    }
+
+    /// [`RadixTree::match_prefix`] without copying values: the tree is
+    /// stamped and split as there, and the returned view lists the matched
+    /// nodes' values (their total is `len / page_size`), so a caller can size
+    /// its output before filling it. O(hit + depth + split edge).
+    pub fn match_nodes(&mut self, tokens: &[i32], ns: Option<&str>) -> Matched<'_> {
+        self.path.clear();
+        let q = self.aligned(tokens);
+        if q.is_empty() {
+            return Matched { tree: self, len: 0, node: NodeId::ROOT };
+        }
+        self.clock += 1;
+        let tick = self.clock;
+        self.nodes[0].last_access = tick;
+        let Some(ns) = self.ns.lookup(ns) else { return Matched { tree: self, len: 0, node: NodeId::ROOT } };
+        let len = self.walk(q, ns);
+        let mut node = NodeId::ROOT;
+        for i in 0..self.path.len() {
+            let (c, l) = self.path[i];
+            self.stamp(c, tick);
+            node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
+            // From here on `path` holds the matched nodes (after any split).
+            self.path[i].0 = node;
+        }
+        Matched { tree: self, len, node }
+    }
+
+    /// Splits `c` after its first `l` tokens (a page multiple, `0 < l <
+    /// len`): a new upper node takes `key[..l]` and sits between `c`'s parent
+    /// and `c`, with `c`'s lock count, hit count and priority; `c` keeps its
+    /// id (so handles and locks stay valid) and the rest of its edge.
+    /// O(edge length).
+    pub(super) fn split(&mut self, c: NodeId, l: usize, tick: u64) -> NodeId {
+        let ps = self.page_size;
+        let cn = &mut self.nodes[c.idx()];
+        debug_assert!(l > 0 && l < cn.key.len() && l.is_multiple_of(ps));
+        let lp = l / ps;
+        let upper_key: Vec<i32> = cn.key.drain(..l).collect();
+        let upper_value: Vec<PageId> = cn.value.drain(..lp).collect();
+        let upper_hashes: Vec<u64> =
+            if cn.hashes.is_empty() { Vec::new() } else { cn.hashes.drain(..lp).collect() };
+        let (parent, ns, lock_ref, hit_count, priority) =
+            (cn.parent, cn.ns, cn.lock_ref, cn.hit_count, cn.priority);
+        let lower_key = child_key(ns, &cn.key[..ps]);
+        let u = self.alloc_node();
+        let un = &mut self.nodes[u.idx()];
+        un.key = upper_key;
+        un.value = upper_value;
+        un.hashes = upper_hashes;
+        un.parent = parent;
+        un.ns = ns;
+        un.lock_ref = lock_ref;
+        un.hit_count = hit_count;
+        un.priority = priority;
+        un.created = tick;
+        un.last_access = tick;
+        un.children.insert(lower_key, Kids::One(c));
+        let upper_key = child_key(ns, &un.key[..ps]);
+        self.nodes[c.idx()].parent = u;
+        let kids = self.nodes[parent.idx()]
+            .children
+            .get_mut(&upper_key)
+            .expect("split child is filed under its first page");
+        match kids {
+            Kids::One(x) => {
+                assert_eq!(*x, c, "parent files another node under the split child's key");
+                *x = u;
+            }
+            Kids::Many(v) => {
+                let slot = v.iter_mut().find(|x| **x == c).expect("split child listed under its key");
+                *slot = u;
+            }
+        }
+        u
+    }
+
+    /// Inserts `tokens` (a multiple of the page size) with `values` (one per
+    /// page) in namespace `ns`. Returns the number of leading tokens that were
+    /// already present; the caller's values for that prefix that differ from
+    /// the tree's are appended to `to_free` (the caller releases exactly
+    /// those). `extra` are further caller values that will not be stored (an
+    /// unaligned tail page): they are validated like the others and are the
+    /// caller's to free. Every visited node's priority becomes
+    /// `max(its, priority)`. Inserting a strict prefix of an edge splits it;
+    /// re-inserting a present sequence creates nothing.
+    /// O(tokens + prefix pages + new pages + depth).
+    ///
+    /// # Errors
+    /// `InvalidArgument`, with nothing changed, if `tokens` is not
+    /// page-aligned, `values` has the wrong length, or a value that would be
+    /// stored or handed back is already in the tree (elsewhere) or appears
+    /// twice.
+    pub fn insert(
+        &mut self,
+        tokens: &[i32],
+        values: &[PageId],
+        ns: Option<&str>,
+        priority: i64,
+        extra: &[PageId],
+        to_free: &mut Vec<PageId>,
+    ) -> KvResult<usize> {
+        let ps = self.page_size;
+        if !tokens.len().is_multiple_of(ps) {
+            return Err(KvError::invalid(format!(
+                "tokens ({}) must be a multiple of page_size ({ps})",
+                tokens.len()
+            )));
+        }
+        if values.len() != tokens.len() / ps {
+            return Err(KvError::invalid(format!(
+                "expected {} values (one per page), got {}",
+                tokens.len() / ps,
+                values.len()
+            )));
+        }
+        if tokens.is_empty() {
+            self.check_values([&[], &[], extra])?;
+            return Ok(0);
+        }
+        let ns_id = self.ns.lookup(ns);
+        let prefix = match ns_id {
+            Some(id) => self.walk(tokens, id),
+            None => {
+                self.path.clear();
+                0
+            }
+        };
+        // The caller's prefix values that differ from the tree's are
+        // duplicates (usually none: the caller passes what it matched).
+        let pp = prefix / ps;
+        let dup_start = to_free.len();
+        let mut off = 0;
+        for &(c, l) in &self.path {
+            let tree_vals = &self.nodes[c.idx()].value[..l / ps];
+            let mine = &values[off..off + l / ps];
+            if !same_values(mine, tree_vals) {
+                to_free.extend(mine.iter().zip(tree_vals).filter(|(v, t)| v != t).map(|(v, _)| *v));
+            }
+            off += l / ps;
+        }
+        debug_assert_eq!(off, pp);
+        if let Err(e) = self.check_values([&to_free[dup_start..], &values[pp..], extra]) {
+            to_free.truncate(dup_start);
+            return Err(e);
+        }
+        // Validated: now mutate.
+        let ns = ns_id.unwrap_or_else(|| self.ns.intern(ns));
+        self.clock += 1;
+        let tick = self.clock;
+        let root = &mut self.nodes[0];
+        root.last_access = tick;
+        root.priority = root.priority.max(priority);
+        let mut node = NodeId::ROOT;
+        for i in 0..self.path.len() {
+            let (c, l) = self.path[i];
+            self.nodes[c.idx()].last_access = tick;
+            node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
+            let n = &mut self.nodes[node.idx()];
+            n.priority = n.priority.max(priority);
+            n.hit_count += 1;
+            self.rekey(c);
+            self.rekey(node);
+        }
+        if prefix < tokens.len() {
+            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick);
+        }
+        Ok(prefix)
+    }
+
+    pub(super) fn add_leaf(
+        &mut self,
+        parent: NodeId,
+        ns: Ns,
+        key: &[i32],
+        value: &[PageId],
+        priority: i64,
+        tick: u64,
+    ) {
+        let leaf = self.alloc_node();
+        let hashes = self.leaf_stored(parent, ns, key);
+        debug_assert!(value.iter().all(|&v| self.contains_value(v)), "check_values marked the stored values");
+        let n = &mut self.nodes[leaf.idx()];
+        n.key = key.to_vec();
+        n.value = value.to_vec();
+        n.hashes = hashes;
+        n.parent = parent;
+        n.ns = ns;
+        n.priority = priority;
+        n.hit_count = 1;
+        n.created = tick;
+        n.last_access = tick;
+        let k = child_key(ns, &key[..self.page_size]);
+        let kids = &mut self.nodes[parent.idx()].children;
+        match kids.get_mut(&k) {
+            None => {
+                kids.insert(k, Kids::One(leaf));
+            }
+            Some(Kids::One(x)) => {
+                let x = *x;
+                kids.insert(k, Kids::Many(vec![x, leaf]));
+            }
+            Some(Kids::Many(v)) => v.push(leaf),
+        }
+        if parent == NodeId::ROOT {
+            self.ns.add_root_child(ns);
+        }
+        self.evictable_size += key.len();
+        self.update_leaf_status(parent);
+        self.update_leaf_status(leaf);
+    }
+}

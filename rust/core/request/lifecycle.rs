@@ -1,0 +1,395 @@
+//! [`PrefixCache`]: the request lifecycle over any [`PrefixIndex`].
+//!
+//! Requests live in a slab (`Vec<Option<Record>>`, freed entries reused)
+//! found through an id index, so a batch touches each record once by slot.
+//! Batches are validated in a first pass (ids known, none repeated: a batch
+//! epoch stamped on each record) and applied in a second, so a refused or
+//! failing batch changes nothing.
+
+use rustc_hash::FxHashMap;
+
+use super::{Admitted, PrefixIndex, Reads, Record, RecordOf, SpecArg, Stats};
+use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::events::KvEvent;
+use crate::core::hash::KeySpec;
+use crate::core::ids::{RequestId, TableEntry};
+use crate::core::tables::{batch_ranges, TableSource};
+use crate::ensure_inv;
+
+/// A request-level prefix cache: the lifecycle of running requests over
+/// design `D` (see the module header of [`crate::core::request`]).
+#[derive(Clone, Debug)]
+pub struct PrefixCache<D: PrefixIndex> {
+    design: D,
+    /// Request id -> slot in `reqs`.
+    index: FxHashMap<RequestId, u32>,
+    reqs: Vec<Option<RecordOf<D>>>,
+    free_slots: Vec<u32>,
+    /// Admission statistics (evictions are the design's tally).
+    stats: Stats,
+    epoch: u64,
+    scratch_slots: Vec<u32>,
+}
+
+#[cold]
+fn unknown(id: RequestId) -> KvError {
+    KvError::new(
+        ErrorKind::UnknownRequest,
+        format!("unknown request id {} (never admitted, or already freed)", id.0),
+    )
+}
+
+#[cold]
+fn repeated(id: u64) -> KvError {
+    KvError::invalid(format!("request {id} appears twice in one batch"))
+}
+
+impl<D: PrefixIndex> PrefixCache<D> {
+    /// A cache with no running request over `design`.
+    pub fn with_design(design: D) -> Self {
+        PrefixCache {
+            design,
+            index: FxHashMap::default(),
+            reqs: Vec::new(),
+            free_slots: Vec::new(),
+            stats: Stats::default(),
+            epoch: 0,
+            scratch_slots: Vec::new(),
+        }
+    }
+
+    /// The design (read-only introspection).
+    #[must_use]
+    pub fn design(&self) -> &D {
+        &self.design
+    }
+
+    /// The design, for the design's own operations (`pub(crate)`: the
+    /// lifecycle's invariants must not be bypassed from outside).
+    pub(crate) fn design_mut(&mut self) -> &mut D {
+        &mut self.design
+    }
+
+    /// Statistics since construction (or the last [`PrefixCache::take_stats`]). O(1).
+    #[must_use]
+    pub fn stats(&self) -> Stats {
+        Stats { evictions: self.design.evictions(), ..self.stats }
+    }
+
+    /// Returns the statistics and zeroes them. O(1).
+    pub fn take_stats(&mut self) -> Stats {
+        let s = self.stats();
+        self.stats = Stats::default();
+        self.design.clear_evictions();
+        s
+    }
+
+    /// Number of running requests. O(1).
+    #[must_use]
+    pub fn num_requests(&self) -> usize {
+        self.index.len()
+    }
+
+    fn slot(&self, id: RequestId) -> KvResult<u32> {
+        self.index.get(&id).copied().ok_or_else(|| unknown(id))
+    }
+
+    fn req(&self, slot: u32) -> &RecordOf<D> {
+        self.reqs[slot as usize].as_ref().expect("indexed slot holds a request")
+    }
+
+    /// Request `id`'s record.
+    pub(crate) fn get(&self, id: RequestId) -> KvResult<&RecordOf<D>> {
+        Ok(self.req(self.slot(id)?))
+    }
+
+    /// Request `id`'s record and the design, borrowed together (for a
+    /// design operation on one running request).
+    pub(crate) fn get_mut(&mut self, id: RequestId) -> KvResult<(&mut D, &mut RecordOf<D>)> {
+        let slot = self.slot(id)?;
+        let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+        Ok((&mut self.design, req))
+    }
+
+    fn blocks_needed(&self, req: &RecordOf<D>, extra: usize) -> usize {
+        (req.tokens.len() + extra).div_ceil(self.design.block_size()) - req.blocks.len()
+    }
+
+    /// Tokens a prompt would hit now; nothing cached changes. O(prompt tokens).
+    ///
+    /// # Errors
+    /// A key spec the design cannot key on (the radix tree: multimodal items).
+    pub fn lookup<T>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize>
+    where
+        D: Reads<T>,
+    {
+        self.design.lookup(tokens, spec)
+    }
+
+    /// Admits request `id` with prompt `tokens`: returns the number of cached
+    /// (hit) tokens, or `None` — with nothing changed — when the blocks the
+    /// design can make available do not cover it. With `skip_reading` the
+    /// cache is not read (hit 0), but the prompt's blocks are still cached
+    /// as the design caches them. O(prompt tokens + blocks).
+    ///
+    /// # Errors
+    /// `DuplicateRequest` if `id` is running; `InvalidArgument` for an empty
+    /// prompt or a key spec the design cannot key on. The spec is given
+    /// owned or borrowed ([`SpecArg`]).
+    pub fn admit<'s, T>(
+        &mut self,
+        id: RequestId,
+        tokens: &[T],
+        spec: impl SpecArg<'s>,
+        skip_reading: bool,
+    ) -> KvResult<Option<usize>>
+    where
+        D: Reads<T>,
+    {
+        if self.index.contains_key(&id) {
+            return Err(KvError::new(
+                ErrorKind::DuplicateRequest,
+                format!("request {} is already running", id.0),
+            ));
+        }
+        if tokens.is_empty() {
+            return Err(KvError::invalid("a prompt needs at least one token"));
+        }
+        let Some(plan) = self.design.plan_admit(id, tokens, spec.into_cow(), skip_reading)? else {
+            return Ok(None);
+        };
+        let Admitted { tokens, blocks, ext, hit_tokens } = self.design.commit(plan);
+        self.stats.requests += 1;
+        self.stats.queries += tokens.len() as u64;
+        self.stats.hits += hit_tokens as u64;
+        let req = Record { epoch: 0, tokens, blocks, ext, id };
+        let slot = match self.free_slots.pop() {
+            Some(s) => {
+                self.reqs[s as usize] = Some(req);
+                s
+            }
+            None => {
+                self.reqs.push(Some(req));
+                u32::try_from(self.reqs.len() - 1).expect("fewer than 2^32 running requests")
+            }
+        };
+        self.index.insert(id, slot);
+        Ok(Some(hit_tokens))
+    }
+
+    /// Appends computed decode tokens to request `id`. Returns `false`, with
+    /// nothing changed, when the blocks it needs are not available. O(tokens),
+    /// plus the design's work per filled block.
+    ///
+    /// # Errors
+    /// `UnknownRequest` if `id` is not running.
+    pub fn append<T>(&mut self, id: RequestId, tokens: &[T]) -> KvResult<bool>
+    where
+        D: Reads<T>,
+    {
+        let slot = self.slot(id)?;
+        if self.blocks_needed(self.req(slot), tokens.len()) > self.design.num_available() {
+            return Ok(false);
+        }
+        self.apply_append(slot, tokens);
+        Ok(true)
+    }
+
+    /// Appends `tokens[offsets[i]..offsets[i+1]]` to request `ids[i]` for
+    /// every i, all or nothing: returns `false`, with nothing changed, when
+    /// the available blocks do not cover every request's growth. `offsets`
+    /// has `ids.len() + 1` entries, starts at 0, ends at `tokens.len()` and
+    /// never decreases; `None` means one token per request. O(ids + tokens).
+    ///
+    /// # Errors
+    /// `UnknownRequest`, or `InvalidArgument` for a repeated id or bad offsets;
+    /// checked before anything changes.
+    pub fn append_batch<T>(&mut self, ids: &[u64], tokens: &[T], offsets: Option<&[i64]>) -> KvResult<bool>
+    where
+        D: Reads<T>,
+    {
+        let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let bs = self.design.block_size();
+        let mut need = 0usize;
+        let mut slots = std::mem::take(&mut self.scratch_slots);
+        slots.clear();
+        let mut touched = 0i64;
+        for (i, &id) in ids.iter().enumerate() {
+            let (a, b) = ranges.get(i);
+            let Some(&slot) = self.index.get(&RequestId(id)) else {
+                self.scratch_slots = slots;
+                return Err(unknown(RequestId(id)));
+            };
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+            if req.epoch == epoch {
+                self.scratch_slots = slots;
+                return Err(repeated(id));
+            }
+            req.epoch = epoch;
+            need += (req.tokens.len() + b - a).div_ceil(bs) - req.blocks.len();
+            // Touch the end of the token list the append will write: these
+            // independent loads overlap here instead of missing one by one below.
+            touched ^= req.tokens.last().map_or(0, |&t| t.into());
+            slots.push(slot);
+        }
+        std::hint::black_box(touched);
+        let ok = need <= self.design.num_available();
+        if ok {
+            for (i, &slot) in slots.iter().enumerate() {
+                let (a, b) = ranges.get(i);
+                self.apply_append(slot, &tokens[a..b]);
+            }
+        }
+        self.scratch_slots = slots;
+        Ok(ok)
+    }
+
+    fn apply_append<T>(&mut self, slot: u32, tokens: &[T])
+    where
+        D: Reads<T>,
+    {
+        let bs = self.design.block_size();
+        let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+        let had_full = req.tokens.len() / bs;
+        D::extend_tokens(&mut req.tokens, tokens);
+        let need = req.tokens.len().div_ceil(bs) - req.blocks.len();
+        if need > 0 {
+            self.design.allocate(need, &mut req.blocks);
+        }
+        self.design.appended(req, had_full);
+    }
+
+    /// Finishes request `id`: the design unpins its hits and releases (or
+    /// caches) its blocks. O(blocks), plus the design's caching work.
+    ///
+    /// # Errors
+    /// `UnknownRequest` if `id` is not running (including a double free).
+    pub fn free(&mut self, id: RequestId) -> KvResult<()> {
+        let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
+        let req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
+        self.free_slots.push(slot);
+        self.design.release(req);
+        Ok(())
+    }
+
+    /// Finishes every request of `ids`, in order, as [`PrefixCache::free`]
+    /// does. All ids are checked (known, no repeats) before anything changes.
+    ///
+    /// # Errors
+    /// `UnknownRequest`, or `InvalidArgument` for a repeated id.
+    pub fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        for &id in ids {
+            let slot = self.slot(RequestId(id))?;
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+            if req.epoch == epoch {
+                return Err(repeated(id));
+            }
+            req.epoch = epoch;
+        }
+        for &id in ids {
+            self.free(RequestId(id))?;
+        }
+        Ok(())
+    }
+
+    /// Drops every cached block.
+    ///
+    /// # Errors
+    /// `BlockInUse` while any request is running.
+    pub fn reset(&mut self) -> KvResult<()> {
+        if !self.index.is_empty() {
+            return Err(KvError::new(
+                ErrorKind::BlockInUse,
+                format!("cannot reset the prefix cache while {} requests hold {}", self.index.len(), D::UNIT),
+            ));
+        }
+        self.design.reset()
+    }
+
+    /// Drains buffered KV events.
+    pub fn take_events(&mut self) -> Vec<KvEvent> {
+        self.design.take_events()
+    }
+
+    /// Blocks shared by every running request: counting from block 0 of any
+    /// running request's table, the blocks every running request holds (the
+    /// prefix cascade attention can share): their count is the number of
+    /// running requests, plus one where the design holds the block too. 0
+    /// when nothing runs. O(shared blocks).
+    #[must_use]
+    pub fn num_common_prefix_blocks(&self) -> usize {
+        let n = self.index.len();
+        let Some(&slot) = self.index.values().next() else { return 0 };
+        let req = self.req(slot);
+        req.blocks
+            .iter()
+            .enumerate()
+            .take_while(|&(i, &b)| {
+                self.design.ref_count(b) as usize == n + usize::from(self.design.holds(req, i))
+            })
+            .count()
+    }
+
+    /// Checks the design's, the lifecycle's and the ownership invariants
+    /// (module header of [`crate::core::request`]). O(blocks + all tokens).
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        let bs = self.design.block_size();
+        let mut refs = vec![0u32; self.design.num_blocks()];
+        ensure_inv!(
+            self.reqs.iter().flatten().count() == self.index.len(),
+            "request slab and index disagree"
+        );
+        let mut running = Vec::with_capacity(self.index.len());
+        for (id, &slot) in &self.index {
+            let r = self.req(slot);
+            ensure_inv!(r.id == *id, "slot {slot} holds request {} but is indexed as {}", r.id.0, id.0);
+            running.push(r);
+        }
+        for r in &running {
+            let n = r.tokens.len();
+            ensure_inv!(
+                r.blocks.len() == n.div_ceil(bs),
+                "request {}: {} {} for {n} tokens",
+                r.id.0,
+                r.blocks.len(),
+                D::UNIT
+            );
+            for b in &r.blocks {
+                ensure_inv!(
+                    *b != D::Entry::NULL && b.index() < refs.len(),
+                    "request {} holds block {} (null or out of range)",
+                    r.id.0,
+                    b.raw()
+                );
+                refs[b.index()] += 1;
+            }
+        }
+        self.design.check_invariants(&running, &mut refs)?;
+        for (i, &c) in refs.iter().enumerate() {
+            #[allow(clippy::cast_possible_truncation)]
+            let rc = self.design.ref_count(D::Entry::from_raw(i as u32));
+            ensure_inv!(rc == c, "block {i}: ref count {rc}, held by {c} (cache + tables)");
+        }
+        Ok(())
+    }
+}
+
+impl<D: PrefixIndex> TableSource for PrefixCache<D> {
+    type Entry = D::Entry;
+
+    fn table_block_size(&self) -> usize {
+        self.design.block_size()
+    }
+
+    fn table(&self, id: RequestId) -> KvResult<(&[D::Entry], usize)> {
+        let r = self.get(id)?;
+        Ok((&r.blocks, r.tokens.len()))
+    }
+}

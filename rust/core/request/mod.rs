@@ -1,0 +1,227 @@
+//! The request layer: the lifecycle of running requests, written once and
+//! generic over the cache design that answers prefix questions.
+//!
+//! A scheduler drives every design the same way: `admit` a prompt (hit
+//! tokens, or `None` when blocks run short), `append` decode tokens (one
+//! request or a CSR batch), read block tables and slot mappings, `free` the
+//! request (one or a batch). [`PrefixCache`] implements that lifecycle: id
+//! checks (unknown and duplicate ids, ids repeated in one batch), the
+//! all-or-nothing block accounting of appends, the reset guard, statistics,
+//! tables and slot mappings ([`TableSource`]), and the ref-count tally of
+//! `check_invariants`. A design ([`PrefixIndex`]) answers only what differs:
+//! looking a prompt up, pinning and unpinning hits, allocating (evicting if
+//! it must), caching computed blocks, and its events. The hash chain
+//! ([`crate::core::hash_chain`]) and the radix tree
+//! ([`crate::core::radix_cache`]) are two implementations; another design (a
+//! hybrid of block groups, an offload tier) is a third `impl PrefixIndex`,
+//! not a third copy of the lifecycle; the unit tests of this module drive
+//! the lifecycle over such a third design (a plain pool that never caches,
+//! about a hundred lines).
+//!
+//! Dispatch is static: `PrefixCache<D>` is monomorphised per design, so the
+//! hot paths (`append_batch`, `admit`) compile to the design's own code.
+//!
+//! # Invariants (checked by [`PrefixCache::check_invariants`])
+//! - the id index and the request slab agree (every indexed slot holds the
+//!   request of that id, no other slot holds one);
+//! - every request's table has `ceil(num_tokens / block_size)` blocks and
+//!   never the null block 0;
+//! - `ref_count(b) == holders the design keeps for b + tables holding b`,
+//!   for every block;
+//! - plus the design's own invariants ([`PrefixIndex::check_invariants`]).
+//!
+//! # Costs
+//! Id checks and slot lookups: O(1) hash-map probes per id; `append_batch`
+//! and `free_batch` validate the whole batch (O(ids)) before changing
+//! anything. Memory: one slab entry per running request plus its tokens and
+//! table; freed slab entries are reused.
+
+mod lifecycle;
+#[cfg(test)]
+mod tests;
+
+use std::borrow::Cow;
+
+pub use lifecycle::PrefixCache;
+
+use crate::core::error::{InvariantViolation, KvResult};
+use crate::core::events::KvEvent;
+use crate::core::hash::KeySpec;
+use crate::core::ids::{RequestId, TableEntry};
+
+pub use crate::core::tables::TableSource;
+
+/// Prefix-cache statistics (vLLM `PrefixCacheStats`), the same for every design.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests admitted.
+    pub requests: u64,
+    /// Prompt tokens of admitted requests.
+    pub queries: u64,
+    /// Prompt tokens served from the cache.
+    pub hits: u64,
+    /// Cached blocks that lost their cache entry (reallocated, evicted).
+    pub evictions: u64,
+}
+
+/// A running request: the fields every design shares, then the design's own.
+///
+/// `repr(C)` keeps what a decode step touches (epoch, tokens, table, then
+/// the first field of the design's state) together in the first cache line.
+#[derive(Clone, Debug)]
+#[repr(C)]
+pub struct Record<T, B, X> {
+    /// Batch epoch in which the request was last seen (detects an id
+    /// repeated within one batch).
+    pub epoch: u64,
+    /// Every token of the request: prompt, then appended tokens.
+    pub tokens: Vec<T>,
+    /// The table: `ceil(tokens.len() / block_size)` block (or page) ids.
+    pub blocks: Vec<B>,
+    /// The design's per-request state.
+    pub ext: X,
+    /// The request's id.
+    pub id: RequestId,
+}
+
+/// The record type of design `D`.
+pub type RecordOf<D> = Record<<D as PrefixIndex>::Tok, <D as PrefixIndex>::Entry, <D as PrefixIndex>::Ext>;
+
+/// What an admission's pinning and allocation produced.
+#[derive(Debug)]
+pub struct Admitted<T, B, X> {
+    /// The request's tokens (the prompt).
+    pub tokens: Vec<T>,
+    /// Its table: the hit blocks, then the newly allocated ones.
+    pub blocks: Vec<B>,
+    /// The design's per-request state.
+    pub ext: X,
+    /// Prompt tokens served from the cache.
+    pub hit_tokens: usize,
+}
+
+/// A cache design: what the request layer asks of it. Implementations hold
+/// the block pool and the prefix index; [`PrefixCache`] holds the requests.
+///
+/// Contract: every method that may fail checks before changing anything;
+/// [`PrefixIndex::allocate`] is called only after the layer checked
+/// [`PrefixIndex::num_available`] covers it.
+pub trait PrefixIndex {
+    /// Token type stored in request records.
+    type Tok: Copy + Into<i64> + std::fmt::Debug;
+    /// Table entry type: what the design's pool hands out ([`crate::core::ids::BlockId`],
+    /// [`crate::core::ids::PageId`]).
+    type Entry: TableEntry;
+    /// Per-request design state (hashes, locked node, ...).
+    type Ext: Clone + std::fmt::Debug;
+    /// A checked admission, ready to pin and allocate ([`Reads::plan_admit`]).
+    type Plan;
+
+    /// Word for the units of a table in messages ("blocks", "pages").
+    const UNIT: &'static str;
+
+    /// Tokens per block.
+    fn block_size(&self) -> usize;
+
+    /// Blocks in the pool, the null block included.
+    fn num_blocks(&self) -> usize;
+
+    /// Blocks an append may allocate now: free ones, plus (for designs that
+    /// evict on demand) those that can be evicted. O(1).
+    fn num_available(&self) -> usize;
+
+    /// Pins the plan's hits, allocates the rest of the prompt's blocks and
+    /// caches what the design caches at admission. O(prompt blocks).
+    fn commit(&mut self, plan: Self::Plan) -> Admitted<Self::Tok, Self::Entry, Self::Ext>;
+
+    /// Appends `n` newly allocated blocks to `table`, evicting first if the
+    /// design must. The caller checked `n <= num_available()`. O(n).
+    fn allocate(&mut self, n: usize, table: &mut Vec<Self::Entry>);
+
+    /// After `req` grew (tokens appended, blocks allocated) from `had_full`
+    /// full blocks: cache what the design caches while a request runs.
+    fn appended(&mut self, req: &mut RecordOf<Self>, had_full: usize);
+
+    /// Unpins a finished request's hits and releases (or caches) its blocks.
+    fn release(&mut self, req: RecordOf<Self>);
+
+    /// Drops every cached block; called only while no request runs.
+    ///
+    /// # Errors
+    /// The design's own refusal.
+    fn reset(&mut self) -> KvResult<()>;
+
+    /// Drains buffered KV events.
+    fn take_events(&mut self) -> Vec<KvEvent>;
+
+    /// Cached blocks that lost their cache entry since the last
+    /// [`PrefixIndex::clear_evictions`].
+    fn evictions(&self) -> u64;
+
+    /// Zeroes the eviction tally.
+    fn clear_evictions(&mut self);
+
+    /// Holders of block `b` (the design's own plus every table's).
+    fn ref_count(&self, b: Self::Entry) -> u32;
+
+    /// Whether the design itself holds a reference on table entry `i` of
+    /// `req` (beside the table's own): such a block is shared by every
+    /// running request when its count is `requests + 1`.
+    fn holds(&self, req: &RecordOf<Self>, i: usize) -> bool;
+
+    /// Checks the design's invariants and each running request's design
+    /// state against its tokens and table (`reqs`, whose table lengths the
+    /// layer checked), counting the design's own references into `refs`
+    /// (one slot per block).
+    ///
+    /// # Errors
+    /// The first violation found.
+    fn check_invariants(&self, reqs: &[&RecordOf<Self>], refs: &mut [u32]) -> Result<(), InvariantViolation>;
+}
+
+/// A key spec argument, owned or borrowed: a design that stores the spec
+/// takes an owned one without a copy, one that only reads it borrows.
+pub trait SpecArg<'a> {
+    /// The spec as a copy-on-write value.
+    fn into_cow(self) -> Cow<'a, KeySpec>;
+}
+
+impl<'a> SpecArg<'a> for KeySpec {
+    #[inline]
+    fn into_cow(self) -> Cow<'a, KeySpec> {
+        Cow::Owned(self)
+    }
+}
+
+impl<'a> SpecArg<'a> for &'a KeySpec {
+    #[inline]
+    fn into_cow(self) -> Cow<'a, KeySpec> {
+        Cow::Borrowed(self)
+    }
+}
+
+/// The prompt side of a design, for token input type `T`.
+pub trait Reads<T>: PrefixIndex {
+    /// Appends `src` to a record's token list.
+    fn extend_tokens(dst: &mut Vec<Self::Tok>, src: &[T]);
+
+    /// Tokens a prompt would hit now; no side effects on what is cached.
+    ///
+    /// # Errors
+    /// A key spec the design cannot key on.
+    fn lookup(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize>;
+
+    /// Looks the (non-empty) prompt of request `id` up and checks that the
+    /// blocks it needs are available: `Ok(None)`, with nothing cached
+    /// changed, when they are not.
+    ///
+    /// # Errors
+    /// A key spec the design cannot key on; nothing changes.
+    fn plan_admit(
+        &mut self,
+        id: RequestId,
+        tokens: &[T],
+        spec: Cow<'_, KeySpec>,
+        skip_reading: bool,
+    ) -> KvResult<Option<Self::Plan>>;
+}

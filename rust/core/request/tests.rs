@@ -1,0 +1,203 @@
+//! The request layer on its own, over a third, minimal design: a plain block
+//! pool that never caches (every prompt misses). It shows that a design is
+//! one `impl PrefixIndex` + `impl Reads`, and checks the lifecycle rules
+//! every design inherits: id checks, all-or-nothing batches, the reset
+//! guard, statistics, tables and the ref-count tally.
+
+use std::borrow::Cow;
+
+use super::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf, Stats};
+use crate::core::error::{ErrorKind, InvariantViolation, KvResult};
+use crate::core::events::KvEvent;
+use crate::core::hash::KeySpec;
+use crate::core::ids::{BlockId, RequestId};
+use crate::core::tables::TableSource;
+use crate::ensure_inv;
+
+/// Blocks from a LIFO free list, one holder each; nothing is ever cached.
+#[derive(Clone, Debug)]
+struct PlainPool {
+    block_size: usize,
+    refs: Vec<u32>,
+    free: Vec<BlockId>,
+}
+
+impl PlainPool {
+    fn cache(num_blocks: u32, block_size: usize) -> PrefixCache<PlainPool> {
+        let free = (1..num_blocks).rev().map(BlockId).collect();
+        PrefixCache::with_design(PlainPool { block_size, refs: vec![0; num_blocks as usize], free })
+    }
+}
+
+impl Reads<i64> for PlainPool {
+    fn extend_tokens(dst: &mut Vec<i64>, src: &[i64]) {
+        dst.extend_from_slice(src);
+    }
+
+    fn lookup(&mut self, _tokens: &[i64], _spec: &KeySpec) -> KvResult<usize> {
+        Ok(0)
+    }
+
+    fn plan_admit(
+        &mut self,
+        _id: RequestId,
+        tokens: &[i64],
+        _spec: Cow<'_, KeySpec>,
+        _skip_reading: bool,
+    ) -> KvResult<Option<Vec<i64>>> {
+        Ok((tokens.len().div_ceil(self.block_size) <= self.free.len()).then(|| tokens.to_vec()))
+    }
+}
+
+impl PrefixIndex for PlainPool {
+    type Tok = i64;
+    type Entry = BlockId;
+    type Ext = ();
+    type Plan = Vec<i64>;
+
+    const UNIT: &'static str = "blocks";
+
+    fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.refs.len()
+    }
+
+    fn num_available(&self) -> usize {
+        self.free.len()
+    }
+
+    fn commit(&mut self, tokens: Vec<i64>) -> Admitted<i64, BlockId, ()> {
+        let mut blocks = Vec::new();
+        self.allocate(tokens.len().div_ceil(self.block_size), &mut blocks);
+        Admitted { tokens, blocks, ext: (), hit_tokens: 0 }
+    }
+
+    fn allocate(&mut self, n: usize, table: &mut Vec<BlockId>) {
+        for _ in 0..n {
+            let b = self.free.pop().expect("the layer checked num_available");
+            self.refs[b.idx()] += 1;
+            table.push(b);
+        }
+    }
+
+    fn appended(&mut self, _req: &mut RecordOf<Self>, _had_full: usize) {}
+
+    fn release(&mut self, req: RecordOf<Self>) {
+        for b in req.blocks {
+            self.refs[b.idx()] -= 1;
+            self.free.push(b);
+        }
+    }
+
+    fn reset(&mut self) -> KvResult<()> {
+        Ok(())
+    }
+
+    fn take_events(&mut self) -> Vec<KvEvent> {
+        Vec::new()
+    }
+
+    fn evictions(&self) -> u64 {
+        0
+    }
+
+    fn clear_evictions(&mut self) {}
+
+    fn ref_count(&self, b: BlockId) -> u32 {
+        self.refs[b.idx()]
+    }
+
+    fn holds(&self, _req: &RecordOf<Self>, _i: usize) -> bool {
+        false
+    }
+
+    fn check_invariants(
+        &self,
+        _reqs: &[&RecordOf<Self>],
+        _refs: &mut [u32],
+    ) -> Result<(), InvariantViolation> {
+        for b in &self.free {
+            ensure_inv!(self.refs[b.idx()] == 0, "free block {} is held", b.0);
+        }
+        Ok(())
+    }
+}
+
+fn toks(n: usize) -> Vec<i64> {
+    (0..n as i64).collect()
+}
+
+#[test]
+fn lifecycle_tables_and_stats() {
+    let mut c = PlainPool::cache(10, 4);
+    assert_eq!(c.admit(RequestId(1), &toks(5), KeySpec::default(), false), Ok(Some(0)));
+    let spec = KeySpec::default(); // a spec may be given borrowed too
+    assert_eq!(c.admit(RequestId(2), &toks(3), &spec, false), Ok(Some(0)));
+    assert_eq!(c.blocks(RequestId(1)), Ok(&[BlockId(1), BlockId(2)][..]));
+    assert_eq!(c.blocks(RequestId(2)), Ok(&[BlockId(3)][..]));
+    // Request 1 grows into a third block; request 2 fills its first.
+    assert_eq!(c.append_batch(&[1, 2], &[7i64, 8, 9, 10, 11], Some(&[0, 4, 5])), Ok(true));
+    assert_eq!(c.num_tokens(RequestId(1)), Ok(9));
+    assert_eq!(c.blocks(RequestId(1)), Ok(&[BlockId(1), BlockId(2), BlockId(4)][..]));
+    assert_eq!(c.slot_mapping(&[1, 2], &[2, 1]), Ok(vec![2 * 4 + 3, 4 * 4, 3 * 4 + 3]));
+    let mut tables = vec![-1; 6];
+    c.fill_block_tables(&[2, 1], 3, &mut tables).expect("fits");
+    assert_eq!(tables, [3, 0, 0, 1, 2, 4]);
+    assert_eq!(c.num_common_prefix_blocks(), 0);
+    c.check_invariants().expect("consistent");
+    assert_eq!(c.stats(), Stats { requests: 2, queries: 8, hits: 0, evictions: 0 });
+    assert_eq!(c.take_stats().requests, 2);
+    assert_eq!(c.stats(), Stats::default());
+    c.free_batch(&[2, 1]).expect("both run");
+    assert_eq!(c.num_requests(), 0);
+    assert_eq!(c.design().free.len(), 9, "every block is back");
+    c.check_invariants().expect("consistent");
+}
+
+#[test]
+fn caller_errors_change_nothing() {
+    let mut c = PlainPool::cache(6, 2);
+    c.admit(RequestId(1), &toks(3), KeySpec::default(), false).expect("fits");
+    let kind = |r: KvResult<bool>| r.expect_err("refused").kind;
+    assert_eq!(
+        c.admit(RequestId(1), &toks(1), KeySpec::default(), false).expect_err("running").kind,
+        ErrorKind::DuplicateRequest
+    );
+    assert_eq!(
+        c.admit(RequestId(2), &toks(0), KeySpec::default(), false).expect_err("empty").kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(kind(c.append(RequestId(9), &[1i64])), ErrorKind::UnknownRequest);
+    assert_eq!(kind(c.append_batch(&[1, 1], &[1i64, 2], None)), ErrorKind::InvalidArgument);
+    assert_eq!(kind(c.append_batch(&[1, 9], &[1i64, 2], None)), ErrorKind::UnknownRequest);
+    assert_eq!(kind(c.append_batch(&[1], &[1i64, 2], Some(&[0, 3]))), ErrorKind::InvalidArgument);
+    assert_eq!(c.free_batch(&[1, 1]).expect_err("repeated").kind, ErrorKind::InvalidArgument);
+    assert_eq!(c.free_batch(&[1, 9]).expect_err("unknown").kind, ErrorKind::UnknownRequest);
+    assert_eq!(c.reset().expect_err("running").kind, ErrorKind::BlockInUse);
+    assert_eq!(c.num_tokens(RequestId(1)), Ok(3), "nothing appended");
+    assert_eq!(c.num_requests(), 1, "nothing freed");
+    assert_eq!(c.design().free.len(), 3);
+    c.check_invariants().expect("consistent");
+    c.free(RequestId(1)).expect("runs");
+    assert_eq!(c.free(RequestId(1)).expect_err("double free").kind, ErrorKind::UnknownRequest);
+    c.reset().expect("idle");
+}
+
+#[test]
+fn shortfalls_are_all_or_nothing() {
+    let mut c = PlainPool::cache(5, 2);
+    assert_eq!(c.admit(RequestId(1), &toks(4), KeySpec::default(), false), Ok(Some(0)));
+    assert_eq!(c.admit(RequestId(2), &toks(5), KeySpec::default(), false), Ok(None), "needs 3 of 2");
+    assert_eq!(c.num_requests(), 1);
+    assert_eq!(c.admit(RequestId(2), &toks(2), KeySpec::default(), false), Ok(Some(0)));
+    // One block left: request 1 needs one, request 2 one more.
+    assert_eq!(c.append_batch(&[1, 2], &[1i64, 2], None), Ok(false));
+    assert_eq!((c.num_tokens(RequestId(1)), c.num_tokens(RequestId(2))), (Ok(4), Ok(2)));
+    // The failed batch's epoch does not make a later batch see a repeat.
+    assert_eq!(c.append_batch(&[1], &[1i64], None), Ok(true));
+    assert_eq!(c.append(RequestId(2), &[1i64]), Ok(false));
+    c.check_invariants().expect("consistent");
+}
