@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kvindex.exceptions import KvIndexError
+
 __all__ = [
     "BUDGET_RULES",
     "DTYPE_BYTES",
@@ -90,8 +92,8 @@ _UNITS: dict[str, int] = {
 _BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-class SizingError(ValueError):
-    """A bad model shape, dtype, memory size or budget."""
+class SizingError(KvIndexError, ValueError):
+    """A bad model shape, dtype, memory size or budget (a :class:`kvindex.KvIndexError`)."""
 
 
 def _dtype_bytes(dtype: str | int) -> int:

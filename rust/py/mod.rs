@@ -14,7 +14,7 @@ pub mod keys;
 pub mod pages;
 pub mod radix;
 
-/// Test-only hook (issue 6 §4): panics as a broken internal invariant would,
+/// Test-only hook: panics as a broken internal invariant would,
 /// so a test can show that the panic reaches Python as an exception rather
 /// than aborting the process.
 #[pyfunction]
@@ -25,6 +25,7 @@ fn _force_panic_for_tests() {
 /// The native module `kvindex._core`.
 #[pymodule]
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::init(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("HASH_ALGOS", crate::core::hash::ALGO_NAMES.to_vec())?;
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
