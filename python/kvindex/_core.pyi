@@ -6,14 +6,30 @@ id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
 for the duration of a call (never kept); returned arrays are new and the caller's.
 Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
-(out of blocks) is a return value (``None`` / ``False``). A constructor whose size
-this machine cannot allocate raises ``CapacityError`` (a ``MemoryError``).
+(out of blocks) is a return value (``None`` / ``False``). A constructor or an output
+array whose size this machine cannot allocate raises ``CapacityError`` (a
+``MemoryError``); the object stays usable.
 
-Threading: cache objects belong to one scheduler thread. Their methods never
-release the GIL (each runs for microseconds); on a free-threaded interpreter a
-concurrent second call raises ``RuntimeError`` ("already borrowed") instead of
-corrupting state. ``block_hashes`` is pure and releases the GIL for prompts of
-4096 tokens or more.
+Integer parameters (sizes, counts, ids, handles, priorities) take ``int`` or any
+object with ``__index__`` (numpy integer scalars); ``bool`` raises ``DTypeError``, a
+value outside the parameter's range raises ``InvalidArgumentError`` (never a bare
+``OverflowError``), and an exception raised by the object's own ``__index__`` reaches
+the caller unchanged. Request-id arrays (``request_ids``) and ``query_lens`` /
+``offsets`` are 1-D C-contiguous ``int64`` arrays; ``block_ids`` takes a token-like
+array (``int32`` or ``int64``) or a list / tuple of ints.
+
+KV events are buffered between two ``take_events`` calls up to ``max_events``
+(default 100,000); when the buffer is full the oldest event is dropped and counted in
+``stats["events_dropped"]`` (``RadixTree.events_dropped``): a consumer that sees a
+non-zero count has missed events.
+
+Threading: cache objects belong to one scheduler thread. A method converts all its
+arguments first (an ``__index__`` or an ``mm_items`` generator may run Python code and
+release the GIL) and only then works on the object, without releasing the GIL (each
+runs for microseconds): on a GIL build, concurrent calls from several threads are
+serialised; on a free-threaded interpreter a concurrent second call raises
+``RuntimeError`` ("already borrowed") instead of corrupting state. ``block_hashes`` is
+pure and releases the GIL for prompts of 4096 tokens or more.
 """
 
 from collections.abc import Iterator, Sequence
@@ -28,6 +44,7 @@ HASH_ALGOS: list[str]
 _Tokens = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 _Lora = tuple[str, str] | None
 _MmItems = Sequence[tuple[str, int, int]] | None
+_BlockIds = npt.NDArray[np.int64] | npt.NDArray[np.int32] | list[int] | tuple[int, ...]
 
 def block_hashes(
     tokens: _Tokens,
@@ -121,6 +138,7 @@ class HashChainCache:
         algo: str = "xxh3_128",
         seed: str | None = None,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
@@ -148,7 +166,8 @@ class HashChainCache:
     @property
     def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
-        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``."""
+        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
+        ``events_dropped`` (KV events the full buffer dropped, oldest first)."""
     def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
     def __contains__(self, request_id: int, /) -> bool: ...
@@ -167,6 +186,8 @@ class HashChainCache:
         blocks run short (hit blocks in the free queue count as available). With
         ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is read from the cache
         but the prompt is still cached. Raises ``DuplicateRequestError`` for a running id.
+        A refused prompt keeps its hashes for the scheduler's retry of the same id (at
+        most 32 prompts, oldest dropped first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -189,17 +210,21 @@ class HashChainCache:
         """One step's decode tokens for many requests, all or nothing: request ``i`` gets
         ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
         Ids must be distinct. ``False`` (nothing changed) when blocks run short."""
+    def checkpoint(self, request_id: int) -> None:
+        """Makes the running request's full blocks hittable now: the hash chain caches
+        full blocks as they fill, so this only checks the id (``UnknownRequestError``)."""
     def free(self, request_id: int) -> None:
         """Finishes a request; its blocks return to the free queue in reverse order."""
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
         """Finishes many requests, in order; all ids are checked first."""
-    def evict_blocks(
-        self, block_ids: npt.NDArray[np.int64] | npt.NDArray[np.int32] | Sequence[int]
-    ) -> int:
+    def evict_blocks(self, block_ids: _BlockIds) -> int:
         """Drops the cached hashes of idle blocks (they keep their queue position).
-        Raises ``BlockInUseError`` for a block a request holds. Returns blocks evicted."""
+        ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
+        ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
+        a request holds. Returns blocks evicted."""
     def reset(self) -> None:
-        """Drops every cached hash. Raises ``BlockInUseError`` while requests run."""
+        """Drops every cached hash and the refused prompts kept for a retry. Raises
+        ``BlockInUseError`` while requests run."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains buffered KV events (empty unless ``enable_events``)."""
     def block_tables(
@@ -217,20 +242,22 @@ class HashChainCache:
     def num_tokens(self, request_id: int) -> int: ...
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
     def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]: ...
+    def free_blocks(self) -> npt.NDArray[np.int32]:
+        """Free blocks (idle cached ones included) from head (next victim) to tail."""
     def free_queue(self) -> npt.NDArray[np.int32]:
-        """Free blocks from head (next victim) to tail."""
+        """Alias of :meth:`free_blocks`."""
     def block_hash(self, block_id: int) -> bytes | None: ...
     def ref_count(self, block_id: int) -> int: ...
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
 
-# ---------------------------------------------------------------- radix tree (issue 3)
+# ---------------------------------------------------------------- radix tree
 
 RADIX_POLICIES: list[str]
 
 @final
 class MatchResult:
-    """Result of :meth:`RadixCache.match_prefix`; unpacks as ``(hit_len, slots, node)``."""
+    """Result of :meth:`RadixTree.match_prefix`; unpacks as ``(hit_len, slots, node)``."""
 
     @property
     def hit_len(self) -> int:
@@ -246,7 +273,7 @@ class MatchResult:
 
 @final
 class InsertResult:
-    """Result of :meth:`RadixCache.insert`; unpacks as ``(prefix_len, to_free)``."""
+    """Result of :meth:`RadixTree.insert`; unpacks as ``(prefix_len, to_free)``."""
 
     @property
     def prefix_len(self) -> int:
@@ -259,15 +286,17 @@ class InsertResult:
     def __len__(self) -> int: ...
 
 @final
-class RadixCache:
-    """Radix tree over token ids with SGLang ``RadixCache`` semantics.
+class RadixTree:
+    """Radix tree over token ids with SGLang ``RadixCache`` semantics (the tree alone:
+    the caller owns the slots; :class:`RadixPrefixCache` is the request-level cache).
 
     Edges hold token runs (a multiple of ``page_size``); values are KV slots. With
     ``page_size > 1`` queries are cut to a page multiple and each page's slots must be
     a page-aligned run. A match ending inside an edge splits it. Recency is a logical
-    clock (one tick per match/insert). Node handles are ints (``generation << 32 |
-    index``); a handle to an evicted node, or any handle after ``reset()``, raises
-    ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
+    clock (one tick per match/insert). Node handles are ints naming the tree that
+    issued them (``tag << 64 | generation << 32 | index``; the root is 0); a handle to
+    an evicted node, any handle after ``reset()``, or a handle from another tree
+    raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
     """
 
     def __new__(
@@ -277,6 +306,7 @@ class RadixCache:
         policy: str = "lru",
         slru_threshold: int = 2,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
     def page_size(self) -> int: ...
@@ -319,13 +349,20 @@ class RadixCache:
     def all_slots(self) -> npt.NDArray[np.int32]: ...
     def evict(self, num_tokens: int) -> npt.NDArray[np.int32]:
         """Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
-        free more); returns the freed slots."""
+        free more); returns the freed slots (the caller owns the slots, so the tree hands
+        them back)."""
     def reset(self) -> npt.NDArray[np.int32]:
         """Drops every node (handles go stale); returns the slots the tree held."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    @property
+    def events_dropped(self) -> int:
+        """KV events the full buffer dropped (oldest first) since the tree was built."""
     def check_invariants(self) -> None: ...
     def dump(self) -> str: ...
     def __len__(self) -> int: ...
+
+#: The tree's former name.
+RadixCache = RadixTree
 
 @final
 class RadixPrefixCache:
@@ -346,13 +383,13 @@ class RadixPrefixCache:
         policy: str = "lru",
         slru_threshold: int = 2,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int: ...
     @property
-    def block_size(self) -> int: ...
-    @property
-    def page_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block: the tree's page size."""
     @property
     def policy(self) -> str: ...
     @property
@@ -411,8 +448,11 @@ class RadixPrefixCache:
         """Inserts the running request's full pages now (SGLang ``cache_unfinished_req``)."""
     def free(self, request_id: int) -> None: ...
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None: ...
-    def evict(self, num_tokens: int) -> int: ...
-    def reset(self) -> None: ...
+    def evict(self, num_tokens: int) -> int:
+        """Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
+        returns the tokens evicted (their pages return to the cache's own pool)."""
+    def reset(self) -> None:
+        """Drops every cached page. Raises ``BlockInUseError`` while requests run."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
     def block_tables(
         self,

@@ -29,6 +29,7 @@ use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::event_buffer::EventBuffer;
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
@@ -58,7 +59,7 @@ pub struct BlockPool {
     /// Later copies of a hash, oldest first (vLLM allows duplicate physical
     /// copies; lookups return the first). Rare: empty in most workloads.
     dups: FxHashMap<BlockHash, Vec<BlockId>>,
-    events: Option<Vec<KvEvent>>,
+    events: Option<EventBuffer>,
     /// Blocks that lost their hash since the owner last drained this log
     /// (kept only when `log_evictions` is on).
     evicted: Vec<BlockId>,
@@ -94,7 +95,7 @@ impl BlockPool {
             queue,
             index: HashTable::new(),
             dups: FxHashMap::default(),
-            events: enable_events.then(Vec::new),
+            events: enable_events.then(EventBuffer::default),
             evicted: Vec::new(),
             log_evictions: false,
         })
@@ -394,9 +395,33 @@ impl BlockPool {
         self.events.is_some()
     }
 
+    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        match &mut self.events {
+            Some(ev) => ev.set_capacity(max_events),
+            None if max_events == 0 => Err(KvError::invalid("max_events must be >= 1")),
+            None => Ok(()),
+        }
+    }
+
+    /// Events dropped from the full buffer since the last
+    /// [`Self::take_events_dropped`].
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        self.events.as_ref().map_or(0, EventBuffer::dropped)
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        self.events.as_mut().map_or(0, EventBuffer::take_dropped)
+    }
+
     /// Drains the buffered events (empty when disabled).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
     }
 
     /// Checks invariants 1-4 of the module header. O(n + map).

@@ -564,12 +564,41 @@ impl HashChainCache {
         }
         self.pool.reset()?;
         self.memo.clear();
+        // Refused prompts kept for a retry are released too.
+        self.pending = std::collections::VecDeque::new();
         Ok(())
     }
 
     /// Drains buffered KV events.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
         self.pool.take_events()
+    }
+
+    /// Refused prompts kept (with their hashes) for the scheduler's retry:
+    /// at most 32, oldest dropped first; `reset` releases them.
+    #[must_use]
+    pub fn num_pending_prompts(&self) -> usize {
+        self.pending.len()
+    }
+
+    /// Bounds the KV event buffer (drop-oldest, see
+    /// [`crate::core::event_buffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        self.pool.set_max_events(max_events)
+    }
+
+    /// Events dropped from the full buffer since the last take.
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        self.pool.events_dropped()
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        self.pool.take_events_dropped()
     }
 
     /// The chained block hashes of request `id`'s full blocks.

@@ -111,3 +111,15 @@ pub fn invalid(msg: impl Into<String>) -> PyErr {
 pub fn dtype(msg: impl Into<String>) -> PyErr {
     to_py(KvError::new(ErrorKind::DType, msg))
 }
+
+/// Shorthand: a `CapacityError` (a `MemoryError`).
+#[cold]
+pub fn capacity(msg: impl Into<String>) -> PyErr {
+    to_py(KvError::new(ErrorKind::Capacity, msg))
+}
+
+/// Shorthand: a `StaleHandleError` (a `KeyError`).
+#[cold]
+pub fn stale(msg: impl Into<String>) -> PyErr {
+    to_py(KvError::new(ErrorKind::StaleHandle, msg))
+}

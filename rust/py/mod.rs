@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+pub mod args;
 pub mod arrays;
 pub mod common;
 pub mod errors;
@@ -13,6 +14,7 @@ pub mod hashing;
 pub mod keys;
 pub mod pages;
 pub mod radix;
+pub mod request_cache;
 
 /// Test-only hook: panics as a broken internal invariant would,
 /// so a test can show that the panic reaches Python as an exception rather
@@ -37,6 +39,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
     m.add_class::<radix::PyRadixCache>()?;
+    // The tree's former name, kept as an alias.
+    m.add("RadixCache", m.getattr("RadixTree")?)?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<radix::PyRadixPrefixCache>()?;

@@ -96,6 +96,7 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
+use crate::core::event_buffer::EventBuffer;
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::ids::BlockId;
 
@@ -321,7 +322,7 @@ pub struct RadixTree {
     /// Bitmap over values: bit v set iff value v is in the tree.
     in_tree: Vec<u64>,
     ns: Namespaces,
-    events: Option<Vec<KvEvent>>,
+    events: Option<EventBuffer>,
     /// Scratch: the path of the last walk, `(child, matched tokens)`.
     path: Vec<(NodeId, usize)>,
     scratch_bytes: Vec<u8>,
@@ -524,7 +525,7 @@ impl RadixTree {
             num_nodes: 0,
             in_tree: Vec::new(),
             ns: Namespaces::new(),
-            events: enable_events.then(Vec::new),
+            events: enable_events.then(EventBuffer::default),
             path: Vec::new(),
             scratch_bytes: Vec::new(),
         })
@@ -1161,9 +1162,33 @@ impl RadixTree {
         self.events.is_some()
     }
 
+    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        match &mut self.events {
+            Some(ev) => ev.set_capacity(max_events),
+            None if max_events == 0 => Err(KvError::invalid("max_events must be >= 1")),
+            None => Ok(()),
+        }
+    }
+
+    /// Events dropped from the full buffer since the last
+    /// [`Self::take_events_dropped`].
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        self.events.as_ref().map_or(0, EventBuffer::dropped)
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        self.events.as_mut().map_or(0, EventBuffer::take_dropped)
+    }
+
     /// Drains buffered KV events (empty when disabled). O(events).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
     }
 
     /// A human-readable dump: one line per node, depth-first, children in
