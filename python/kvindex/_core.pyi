@@ -142,23 +142,29 @@ class HashChainCache:
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
-        """Pool size, the null block included."""
+        """Blocks in the pool, the null block 0 included."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block (the radix cache's page size)."""
     @property
-    def algo(self) -> str: ...
+    def algo(self) -> str:
+        """The hash algorithm (one of ``HASH_ALGOS``)."""
     @property
     def num_free_blocks(self) -> int:
-        """Free blocks, cached-but-idle ones included."""
+        """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
+        cached blocks in the free queue, the radix tree's evictable pages).
+        """
     @property
     def usage(self) -> float:
-        """``1 - num_free_blocks / (num_blocks - 1)``."""
+        """Fraction of usable blocks held by running requests:
+        ``1 - num_free_blocks / (num_blocks - 1)``.
+        """
     @property
     def num_requests(self) -> int:
         """Running (admitted, not freed) requests."""
     @property
     def num_cached_blocks(self) -> int:
-        """Distinct cached block hashes."""
+        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
     @property
     def num_common_prefix_blocks(self) -> int:
         """Blocks shared by every running request, counted from block 0 (what cascade
@@ -181,13 +187,17 @@ class HashChainCache:
         mm_items: _MmItems = None,
         skip_reading: bool = False,
     ) -> Admission | None:
-        """Hashes the prompt, pins the longest cached prefix, allocates blocks for the rest
-        and caches every full prompt block. Returns ``None`` with nothing changed when free
-        blocks run short (hit blocks in the free queue count as available). With
-        ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is read from the cache
-        but the prompt is still cached. Raises ``DuplicateRequestError`` for a running id.
-        A refused prompt keeps its hashes for the scheduler's retry of the same id (at
-        most 32 prompts, oldest dropped first; ``reset()`` releases them).
+        """Starts a request: pins the longest cached prefix of the prompt (capped at
+        ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
+        computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
+        when free blocks run short (idle cached blocks count as available). The hash chain
+        caches every full prompt block now; the radix cache inserts the sequence at ``free``
+        or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
+        read from the cache but the prompt is still cached. The radix cache keys on
+        ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
+        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
+        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
+        first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -197,10 +207,12 @@ class HashChainCache:
         lora: _Lora = None,
         mm_items: _MmItems = None,
     ) -> int:
-        """Tokens a prompt would hit now. No side effects."""
+        """Tokens a prompt would hit now (as ``admit`` counts them). No side effects."""
     def append(self, request_id: int, tokens: _Tokens) -> bool:
-        """Appends computed decode tokens; allocates a block when one fills and caches every
-        newly full block. ``False`` (nothing changed) when a needed block is not free."""
+        """Appends computed decode tokens; allocates a block when one fills (the hash chain
+        caches every newly full block). ``False`` (nothing changed) when a needed block is
+        not free.
+        """
     def append_batch(
         self,
         request_ids: npt.NDArray[np.int64],
@@ -211,10 +223,15 @@ class HashChainCache:
         ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
         Ids must be distinct. ``False`` (nothing changed) when blocks run short."""
     def checkpoint(self, request_id: int) -> None:
-        """Makes the running request's full blocks hittable now: the hash chain caches
-        full blocks as they fill, so this only checks the id (``UnknownRequestError``)."""
+        """Makes the running request's full blocks hittable by other requests now
+        (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
+        hash chain caches full blocks as they fill, so only the id is checked).
+        """
     def free(self, request_id: int) -> None:
-        """Finishes a request; its blocks return to the free queue in reverse order."""
+        """Finishes a request. The hash chain returns its blocks to the free queue in reverse
+        order (cached ones stay hittable); the radix cache inserts its full pages into the
+        tree and returns the rest to the pool.
+        """
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
         """Finishes many requests, in order; all ids are checked first."""
     def evict_blocks(self, block_ids: _BlockIds) -> int:
@@ -223,8 +240,9 @@ class HashChainCache:
         ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
         a request holds. Returns blocks evicted."""
     def reset(self) -> None:
-        """Drops every cached hash and the refused prompts kept for a retry. Raises
-        ``BlockInUseError`` while requests run."""
+        """Drops every cached block and the refused prompts kept for a retry.
+        Raises ``BlockInUseError`` while requests run.
+        """
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains buffered KV events (empty unless ``enable_events``)."""
     def block_tables(
@@ -234,20 +252,31 @@ class HashChainCache:
         out: npt.NDArray[np.int32] | None = None,
     ) -> npt.NDArray[np.int32]:
         """Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
-        written into ``out`` when given (no allocation in the steady state)."""
+        written into ``out`` when given (no allocation in the steady state). An output this
+        machine cannot allocate raises ``CapacityError``.
+        """
     def slot_mapping(
         self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.int64]:
-        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens."""
-    def num_tokens(self, request_id: int) -> int: ...
-    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
-    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]: ...
+        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
+        concatenated. An output this machine cannot allocate raises ``CapacityError``.
+        """
+    def num_tokens(self, request_id: int) -> int:
+        """Tokens a running request holds."""
+    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
+        """A running request's block table."""
+    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
+        """The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8."""
     def free_blocks(self) -> npt.NDArray[np.int32]:
-        """Free blocks (idle cached ones included) from head (next victim) to tail."""
+        """Blocks no request or cache entry holds, in the order the pool hands
+        them out (the hash chain's free queue also holds idle cached blocks).
+        """
     def free_queue(self) -> npt.NDArray[np.int32]:
         """Alias of :meth:`free_blocks`."""
-    def block_hash(self, block_id: int) -> bytes | None: ...
-    def ref_count(self, block_id: int) -> int: ...
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The block's cached hash, or None."""
+    def ref_count(self, block_id: int) -> int:
+        """References on a block (requests holding it, plus the radix tree)."""
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
 
@@ -309,9 +338,11 @@ class RadixTree:
         max_events: int = 100000,
     ) -> Self: ...
     @property
-    def page_size(self) -> int: ...
+    def page_size(self) -> int:
+        """Tokens per page (edges and hits are multiples of it)."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The eviction policy (one of ``RADIX_POLICIES``)."""
     @property
     def total_size(self) -> int:
         """Tokens in the tree (``evictable_size + protected_size``)."""
@@ -322,9 +353,11 @@ class RadixTree:
     def protected_size(self) -> int:
         """Tokens in locked nodes."""
     @property
-    def num_nodes(self) -> int: ...
+    def num_nodes(self) -> int:
+        """Live nodes, the root included."""
     @property
-    def clock(self) -> int: ...
+    def clock(self) -> int:
+        """The logical clock (one tick per match/insert)."""
     def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> MatchResult:
         """Longest cached page-aligned prefix; stamps the path, may split an edge."""
     def probe(self, tokens: _Tokens, namespace: str | None = None) -> int:
@@ -344,21 +377,27 @@ class RadixTree:
         """Protects the path root..node from eviction (the root: no-op)."""
     def unlock(self, node: int) -> None:
         """Releases a lock taken on this node; ``LockError`` if it holds none of its own."""
-    def lock_ref(self, node: int) -> int: ...
-    def path_slots(self, node: int) -> npt.NDArray[np.int32]: ...
-    def all_slots(self) -> npt.NDArray[np.int32]: ...
+    def lock_ref(self, node: int) -> int:
+        """Locks held on the node itself."""
+    def path_slots(self, node: int) -> npt.NDArray[np.int32]:
+        """Slots of the path root..node, in order."""
+    def all_slots(self) -> npt.NDArray[np.int32]:
+        """Every slot the tree holds."""
     def evict(self, num_tokens: int) -> npt.NDArray[np.int32]:
         """Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
         free more); returns the freed slots (the caller owns the slots, so the tree hands
         them back)."""
     def reset(self) -> npt.NDArray[np.int32]:
         """Drops every node (handles go stale); returns the slots the tree held."""
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drains buffered KV events (empty unless ``enable_events``)."""
     @property
     def events_dropped(self) -> int:
         """KV events the full buffer dropped (oldest first) since the tree was built."""
-    def check_invariants(self) -> None: ...
-    def dump(self) -> str: ...
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if any internal invariant is broken."""
+    def dump(self) -> str:
+        """A human-readable dump, one line per node."""
     def __len__(self) -> int: ...
 
 #: The tree's former name.
@@ -386,38 +425,55 @@ class RadixPrefixCache:
         max_events: int = 100000,
     ) -> Self: ...
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block 0 included."""
     @property
     def block_size(self) -> int:
-        """Tokens per block: the tree's page size."""
+        """Tokens per block (the radix cache's page size)."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The tree's eviction policy (one of ``RADIX_POLICIES``)."""
     @property
     def num_free_blocks(self) -> int:
-        """Free pages plus pages evictable from the tree."""
+        """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
+        cached blocks in the free queue, the radix tree's evictable pages).
+        """
     @property
     def num_unused_blocks(self) -> int:
         """Pages with no holder at all."""
     @property
-    def usage(self) -> float: ...
+    def usage(self) -> float:
+        """Fraction of usable blocks held by running requests:
+        ``1 - num_free_blocks / (num_blocks - 1)``.
+        """
     @property
-    def num_requests(self) -> int: ...
+    def num_requests(self) -> int:
+        """Running (admitted, not freed) requests."""
     @property
-    def num_cached_blocks(self) -> int: ...
+    def num_cached_blocks(self) -> int:
+        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
     @property
-    def cached_tokens(self) -> int: ...
+    def cached_tokens(self) -> int:
+        """Tokens in the tree."""
     @property
-    def evictable_size(self) -> int: ...
+    def evictable_size(self) -> int:
+        """Tokens in unlocked tree nodes."""
     @property
-    def protected_size(self) -> int: ...
+    def protected_size(self) -> int:
+        """Tokens in locked tree nodes."""
     @property
-    def stats(self) -> dict[str, Any]: ...
-    def take_stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, Any]:
+        """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
+        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
+        ``events_dropped`` (KV events the full buffer dropped, oldest first).
+        """
+    def take_stats(self) -> dict[str, Any]:
+        """Returns :attr:`stats` and zeroes the counters."""
     @property
     def num_common_prefix_blocks(self) -> int:
-        """Pages shared by every running request, counted from page 0: the tree path every
-        running request has locked (a single request counts all its pages); 0 when none
-        runs. O(shared pages)."""
+        """Blocks shared by every running request, counted from block 0 (what cascade
+        attention can share); 0 when no request runs. O(shared blocks).
+        """
     def __contains__(self, request_id: int, /) -> bool: ...
     def admit(
         self,
@@ -428,7 +484,19 @@ class RadixPrefixCache:
         lora: _Lora = None,
         mm_items: _MmItems = None,
         skip_reading: bool = False,
-    ) -> Admission | None: ...
+    ) -> Admission | None:
+        """Starts a request: pins the longest cached prefix of the prompt (capped at
+        ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
+        computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
+        when free blocks run short (idle cached blocks count as available). The hash chain
+        caches every full prompt block now; the radix cache inserts the sequence at ``free``
+        or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
+        read from the cache but the prompt is still cached. The radix cache keys on
+        ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
+        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
+        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
+        first; ``reset()`` releases them).
+        """
     def lookup(
         self,
         tokens: _Tokens,
@@ -436,38 +504,75 @@ class RadixPrefixCache:
         cache_salt: str | None = None,
         lora: _Lora = None,
         mm_items: _MmItems = None,
-    ) -> int: ...
-    def append(self, request_id: int, tokens: _Tokens) -> bool: ...
+    ) -> int:
+        """Tokens a prompt would hit now (as ``admit`` counts them). No side effects."""
+    def append(self, request_id: int, tokens: _Tokens) -> bool:
+        """Appends computed decode tokens; allocates a block when one fills (the hash chain
+        caches every newly full block). ``False`` (nothing changed) when a needed block is
+        not free.
+        """
     def append_batch(
         self,
         request_ids: npt.NDArray[np.int64],
         tokens: _Tokens,
         offsets: npt.NDArray[np.int64] | None = None,
-    ) -> bool: ...
+    ) -> bool:
+        """One step's decode tokens for many requests, all or nothing: request ``i`` gets
+        ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
+        Ids must be distinct. ``False`` (nothing changed) when blocks run short.
+        """
     def checkpoint(self, request_id: int) -> None:
-        """Inserts the running request's full pages now (SGLang ``cache_unfinished_req``)."""
-    def free(self, request_id: int) -> None: ...
-    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None: ...
+        """Makes the running request's full blocks hittable by other requests now
+        (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
+        hash chain caches full blocks as they fill, so only the id is checked).
+        """
+    def free(self, request_id: int) -> None:
+        """Finishes a request. The hash chain returns its blocks to the free queue in reverse
+        order (cached ones stay hittable); the radix cache inserts its full pages into the
+        tree and returns the rest to the pool.
+        """
+    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
+        """Finishes many requests, in order; all ids are checked first."""
     def evict(self, num_tokens: int) -> int:
         """Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
         returns the tokens evicted (their pages return to the cache's own pool)."""
     def reset(self) -> None:
-        """Drops every cached page. Raises ``BlockInUseError`` while requests run."""
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+        """Drops every cached block and the refused prompts kept for a retry.
+        Raises ``BlockInUseError`` while requests run.
+        """
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drains buffered KV events (empty unless ``enable_events``)."""
     def block_tables(
         self,
         request_ids: npt.NDArray[np.int64],
         max_blocks: int | None = None,
         out: npt.NDArray[np.int32] | None = None,
-    ) -> npt.NDArray[np.int32]: ...
+    ) -> npt.NDArray[np.int32]:
+        """Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
+        written into ``out`` when given (no allocation in the steady state). An output this
+        machine cannot allocate raises ``CapacityError``.
+        """
     def slot_mapping(
         self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]: ...
-    def num_tokens(self, request_id: int) -> int: ...
-    def num_cached_tokens(self, request_id: int) -> int: ...
-    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
-    def free_blocks(self) -> npt.NDArray[np.int32]: ...
-    def cached_blocks(self) -> npt.NDArray[np.int32]: ...
-    def ref_count(self, block_id: int) -> int: ...
-    def check_invariants(self) -> None: ...
-    def dump(self) -> str: ...
+    ) -> npt.NDArray[np.int64]:
+        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
+        concatenated. An output this machine cannot allocate raises ``CapacityError``.
+        """
+    def num_tokens(self, request_id: int) -> int:
+        """Tokens a running request holds."""
+    def num_cached_tokens(self, request_id: int) -> int:
+        """Leading tokens of a running request served by cached tree pages."""
+    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
+        """A running request's block table."""
+    def free_blocks(self) -> npt.NDArray[np.int32]:
+        """Blocks no request or cache entry holds, in the order the pool hands
+        them out (the hash chain's free queue also holds idle cached blocks).
+        """
+    def cached_blocks(self) -> npt.NDArray[np.int32]:
+        """The pages the tree holds."""
+    def ref_count(self, block_id: int) -> int:
+        """References on a block (requests holding it, plus the radix tree)."""
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if any internal invariant is broken."""
+    def dump(self) -> str:
+        """A human-readable dump of the tree, one line per node."""

@@ -12,12 +12,12 @@ use crate::core::hash_chain::Stats;
 use crate::core::ids::BlockId;
 use crate::core::tables::TableSource;
 
-/// Result of a successful admission (either cache).
+/// A successful ``admit`` (either cache); unpacks as ``(num_cached_tokens, block_ids)``.
 #[pyclass(module = "kvindex._core", frozen, get_all)]
 pub struct Admission {
     /// Prompt tokens served from the cache (a multiple of the block size).
     num_cached_tokens: usize,
-    /// The request's block table (int32).
+    /// The request's block table.
     block_ids: Py<PyArray1<i32>>,
 }
 

@@ -24,7 +24,14 @@ use crate::core::hash::HashAlgo;
 use crate::core::hash_chain as core;
 use crate::core::ids::RequestId;
 
-/// Block-hash-chain prefix cache over a ref-counted block pool (vLLM semantics).
+/// Prefix cache over chained block hashes and a ref-counted block pool (vLLM 0.33 semantics).
+///
+/// Block 0 is the null block (never allocated; pads block tables). Free blocks form
+/// an LRU queue: new blocks come from its head; a finished request's blocks return in
+/// reverse table order, unhashed ones to the head and cached ones to the tail; a
+/// cached block keeps its hash until it is handed out again. A lookup hits the
+/// longest run of cached block hashes from block 0, capped at ``num_tokens - 1``
+/// (the last prompt token is always recomputed) and aligned to the block size.
 #[pyclass(module = "kvindex._core", name = "HashChainCache")]
 pub struct PyHashChainCache {
     inner: core::HashChainCache,
@@ -54,7 +61,9 @@ request_cache_class!(PyHashChainCache {
     }
 
     /// Drops the cached hashes of idle blocks (they keep their queue position).
-    /// Raises ``BlockInUseError`` for a block a request holds. Returns blocks evicted.
+    /// ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
+    /// ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
+    /// a request holds. Returns blocks evicted.
     fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         let ids = arrays::block_ids(block_ids, "block_ids")?;
         let mut me = slf.try_borrow_mut()?;
@@ -81,7 +90,7 @@ request_cache_class!(PyHashChainCache {
         Ok(numpy::PyArray1::from_vec(slf.py(), bytes).reshape([n, d])?.into_any())
     }
 
-    /// Alias of :meth:`free_blocks`: free blocks from head (next victim) to tail.
+    /// Alias of :meth:`free_blocks`.
     fn free_queue<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
         let v: Vec<_> = {
             let me = slf.try_borrow()?;

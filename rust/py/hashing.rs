@@ -26,7 +26,18 @@ fn chain<T: Token>(algo: HashAlgo, seed: Option<&str>, tokens: &[T], bs: usize, 
     bytes
 }
 
-/// Chained hashes of the full blocks of `tokens`: uint8 array `[n_full, digest_len]`.
+/// Chained hashes of the full blocks of ``tokens``, shape ``[len(tokens) // block_size, d]``.
+///
+/// ``h_i = H(serialize(h_{i-1} or NONE_HASH, tokens of block i, extra keys of block i))``
+/// with ``NONE_HASH = H(serialize(seed))``. ``algo`` is one of :data:`HASH_ALGOS`:
+/// ``xxh3_128`` (default, fastest) and ``sha256`` use kvindex's compact encoding;
+/// ``vllm_sha256_cbor``, ``vllm_xxhash_cbor``, ``vllm_sha256`` (pickle, vLLM's default)
+/// and ``vllm_xxhash`` are bit-exact with vLLM 0.33. Extra keys as vLLM tags them:
+/// ``("lora", name, path)`` on every block, ``("mm", identifier, offset - block_start)``
+/// per overlapping multimodal item ``(identifier, offset, length)``, and
+/// ``("cache_salt", salt)`` on block 0 for a non-empty salt. ``seed`` defaults to
+/// ``"kvindex"`` (compact modes) or ``"vllm-none-hash"`` (vLLM modes).
+/// Releases the GIL for 4096 tokens or more.
 #[pyfunction]
 #[pyo3(signature = (tokens, block_size, *, algo = "xxh3_128", seed = None, cache_salt = None, lora = None, mm_items = None))]
 #[allow(clippy::too_many_arguments)]
@@ -67,7 +78,7 @@ pub fn block_hashes<'py>(
     Ok(a.reshape([n, d])?.into_any())
 }
 
-/// NONE_HASH (the chain's root parent) for `algo` and `seed`, as bytes.
+/// The chain's root parent ``H(serialize(seed))`` for ``algo``.
 #[pyfunction]
 #[pyo3(signature = (*, algo = "xxh3_128", seed = None))]
 pub fn none_hash(algo: &str, seed: Option<String>) -> PyResult<Vec<u8>> {

@@ -16,9 +16,7 @@ pub mod pages;
 pub mod radix;
 pub mod request_cache;
 
-/// Test-only hook: panics as a broken internal invariant would,
-/// so a test can show that the panic reaches Python as an exception rather
-/// than aborting the process.
+/// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
 #[pyfunction]
 fn _force_panic_for_tests() {
     panic!("forced panic: kvindex test hook for the panic policy");

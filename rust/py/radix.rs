@@ -79,14 +79,14 @@ fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
     Policy::parse(policy, slru_threshold as u64).py()
 }
 
-/// Result of `RadixTree.match_prefix`: iterable as `(hit_len, slots, node)`.
+/// Result of :meth:`RadixTree.match_prefix`; unpacks as ``(hit_len, slots, node)``.
 #[pyclass(module = "kvindex._core", frozen, get_all)]
 pub struct MatchResult {
     /// Matched tokens (a multiple of the page size).
     hit_len: usize,
-    /// KV slots of the matched tokens (int32, one per token).
+    /// KV slots of the matched tokens, one per token.
     slots: Py<PyArray1<i32>>,
-    /// Handle of the last matched node (0, the root, on a miss): lock it.
+    /// Handle of the last matched node (0, the root, on a miss); lock it to protect the hit.
     node: u128,
 }
 
@@ -108,13 +108,13 @@ impl MatchResult {
     }
 }
 
-/// Result of `RadixTree.insert`: iterable as `(prefix_len, to_free)`.
+/// Result of :meth:`RadixTree.insert`; unpacks as ``(prefix_len, to_free)``.
 #[pyclass(module = "kvindex._core", frozen, get_all)]
 pub struct InsertResult {
     /// Leading tokens that were already in the tree (a multiple of the page size).
     prefix_len: usize,
-    /// Slots passed in that the tree did not take (duplicates of its prefix,
-    /// and the unaligned tail when page_size > 1): the caller frees exactly these.
+    /// Slots passed in that the tree did not take (duplicates of its prefix, and the
+    /// unaligned tail when page_size > 1): the caller frees exactly these.
     to_free: Py<PyArray1<i32>>,
 }
 
@@ -139,7 +139,16 @@ impl InsertResult {
 /// Source of per-instance handle tags (0 is never a tag: the root handle).
 static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
 
-/// Radix tree over token ids with SGLang `RadixCache` semantics.
+/// Radix tree over token ids with SGLang ``RadixCache`` semantics (the tree alone:
+/// the caller owns the slots; :class:`RadixPrefixCache` is the request-level cache).
+///
+/// Edges hold token runs (a multiple of ``page_size``); values are KV slots. With
+/// ``page_size > 1`` queries are cut to a page multiple and each page's slots must be
+/// a page-aligned run. A match ending inside an edge splits it. Recency is a logical
+/// clock (one tick per match/insert). Node handles are ints naming the tree that
+/// issued them (``tag << 64 | generation << 32 | index``; the root is 0); a handle to
+/// an evicted node, any handle after ``reset()``, or a handle from another tree
+/// raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
 #[pyclass(module = "kvindex._core", name = "RadixTree")]
 pub struct PyRadixCache {
     inner: RadixTree,
@@ -434,7 +443,13 @@ impl PyRadixCache {
     }
 }
 
-/// Request-level prefix cache over the radix tree, driven like `HashChainCache`.
+/// Request-level prefix cache over the radix tree, driven like :class:`HashChainCache`.
+///
+/// ``num_blocks`` pages of ``block_size`` slots (page 0 is the null page; tables pad
+/// with 0); block ids are page ids, so ``block_size=1`` gives token-level tables.
+/// Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
+/// ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
+/// pool runs short.
 #[pyclass(module = "kvindex._core", name = "RadixPrefixCache")]
 pub struct PyRadixPrefixCache {
     inner: RadixPrefixCache,
@@ -463,7 +478,7 @@ request_cache_class!(PyRadixPrefixCache {
         self.inner.tree().policy().name()
     }
 
-    /// Pages with no holder at all (:attr:`num_free_blocks` also counts evictable tree pages).
+    /// Pages with no holder at all.
     #[getter]
     fn num_unused_blocks(&self) -> usize {
         self.inner.pool().num_free()
@@ -488,7 +503,7 @@ request_cache_class!(PyRadixPrefixCache {
     }
 
     /// Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
-    /// returns the tokens evicted (their pages return to the pool).
+    /// returns the tokens evicted (their pages return to the cache's own pool).
     fn evict(slf: &Bound<'_, Self>, num_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n = args::usize_arg(num_tokens, "num_tokens", usize::MAX)?;
         Ok(slf.try_borrow_mut()?.inner.evict(n))

@@ -281,13 +281,15 @@ macro_rules! request_cache_class {
                 $crate::core::tables::TableSource::table_block_size(&self.inner)
             }
 
-            /// Blocks new work can get now: free blocks, idle cached blocks included.
+            /// Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
+            /// cached blocks in the free queue, the radix tree's evictable pages).
             #[getter]
             fn num_free_blocks(&self) -> usize {
                 $crate::py::request_cache::Design::num_free_blocks(&self.inner)
             }
 
-            /// Fraction of usable blocks held by running requests.
+            /// Fraction of usable blocks held by running requests:
+            /// ``1 - num_free_blocks / (num_blocks - 1)``.
             #[getter]
             fn usage(&self) -> f64 {
                 $crate::py::request_cache::Design::usage(&self.inner)
@@ -305,16 +307,16 @@ macro_rules! request_cache_class {
                 $crate::py::request_cache::Design::num_cached_blocks(&self.inner)
             }
 
-            /// Blocks shared by every running request, counted from block 0 (what
-            /// cascade attention can share); 0 when no request runs.
+            /// Blocks shared by every running request, counted from block 0 (what cascade
+            /// attention can share); 0 when no request runs. O(shared blocks).
             #[getter]
             fn num_common_prefix_blocks(&self) -> usize {
                 $crate::py::request_cache::Design::num_common_prefix_blocks(&self.inner)
             }
 
-            /// ``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens),
-            /// ``evictions``, ``hit_rate``, ``events_dropped`` (KV events the full
-            /// buffer dropped, oldest first).
+            /// ``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
+            /// (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
+            /// ``events_dropped`` (KV events the full buffer dropped, oldest first).
             #[getter]
             fn stats<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, pyo3::types::PyDict>> {
                 let (s, d) = {
@@ -345,8 +347,17 @@ macro_rules! request_cache_class {
                 Ok($crate::core::tables::TableSource::num_tokens(&me.inner, id).is_ok())
             }
 
-            /// Starts a request: hits the longest cached prefix, allocates blocks for
-            /// the rest. ``None`` (nothing changed) when blocks run short.
+            /// Starts a request: pins the longest cached prefix of the prompt (capped at
+            /// ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
+            /// computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
+            /// when free blocks run short (idle cached blocks count as available). The hash chain
+            /// caches every full prompt block now; the radix cache inserts the sequence at ``free``
+            /// or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
+            /// read from the cache but the prompt is still cached. The radix cache keys on
+            /// ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
+            /// ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
+            /// hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
+            /// first; ``reset()`` releases them).
             #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
             #[allow(clippy::too_many_arguments)]
             fn admit<'py>(
@@ -373,7 +384,7 @@ macro_rules! request_cache_class {
                 Ok(Some($crate::py::common::Admission::new(slf.py(), hit, &blocks)?))
             }
 
-            /// Tokens a prompt would hit now. No side effects.
+            /// Tokens a prompt would hit now (as ``admit`` counts them). No side effects.
             #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
             fn lookup<'py>(
                 slf: &Bound<'py, Self>,
@@ -391,8 +402,9 @@ macro_rules! request_cache_class {
                 $crate::py::request_cache::Design::lookup(&mut me.inner, arr, &spec).py()
             }
 
-            /// Appends computed tokens; ``False`` (nothing changed) when a needed
-            /// block is not free.
+            /// Appends computed decode tokens; allocates a block when one fills (the hash chain
+            /// caches every newly full block). ``False`` (nothing changed) when a needed block is
+            /// not free.
             fn append(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -403,9 +415,9 @@ macro_rules! request_cache_class {
                 $crate::py::request_cache::Design::append(&mut me.inner, id, arr).py()
             }
 
-            /// One step's tokens for many requests, all or nothing: request ``i`` gets
-            /// ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is
-            /// None). ``False`` (nothing changed) when blocks run short.
+            /// One step's decode tokens for many requests, all or nothing: request ``i`` gets
+            /// ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
+            /// Ids must be distinct. ``False`` (nothing changed) when blocks run short.
             #[pyo3(signature = (request_ids, tokens, offsets = None))]
             fn append_batch(
                 slf: &Bound<'_, Self>,
@@ -440,7 +452,9 @@ macro_rules! request_cache_class {
                 $crate::py::request_cache::Design::checkpoint(&mut me.inner, id).py()
             }
 
-            /// Finishes a request.
+            /// Finishes a request. The hash chain returns its blocks to the free queue in reverse
+            /// order (cached ones stay hittable); the radix cache inserts its full pages into the
+            /// tree and returns the rest to the pool.
             fn free(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -473,8 +487,9 @@ macro_rules! request_cache_class {
                 $crate::py::events::to_list(slf.py(), ev)
             }
 
-            /// Block tables ``[len(request_ids), max_blocks]`` padded with the null
-            /// block 0, written into ``out`` when given.
+            /// Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
+            /// written into ``out`` when given (no allocation in the steady state). An output this
+            /// machine cannot allocate raises ``CapacityError``.
             #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
             fn block_tables<'py>(
                 slf: &Bound<'py, Self>,
@@ -488,8 +503,8 @@ macro_rules! request_cache_class {
                 a.run(slf.py(), &me.inner, nb)
             }
 
-            /// ``block * block_size + offset`` of each request's last ``query_lens[i]``
-            /// tokens, concatenated.
+            /// ``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
+            /// concatenated. An output this machine cannot allocate raises ``CapacityError``.
             fn slot_mapping<'py>(
                 slf: &Bound<'py, Self>,
                 request_ids: &Bound<'py, PyAny>,
