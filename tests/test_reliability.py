@@ -531,3 +531,47 @@ def test_sizing_refuses_non_int_gpu_memory(gpu: Any) -> None:
 def test_pool_counts_are_ints(budget: int, bpt: int, bs: int) -> None:
     pool = kv_pool_size(bpt, bs, budget_bytes=budget)
     assert type(pool.num_blocks) is int and pool.num_blocks == budget // (bs * bpt)
+
+
+# ------------------------------------------------------------ key arguments and hashing
+
+
+def test_mm_item_integers_follow_the_int_rule() -> None:
+    c = make("hash_chain")
+
+    class Boom(Exception):
+        pass
+
+    class Index:
+        def __index__(self) -> int:
+            raise Boom("from __index__")
+
+    with pytest.raises(Boom):
+        c.lookup(PROMPT, mm_items=[("img", Index(), 4)])
+    for v in BIG:
+        with pytest.raises(InvalidArgumentError):
+            c.lookup(PROMPT, mm_items=[("img", 0, v)])
+    # a non-int offset or length (bool included) is a malformed item
+    with pytest.raises(InvalidArgumentError):
+        c.lookup(PROMPT, mm_items=[("img", True, 4)])
+    assert c.lookup(PROMPT, mm_items=[("img", np.int64(0), np.int32(4))]) == 0
+
+
+def test_mm_items_generator_exception_propagates() -> None:
+    class Boom(Exception):
+        pass
+
+    def items() -> Any:
+        yield ("img", 0, 4)
+        raise Boom("from the generator")
+
+    c = make("hash_chain")
+    with pytest.raises(Boom):
+        c.admit(1, PROMPT, mm_items=items())
+    assert 1 not in c
+
+
+@pytest.mark.parametrize("bs", [*BIG, 2**63 - 1, 0])
+def test_block_hashes_block_size_range(bs: int) -> None:
+    with pytest.raises(InvalidArgumentError):
+        kvindex.block_hashes(PROMPT, bs)

@@ -53,6 +53,24 @@ fn index<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyInt>
     Ok(r.cast_into::<PyInt>()?)
 }
 
+/// Whether `obj` is an int under the rule above (not a bool; an int, or a
+/// non-array object whose type has `__index__`, or a 0-D array). Calls no
+/// `__index__`.
+#[must_use]
+pub fn is_int_like(obj: &Bound<'_, PyAny>) -> bool {
+    if obj.is_instance_of::<PyBool>() {
+        return false;
+    }
+    if obj.is_instance_of::<PyInt>() {
+        return true;
+    }
+    if let Ok(arr) = obj.cast::<numpy::PyUntypedArray>() {
+        use numpy::PyUntypedArrayMethods;
+        return arr.ndim() == 0;
+    }
+    matches!(obj.get_type().hasattr("__index__"), Ok(true))
+}
+
 #[cold]
 fn out_of_range(what: &str, v: &Bound<'_, PyInt>, range: &str) -> PyErr {
     invalid(format!("{what} must be an int in {range}, got {v}"))

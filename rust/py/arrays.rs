@@ -259,16 +259,20 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
 
 /// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s.
 ///
-/// The ids are copied out (`to_vec`, no borrow registration): id arrays are
-/// one entry per request, and the copy is cheaper than numpy borrow tracking.
-/// A copy that cannot be allocated raises `CapacityError`.
+/// The ids are copied out without numpy's borrow registry (see the module
+/// documentation): id arrays are one entry per request, and the copy is
+/// cheaper than borrow tracking. A copy that cannot be allocated raises
+/// `CapacityError`.
 pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     let arr = untyped(obj, what)?;
-    let a = arr
-        .cast::<PyArray1<i64>>()
-        .map_err(|_| dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))))?;
-    let r = a.try_readonly().map_err(|_| busy(what))?;
-    let src = r.as_slice().map_err(|_| dtype(format!("{what} must be C-contiguous")))?;
+    if arr.cast::<PyArray1<i64>>().is_err() {
+        return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
+    }
+    // SAFETY: the view is copied out at once; no Python code runs meanwhile
+    // (errors are built lazily).
+    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
+        return Err(dtype(format!("{what} must have dtype int64")));
+    };
     let mut v = Vec::new();
     v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
     for &x in src {

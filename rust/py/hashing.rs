@@ -44,7 +44,7 @@ fn chain<T: Token>(algo: HashAlgo, seed: Option<&str>, tokens: &[T], bs: usize, 
 pub fn block_hashes<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
-    block_size: i64,
+    #[pyo3(from_py_with = super::args::named::block_size)] block_size: usize,
     algo: &str,
     seed: Option<String>,
     cache_salt: Option<String>,
@@ -55,8 +55,7 @@ pub fn block_hashes<'py>(
     if !(1..=1 << 20).contains(&block_size) {
         return Err(invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let bs = block_size as usize;
+    let bs = block_size;
     let spec = keys::spec(cache_salt, lora, mm_items)?;
     // SAFETY: read after every argument that may run Python code; only Rust
     // runs while the view lives (it is dropped before the output is made),
