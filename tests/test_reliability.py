@@ -155,6 +155,18 @@ def test_tree_namespaces_are_exact(a: str | None, b: str | None) -> None:
 
 # ------------------------------------------------------------ integer parameters
 
+
+class Boom(Exception):
+    """Raised by an argument's own Python code."""
+
+
+class Index:
+    """An int-like whose ``__index__`` raises."""
+
+    def __index__(self) -> int:
+        raise Boom("from __index__")
+
+
 # Outside every integer parameter's range (int64, uint64 ids; handles take 2**64 as
 # another tree's).
 BIG = [2**64, 2**100, -(2**63) - 1]
@@ -227,13 +239,6 @@ def test_integer_parameters_follow_one_rule(kind: str, name: str) -> None:
             continue  # None is max_blocks' default
         with pytest.raises((DTypeError, TypeError)):
             call(obj, v)
-
-    class Boom(Exception):
-        pass
-
-    class Index:
-        def __index__(self) -> int:
-            raise Boom("from __index__")
 
     with pytest.raises(Boom):
         call(obj, Index())
@@ -539,13 +544,6 @@ def test_pool_counts_are_ints(budget: int, bpt: int, bs: int) -> None:
 def test_mm_item_integers_follow_the_int_rule() -> None:
     c = make("hash_chain")
 
-    class Boom(Exception):
-        pass
-
-    class Index:
-        def __index__(self) -> int:
-            raise Boom("from __index__")
-
     with pytest.raises(Boom):
         c.lookup(PROMPT, mm_items=[("img", Index(), 4)])
     for v in BIG:
@@ -558,9 +556,6 @@ def test_mm_item_integers_follow_the_int_rule() -> None:
 
 
 def test_mm_items_generator_exception_propagates() -> None:
-    class Boom(Exception):
-        pass
-
     def items() -> Any:
         yield ("img", 0, 4)
         raise Boom("from the generator")

@@ -29,7 +29,7 @@ use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
-use crate::core::event_buffer::EventBuffer;
+use crate::core::event_buffer::{self, EventBuffer};
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
@@ -400,23 +400,19 @@ impl BlockPool {
     /// # Errors
     /// `InvalidArgument` for 0.
     pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        match &mut self.events {
-            Some(ev) => ev.set_capacity(max_events),
-            None if max_events == 0 => Err(KvError::invalid("max_events must be >= 1")),
-            None => Ok(()),
-        }
+        event_buffer::set_max_events(&mut self.events, max_events)
     }
 
     /// Events dropped from the full buffer since the last
     /// [`Self::take_events_dropped`].
     #[must_use]
     pub fn events_dropped(&self) -> u64 {
-        self.events.as_ref().map_or(0, EventBuffer::dropped)
+        event_buffer::events_dropped(self.events.as_ref())
     }
 
     /// Returns [`Self::events_dropped`] and zeroes it.
     pub fn take_events_dropped(&mut self) -> u64 {
-        self.events.as_mut().map_or(0, EventBuffer::take_dropped)
+        event_buffer::take_events_dropped(self.events.as_mut())
     }
 
     /// Drains the buffered events (empty when disabled).

@@ -93,6 +93,30 @@ impl EventBuffer {
     }
 }
 
+/// [`EventBuffer::set_capacity`] on an optional buffer (events off: only the
+/// value is checked).
+///
+/// # Errors
+/// `InvalidArgument` for 0.
+pub fn set_max_events(events: &mut Option<EventBuffer>, max_events: usize) -> KvResult<()> {
+    match events {
+        Some(ev) => ev.set_capacity(max_events),
+        None if max_events == 0 => Err(KvError::invalid("max_events must be >= 1")),
+        None => Ok(()),
+    }
+}
+
+/// [`EventBuffer::dropped`] of an optional buffer (0 when events are off).
+#[must_use]
+pub fn events_dropped(events: Option<&EventBuffer>) -> u64 {
+    events.map_or(0, EventBuffer::dropped)
+}
+
+/// [`EventBuffer::take_dropped`] of an optional buffer (0 when events are off).
+pub fn take_events_dropped(events: Option<&mut EventBuffer>) -> u64 {
+    events.map_or(0, EventBuffer::take_dropped)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -104,7 +104,36 @@ pub trait Design: TableSource {
     fn check_invariants(&self) -> Result<(), InvariantViolation>;
 }
 
+/// Implements [`Design`] methods by calling the core cache's inherent method
+/// of the same name and signature (`ref` methods take `&self`, `mut` ones
+/// `&mut self`).
+macro_rules! forward {
+    ($core:ident;
+     ref { $( $name:ident($($a:ident: $t:ty),*) -> $r:ty; )* }
+     mut { $( $mname:ident($($ma:ident: $mt:ty),*) -> $mr:ty; )* }) => {
+        $( fn $name(&self $(, $a: $t)*) -> $r { $core::$name(self $(, $a)*) } )*
+        $( fn $mname(&mut self $(, $ma: $mt)*) -> $mr { $core::$mname(self $(, $ma)*) } )*
+    };
+}
+
 impl Design for HashChainCache {
+    forward!(HashChainCache;
+        ref {
+            events_dropped() -> u64;
+            stats() -> Stats;
+            num_requests() -> usize;
+            num_common_prefix_blocks() -> usize;
+            check_invariants() -> Result<(), InvariantViolation>;
+        }
+        mut {
+            free(id: RequestId) -> KvResult<()>;
+            free_batch(ids: &[u64]) -> KvResult<()>;
+            reset() -> KvResult<()>;
+            take_events() -> Vec<KvEvent>;
+            take_events_dropped() -> u64;
+            take_stats() -> Stats;
+        }
+    );
     fn admit(
         &mut self,
         id: RequestId,
@@ -127,30 +156,6 @@ impl Design for HashChainCache {
         // Full blocks are cached as they fill: only the id is checked.
         self.num_tokens(id).map(|_| ())
     }
-    fn free(&mut self, id: RequestId) -> KvResult<()> {
-        HashChainCache::free(self, id)
-    }
-    fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
-        HashChainCache::free_batch(self, ids)
-    }
-    fn reset(&mut self) -> KvResult<()> {
-        HashChainCache::reset(self)
-    }
-    fn take_events(&mut self) -> Vec<KvEvent> {
-        HashChainCache::take_events(self)
-    }
-    fn events_dropped(&self) -> u64 {
-        HashChainCache::events_dropped(self)
-    }
-    fn take_events_dropped(&mut self) -> u64 {
-        HashChainCache::take_events_dropped(self)
-    }
-    fn stats(&self) -> Stats {
-        HashChainCache::stats(self)
-    }
-    fn take_stats(&mut self) -> Stats {
-        HashChainCache::take_stats(self)
-    }
     fn num_blocks(&self) -> usize {
         self.pool().num_blocks()
     }
@@ -160,12 +165,6 @@ impl Design for HashChainCache {
     fn usage(&self) -> f64 {
         self.pool().usage()
     }
-    fn num_requests(&self) -> usize {
-        HashChainCache::num_requests(self)
-    }
-    fn num_common_prefix_blocks(&self) -> usize {
-        HashChainCache::num_common_prefix_blocks(self)
-    }
     fn num_cached_blocks(&self) -> usize {
         self.pool().num_cached_hashes()
     }
@@ -174,9 +173,6 @@ impl Design for HashChainCache {
     }
     fn free_blocks(&self) -> Vec<BlockId> {
         self.pool().free_queue().collect()
-    }
-    fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        HashChainCache::check_invariants(self)
     }
 }
 
@@ -189,6 +185,26 @@ fn as_i32<R>(toks: TokenArray<'_>, f: impl FnOnce(&[i32]) -> KvResult<R>) -> KvR
 }
 
 impl Design for RadixPrefixCache {
+    forward!(RadixPrefixCache;
+        ref {
+            events_dropped() -> u64;
+            stats() -> Stats;
+            num_requests() -> usize;
+            num_common_prefix_blocks() -> usize;
+            check_invariants() -> Result<(), InvariantViolation>;
+            num_free_blocks() -> usize;
+            usage() -> f64;
+        }
+        mut {
+            free(id: RequestId) -> KvResult<()>;
+            free_batch(ids: &[u64]) -> KvResult<()>;
+            reset() -> KvResult<()>;
+            take_events() -> Vec<KvEvent>;
+            take_events_dropped() -> u64;
+            take_stats() -> Stats;
+            checkpoint(id: RequestId) -> KvResult<()>;
+        }
+    );
     fn admit(
         &mut self,
         id: RequestId,
@@ -207,47 +223,8 @@ impl Design for RadixPrefixCache {
     fn append_batch(&mut self, ids: &[u64], toks: TokenArray<'_>, offsets: Option<&[i64]>) -> KvResult<bool> {
         as_i32(toks, |s| RadixPrefixCache::append_batch(self, ids, s, offsets))
     }
-    fn checkpoint(&mut self, id: RequestId) -> KvResult<()> {
-        RadixPrefixCache::checkpoint(self, id)
-    }
-    fn free(&mut self, id: RequestId) -> KvResult<()> {
-        RadixPrefixCache::free(self, id)
-    }
-    fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
-        RadixPrefixCache::free_batch(self, ids)
-    }
-    fn reset(&mut self) -> KvResult<()> {
-        RadixPrefixCache::reset(self)
-    }
-    fn take_events(&mut self) -> Vec<KvEvent> {
-        RadixPrefixCache::take_events(self)
-    }
-    fn events_dropped(&self) -> u64 {
-        RadixPrefixCache::events_dropped(self)
-    }
-    fn take_events_dropped(&mut self) -> u64 {
-        RadixPrefixCache::take_events_dropped(self)
-    }
-    fn stats(&self) -> Stats {
-        RadixPrefixCache::stats(self)
-    }
-    fn take_stats(&mut self) -> Stats {
-        RadixPrefixCache::take_stats(self)
-    }
     fn num_blocks(&self) -> usize {
         self.pool().num_pages()
-    }
-    fn num_free_blocks(&self) -> usize {
-        RadixPrefixCache::num_free_blocks(self)
-    }
-    fn usage(&self) -> f64 {
-        RadixPrefixCache::usage(self)
-    }
-    fn num_requests(&self) -> usize {
-        RadixPrefixCache::num_requests(self)
-    }
-    fn num_common_prefix_blocks(&self) -> usize {
-        RadixPrefixCache::num_common_prefix_blocks(self)
     }
     fn num_cached_blocks(&self) -> usize {
         self.tree().total_size() / self.page_size()
@@ -257,9 +234,6 @@ impl Design for RadixPrefixCache {
     }
     fn free_blocks(&self) -> Vec<BlockId> {
         self.pool().free_pages().collect()
-    }
-    fn check_invariants(&self) -> Result<(), InvariantViolation> {
-        RadixPrefixCache::check_invariants(self)
     }
 }
 

@@ -96,7 +96,7 @@ use rustc_hash::FxHashMap;
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
-use crate::core::event_buffer::EventBuffer;
+use crate::core::event_buffer::{self, EventBuffer};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::ids::BlockId;
 
@@ -1167,23 +1167,19 @@ impl RadixTree {
     /// # Errors
     /// `InvalidArgument` for 0.
     pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        match &mut self.events {
-            Some(ev) => ev.set_capacity(max_events),
-            None if max_events == 0 => Err(KvError::invalid("max_events must be >= 1")),
-            None => Ok(()),
-        }
+        event_buffer::set_max_events(&mut self.events, max_events)
     }
 
     /// Events dropped from the full buffer since the last
     /// [`Self::take_events_dropped`].
     #[must_use]
     pub fn events_dropped(&self) -> u64 {
-        self.events.as_ref().map_or(0, EventBuffer::dropped)
+        event_buffer::events_dropped(self.events.as_ref())
     }
 
     /// Returns [`Self::events_dropped`] and zeroes it.
     pub fn take_events_dropped(&mut self) -> u64 {
-        self.events.as_mut().map_or(0, EventBuffer::take_dropped)
+        event_buffer::take_events_dropped(self.events.as_mut())
     }
 
     /// Drains buffered KV events (empty when disabled). O(events).
