@@ -27,6 +27,13 @@ fn describe(obj: &Bound<'_, PyAny>) -> String {
 }
 
 /// `operator.index(obj)` under the rule above.
+///
+/// # Errors
+/// As the module documentation says.
+pub fn int<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyInt>> {
+    index(obj, what)
+}
+
 fn index<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyInt>> {
     if obj.is_instance_of::<PyBool>() {
         return Err(dtype(format!("{what} must be an int, got bool")));
@@ -105,15 +112,6 @@ pub fn usize_arg(obj: &Bound<'_, PyAny>, what: &str, max: usize) -> PyResult<usi
 pub fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
     let v = index(obj, what)?;
     v.extract::<u64>().map_err(|_| out_of_range(what, &v, "0..2**64"))
-}
-
-/// A non-negative 128-bit value (a radix node handle).
-///
-/// # Errors
-/// As the module documentation says.
-pub fn u128_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u128> {
-    let v = index(obj, what)?;
-    v.extract::<u128>().map_err(|_| out_of_range(what, &v, "0..2**128"))
 }
 
 /// An optional [`usize_arg`] (`None` passes through).

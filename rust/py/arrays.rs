@@ -257,19 +257,34 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
     a.try_readonly().map_err(|_| busy(what))
 }
 
-/// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s.
-///
-/// The ids are copied out without numpy's borrow registry (see the module
-/// documentation): id arrays are one entry per request, and the copy is
-/// cheaper than borrow tracking. A copy that cannot be allocated raises
-/// `CapacityError`.
-pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+/// Copies a 1-D contiguous int64 array out, without numpy's borrow registry
+/// (see the module documentation): id and length arrays are one entry per
+/// request, and the copy is cheaper than borrow tracking. A copy that cannot
+/// be allocated raises `CapacityError`.
+pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     let arr = untyped(obj, what)?;
     if arr.cast::<PyArray1<i64>>().is_err() {
         return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
     }
     // SAFETY: the view is copied out at once; no Python code runs meanwhile
     // (errors are built lazily).
+    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
+        return Err(dtype(format!("{what} must have dtype int64")));
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
+    v.extend_from_slice(src);
+    Ok(v)
+}
+
+/// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s
+/// (copied, as [`int64_vec`]).
+pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let arr = untyped(obj, what)?;
+    if arr.cast::<PyArray1<i64>>().is_err() {
+        return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
+    }
+    // SAFETY: as in `int64_vec`.
     let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
         return Err(dtype(format!("{what} must have dtype int64")));
     };

@@ -177,13 +177,7 @@ impl SlotArgs {
     /// `DTypeError` for bad arrays.
     pub fn new(request_ids: &Bound<'_, PyAny>, query_lens: &Bound<'_, PyAny>) -> PyResult<Self> {
         let ids = arrays::ids(request_ids, "request_ids")?;
-        let q = arrays::int64(query_lens, "query_lens")?;
-        let s = q.as_slice().map_err(|_| dtype("query_lens must be C-contiguous"))?;
-        let mut query_lens = Vec::new();
-        query_lens
-            .try_reserve_exact(s.len())
-            .map_err(|_| super::errors::capacity("cannot copy query_lens on this machine"))?;
-        query_lens.extend_from_slice(s);
+        let query_lens = arrays::int64_vec(query_lens, "query_lens")?;
         Ok(SlotArgs { ids, query_lens })
     }
 

@@ -26,8 +26,9 @@ use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use numpy::PyArray1;
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::PyList;
+use pyo3::types::{PyInt, PyList};
 
 use super::args::named;
 use super::arrays::{self, TokenArray};
@@ -79,23 +80,54 @@ fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
     Policy::parse(policy, slru_threshold as u64).py()
 }
 
+/// The Python handle of a core handle: `tag << 64 | handle` (the root is 0),
+/// built with two C-API calls from the tree's cached `base = tag << 64`.
+fn encode_handle<'py>(py: Python<'py>, base: &Py<PyInt>, h: NodeHandle) -> PyResult<Bound<'py, PyAny>> {
+    if h.0 == 0 {
+        return Ok(0u64.into_pyobject(py)?.into_any());
+    }
+    // SAFETY: both calls return a new reference or NULL with an exception set.
+    unsafe {
+        let low = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromUnsignedLongLong(h.0))?;
+        Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Or(low.as_ptr(), base.as_ptr()))
+    }
+}
+
 /// Result of :meth:`RadixTree.match_prefix`; unpacks as ``(hit_len, slots, node)``.
-#[pyclass(module = "kvindex._core", frozen, get_all)]
+#[pyclass(module = "kvindex._core", frozen)]
 pub struct MatchResult {
-    /// Matched tokens (a multiple of the page size).
     hit_len: usize,
-    /// KV slots of the matched tokens, one per token.
     slots: Py<PyArray1<i32>>,
-    /// Handle of the last matched node (0, the root, on a miss); lock it to protect the hit.
-    node: u128,
+    /// The core handle; the Python int is built when asked for.
+    node: NodeHandle,
+    /// The issuing tree's `tag << 64`.
+    base: Py<PyInt>,
 }
 
 #[pymethods]
 impl MatchResult {
+    /// Matched tokens (a multiple of the page size).
+    #[getter]
+    fn hit_len(&self) -> usize {
+        self.hit_len
+    }
+
+    /// KV slots of the matched tokens, one per token.
+    #[getter]
+    fn slots(&self, py: Python<'_>) -> Py<PyArray1<i32>> {
+        self.slots.clone_ref(py)
+    }
+
+    /// Handle of the last matched node (0, the root, on a miss); lock it to protect the hit.
+    #[getter]
+    fn node<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        encode_handle(py, &self.base, self.node)
+    }
+
     fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let me = slf.get();
-        let t = (me.hit_len, me.slots.clone_ref(py), me.node).into_pyobject(py)?;
+        let t = (me.hit_len, me.slots.clone_ref(py), me.node(py)?).into_pyobject(py)?;
         Ok(t.into_any().try_iter()?.into_any())
     }
 
@@ -103,8 +135,8 @@ impl MatchResult {
         3
     }
 
-    fn __repr__(&self) -> String {
-        format!("MatchResult(hit_len={}, node={})", self.hit_len, self.node)
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("MatchResult(hit_len={}, node={})", self.hit_len, self.node(py)?))
     }
 }
 
@@ -152,8 +184,9 @@ static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
 #[pyclass(module = "kvindex._core", name = "RadixTree")]
 pub struct PyRadixCache {
     inner: RadixTree,
-    /// This tree's identity, in the top 64 bits of every non-root handle.
-    tag: u64,
+    /// `tag << 64`, where `tag` is this tree's identity: the top bits of
+    /// every non-root handle.
+    base: Py<PyInt>,
     /// Scratch: pages out of the core (matches, duplicates, evictions).
     pages: Vec<BlockId>,
     /// Scratch: the caller's slots as pages.
@@ -161,28 +194,34 @@ pub struct PyRadixCache {
 }
 
 impl PyRadixCache {
-    /// The Python handle of a core handle: `tag << 64 | handle` (the root is 0).
-    fn encode(&self, h: NodeHandle) -> u128 {
-        if h.0 == 0 {
-            0
-        } else {
-            u128::from(self.tag) << 64 | u128::from(h.0)
+    /// The core handle of a Python handle. A handle of another tree (or one
+    /// never issued) raises `StaleHandleError`; a negative one
+    /// `InvalidArgumentError`.
+    fn decode(&self, v: &Bound<'_, PyInt>) -> PyResult<NodeHandle> {
+        // SAFETY: `v` is an int, for which the mask conversion cannot fail.
+        let low = unsafe { ffi::PyLong_AsUnsignedLongLongMask(v.as_ptr()) };
+        if low == 0 {
+            // Only the root handle, 0, has no low bits.
+            return match v.extract::<u64>() {
+                Ok(0) => Ok(NodeHandle(0)),
+                _ => Err(foreign(v)),
+            };
         }
+        // An issued handle minus `tag << 64` is its core handle, in 0..2**64.
+        // SAFETY: a new reference or NULL with an exception set.
+        let d = unsafe {
+            Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Subtract(v.as_ptr(), self.base.as_ptr()))
+        }?;
+        d.extract::<u64>().map(NodeHandle).map_err(|_| foreign(v))
     }
+}
 
-    /// The core handle of a Python handle; a handle of another tree (or one
-    /// never issued) raises `StaleHandleError`.
-    fn decode(&self, v: u128) -> PyResult<NodeHandle> {
-        if v == 0 {
-            return Ok(NodeHandle(0));
-        }
-        #[allow(clippy::cast_possible_truncation)]
-        let (tag, h) = ((v >> 64) as u64, v as u64);
-        if tag != self.tag {
-            return Err(stale(format!("node handle {v} belongs to another RadixTree (or was never issued)")));
-        }
-        Ok(NodeHandle(h))
+#[cold]
+fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
+    if v.lt(0).unwrap_or(false) {
+        return invalid(format!("node must be an int in 0..2**128, got {v}"));
     }
+    stale(format!("node handle {v} belongs to another RadixTree (or was never issued)"))
 }
 
 #[pymethods]
@@ -190,6 +229,7 @@ impl PyRadixCache {
     #[new]
     #[pyo3(signature = (page_size = 1, *, policy = "lru", slru_threshold = 2, enable_events = false, max_events = 100000))]
     fn new(
+        py: Python<'_>,
         #[pyo3(from_py_with = named::page_size)] page_size: usize,
         policy: &str,
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
@@ -199,12 +239,9 @@ impl PyRadixCache {
         let policy = parse_policy(policy, slru_threshold)?;
         let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
-        Ok(PyRadixCache {
-            inner,
-            tag: NEXT_TAG.fetch_add(1, Ordering::Relaxed),
-            pages: Vec::new(),
-            in_pages: Vec::new(),
-        })
+        let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        let base = (u128::from(tag) << 64).into_pyobject(py)?.cast_into::<PyInt>()?.unbind();
+        Ok(PyRadixCache { inner, base, pages: Vec::new(), in_pages: Vec::new() })
     }
 
     /// Tokens per page (edges and hits are multiples of it).
@@ -269,8 +306,8 @@ impl PyRadixCache {
         let slots = arrays::filled_i32(py, hit_len, |dst| {
             m.values().fold(0, |off, vals| off + pages_to_slots(vals, ps, &mut dst[off..]))
         })?;
-        let node = self.encode(self.inner.handle(node));
-        Ok(MatchResult { hit_len, slots: slots.unbind(), node })
+        let node = self.inner.handle(node);
+        Ok(MatchResult { hit_len, slots: slots.unbind(), node, base: self.base.clone_ref(py) })
     }
 
     /// Hit length a match would report now; changes nothing.
@@ -340,25 +377,25 @@ impl PyRadixCache {
 
     /// Protects the path root..node from eviction (the root: no-op).
     fn lock(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<()> {
-        let v = args::u128_arg(node, "node")?;
+        let v = args::int(node, "node")?;
         let mut me = slf.try_borrow_mut()?;
-        let h = me.decode(v)?;
+        let h = me.decode(&v)?;
         me.inner.lock_handle(h).py()
     }
 
     /// Releases a lock taken on this node; ``LockError`` if it holds none of its own.
     fn unlock(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<()> {
-        let v = args::u128_arg(node, "node")?;
+        let v = args::int(node, "node")?;
         let mut me = slf.try_borrow_mut()?;
-        let h = me.decode(v)?;
+        let h = me.decode(&v)?;
         me.inner.unlock_handle(h).py()
     }
 
     /// Locks held on the node itself.
     fn lock_ref(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let v = args::u128_arg(node, "node")?;
+        let v = args::int(node, "node")?;
         let me = slf.try_borrow()?;
-        let id = me.inner.resolve(me.decode(v)?).py()?;
+        let id = me.inner.resolve(me.decode(&v)?).py()?;
         Ok(me.inner.lock_ref(id))
     }
 
@@ -367,9 +404,9 @@ impl PyRadixCache {
         slf: &Bound<'py, Self>,
         node: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let v = args::u128_arg(node, "node")?;
+        let v = args::int(node, "node")?;
         let me = slf.try_borrow()?;
-        let id = me.inner.resolve(me.decode(v)?).py()?;
+        let id = me.inner.resolve(me.decode(&v)?).py()?;
         let mut pages = Vec::new();
         me.inner.path_values(id, &mut pages);
         slot_array(slf.py(), &pages, me.inner.page_size())
