@@ -570,3 +570,18 @@ def test_mm_items_generator_exception_propagates() -> None:
 def test_block_hashes_block_size_range(bs: int) -> None:
     with pytest.raises(InvalidArgumentError):
         kvindex.block_hashes(PROMPT, bs)
+
+
+# ------------------------------------------------------------ one interface
+
+
+@pytest.mark.parametrize("design", DESIGNS)
+def test_both_caches_satisfy_the_protocol(design: str) -> None:
+    c = make(design)
+    assert isinstance(c, kvindex.PrefixCache)
+    assert c.admit(1, PROMPT) is not None
+    c.checkpoint(1)  # both designs: request 1's full blocks are hittable now
+    hit, ids = c.admit(2, PROMPT) or (None, None)
+    assert hit == 32 and ids is not None and ids.dtype == np.int32
+    assert c.free_blocks().dtype == np.int32
+    assert c.num_cached_blocks >= 0
