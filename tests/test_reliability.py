@@ -19,7 +19,6 @@ from hypothesis import strategies as st
 
 import kvindex
 from kvindex import (
-    CapacityError,
     DTypeError,
     InvalidArgumentError,
     KvIndexError,
@@ -77,17 +76,6 @@ def test_output_too_large_is_capacity_error(design: str, call: str) -> None:
     lines = r.stdout.splitlines()
     assert lines[0] == "RAISED CapacityError True True", r.stdout + r.stderr[-2000:]
     assert lines[1].startswith("USABLE [")
-
-
-@pytest.mark.parametrize("design", DESIGNS)
-def test_block_tables_product_overflow_is_capacity_error(design: str) -> None:
-    c = make(design, num_blocks=2**16, block_size=1)
-    assert c.admit(1, np.arange(4, dtype=np.int32)) is not None
-    # 2**20 ids x 2**16 blocks x 4 bytes = 256 GiB: refused before any allocation.
-    ids = np.ones(2**20, dtype=np.int64)
-    with pytest.raises(CapacityError):
-        c.block_tables(ids, max_blocks=2**16)
-    c.check_invariants()
 
 
 # ------------------------------------------------------------ key injectivity
