@@ -32,7 +32,7 @@ use std::mem::MaybeUninit;
 use std::os::raw::c_int;
 
 use numpy::ndarray::Dimension;
-use numpy::npyffi::{npy_intp, PY_ARRAY_API};
+use numpy::npyffi::{get_type_object, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{
     Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1,
     PyUntypedArray, PyUntypedArrayMethods,
@@ -171,7 +171,17 @@ unsafe fn try_uninit<'py, T: Element, D: Dimension, const N: usize>(
         if zeroed {
             PY_ARRAY_API.PyArray_Zeros(py, nd, d.as_mut_ptr(), descr, 0)
         } else {
-            PY_ARRAY_API.PyArray_Empty(py, nd, d.as_mut_ptr(), descr, 0)
+            PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                descr,
+                nd,
+                d.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            )
         }
     };
     if ptr.is_null() {
