@@ -48,8 +48,10 @@ resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
 try:
     if call == "slot_mapping":
         c.slot_mapping(np.full(2**22, 1, np.int64), np.full(2**22, 512, np.int64))
-    else:
+    elif call == "block_tables":
         c.block_tables(np.full(2**25, 1, np.int64), max_blocks=64)
+    else:  # 2**27 SHA-256 hashes: 4 GiB of output
+        kvindex.block_hashes(np.zeros(2**27, np.int32), 1, algo="sha256")
 except BaseException as e:
     ok = isinstance(e, kvindex.CapacityError), isinstance(e, MemoryError)
     print("RAISED", type(e).__name__, *ok)
@@ -61,8 +63,11 @@ print("USABLE", c.slot_mapping(np.array([1], np.int64), np.array([2], np.int64))
 """
 
 
-@pytest.mark.parametrize("design", DESIGNS)
-@pytest.mark.parametrize("call", ["slot_mapping", "block_tables"])
+@pytest.mark.parametrize(
+    ("design", "call"),
+    [(d, c) for d in DESIGNS for c in ("slot_mapping", "block_tables")]
+    + [("hash_chain", "block_hashes")],
+)
 def test_output_too_large_is_capacity_error(design: str, call: str) -> None:
     # In a child under an address-space limit: the 16 GiB slot mapping (or 8 GiB block
     # table) of repeated request ids must raise CapacityError, not abort or panic.

@@ -7,7 +7,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
 use super::arrays::{self, with_tokens};
-use super::errors::{invalid, IntoPyResult};
+use super::errors::{capacity, invalid, IntoPyResult};
 use super::keys;
 use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
 use crate::core::ids::BlockHash;
@@ -15,11 +15,28 @@ use crate::core::ids::BlockHash;
 /// Prompts with at least this many tokens are hashed with the GIL released.
 const DETACH_MIN_TOKENS: usize = 4096;
 
-fn chain<T: Token>(algo: HashAlgo, seed: Option<&str>, tokens: &[T], bs: usize, spec: &KeySpec) -> Vec<u8> {
+/// The hash and byte buffers of `n` blocks, reserved up front so that an
+/// output this machine cannot hold raises `CapacityError` before any work.
+fn buffers(n: usize, d: usize) -> PyResult<(Vec<BlockHash>, Vec<u8>)> {
+    let fail = || capacity(format!("cannot allocate the hashes of {n} blocks on this machine"));
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| fail())?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(n.checked_mul(d).ok_or_else(fail)?).map_err(|_| fail())?;
+    Ok((out, bytes))
+}
+
+/// Hashes into the reserved buffers (no allocation).
+fn chain<T: Token>(
+    algo: HashAlgo,
+    seed: Option<&str>,
+    tokens: &[T],
+    bs: usize,
+    spec: &KeySpec,
+    (mut out, mut bytes): (Vec<BlockHash>, Vec<u8>),
+) -> Vec<u8> {
     let mut h = BlockHasher::new(algo, seed);
-    let mut out: Vec<BlockHash> = Vec::with_capacity(tokens.len() / bs);
     h.extend_chain(tokens, bs, spec, &mut out);
-    let mut bytes = Vec::with_capacity(out.len() * algo.digest_len());
     for x in &out {
         bytes.extend_from_slice(x.as_bytes());
     }
@@ -62,16 +79,19 @@ pub fn block_hashes<'py>(
     // and before the GIL is released the tokens are copied out of it.
     let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
     let seed = seed.as_deref();
+    let d = algo.digest_len();
     let bytes = with_tokens!(arr, s => {
+        let bufs = buffers(s.len() / bs, d)?;
         if s.len() >= DETACH_MIN_TOKENS {
             // Other threads run while detached: hash a private copy.
-            let own = s.to_vec();
-            py.detach(|| chain(algo, seed, &own, bs, &spec))
+            let mut own = Vec::new();
+            own.try_reserve_exact(s.len()).map_err(|_| capacity("cannot copy the tokens on this machine"))?;
+            own.extend_from_slice(s);
+            py.detach(|| chain(algo, seed, &own, bs, &spec, bufs))
         } else {
-            chain(algo, seed, s, bs, &spec)
+            chain(algo, seed, s, bs, &spec, bufs)
         }
     });
-    let d = algo.digest_len();
     let n = bytes.len() / d;
     let a = PyArray1::from_vec(py, bytes);
     Ok(a.reshape([n, d])?.into_any())
