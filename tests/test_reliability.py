@@ -138,6 +138,15 @@ def test_known_key_collisions_are_apart(design: str, a: Any, b: Any) -> None:
     assert c.lookup(PROMPT, lora=b[0], cache_salt=b[1]) == 0
 
 
+@pytest.mark.parametrize("algo", ["xxh3_128", "sha256", "vllm_sha256_cbor"])
+@settings(max_examples=100)
+@given(a=st.tuples(_LORA, _SALT), b=st.tuples(_LORA, _SALT))
+def test_block_hash_keys_are_injective(algo: str, a: Any, b: Any) -> None:
+    ha = kvindex.block_hashes(PROMPT, 4, algo=algo, lora=a[0], cache_salt=a[1])
+    hb = kvindex.block_hashes(PROMPT, 4, algo=algo, lora=b[0], cache_salt=b[1])
+    assert (ha.tobytes() == hb.tobytes()) == (_canon(*a) == _canon(*b))
+
+
 @settings(max_examples=100)
 @given(a=st.one_of(st.none(), _ADVERSARIAL), b=st.one_of(st.none(), _ADVERSARIAL))
 def test_tree_namespaces_are_exact(a: str | None, b: str | None) -> None:
