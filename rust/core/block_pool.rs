@@ -23,7 +23,8 @@
 //! list). The index stores only 4-byte block ids, keyed by the digest's first
 //! 8 bytes and compared in full against the block's own hash, so it stays
 //! small enough to live in cache: memory is about 50 bytes per block, plus
-//! ~5 bytes per cached hash.
+//! ~5 bytes per cached hash. KV events (when enabled) are held in a bounded
+//! [`EventBuffer`] between drains (drop-oldest, counted).
 
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;

@@ -31,8 +31,8 @@
 //! only.
 //!
 //! A refused admission (out of blocks) keeps its prompt's hashes, for up to
-//! 32 prompts, so the scheduler's retry of the same request id and prompt is
-//! not hashed again.
+//! 32 prompts (oldest dropped first), so the scheduler's retry of the same
+//! request id and prompt is not hashed again; `reset` releases them.
 //!
 //! # Invariants (checked by [`HashChainCache::check_invariants`])
 //! The pool's (see [`crate::core::block_pool`]), plus, for every request:

@@ -71,7 +71,9 @@
 //! emits one `BlockStored` covering its pages (parent = the last page hash
 //! of its parent node, `None` under the root; each page's `extra_keys` is
 //! `[namespace]` when namespaced); an evicted leaf emits one `BlockRemoved`
-//! with all its page hashes; `reset` emits `AllBlocksCleared`.
+//! with all its page hashes; `reset` emits `AllBlocksCleared`. Events wait
+//! for the caller in a bounded [`crate::core::event_buffer::EventBuffer`]
+//! (drop-oldest, counted).
 //!
 //! # Costs
 //! `n` = query tokens, `d` = depth of the walk, `L` = evictable leaves.
