@@ -462,12 +462,12 @@ class RadixPrefixCache:
     def protected_size(self) -> int:
         """Tokens in locked tree nodes."""
     @property
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
         (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
         ``events_dropped`` (KV events the full buffer dropped, oldest first).
         """
-    def take_stats(self) -> dict[str, Any]:
+    def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
     @property
     def num_common_prefix_blocks(self) -> int:

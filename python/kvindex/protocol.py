@@ -124,7 +124,7 @@ class PrefixCache(Protocol):
         ...
 
     @property
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits``, ``evictions``, ``hit_rate``,
         ``events_dropped``."""
         ...
@@ -133,7 +133,7 @@ class PrefixCache(Protocol):
         """Whether the request is running."""
         ...
 
-    def take_stats(self) -> dict[str, Any]:
+    def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
         ...
 
