@@ -63,3 +63,14 @@ def test_every_public_method_is_documented() -> None:
         if not name.startswith("_") and not (getattr(obj, "__doc__", None) or "").strip()
     ]
     assert missing == []
+
+
+def test_protocol_describes_exactly_the_shared_interface() -> None:
+    from kvindex.protocol import PrefixCache
+
+    def public(cls: type) -> set[str]:
+        return {n for n in vars(cls) if not n.startswith("_")} | {"__contains__"}
+
+    proto = {n for n in vars(PrefixCache) if not n.startswith("_")} | {"__contains__"}
+    shared = public(core.HashChainCache) & public(core.RadixPrefixCache)
+    assert proto == shared
