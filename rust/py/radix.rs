@@ -187,6 +187,8 @@ pub struct PyRadixCache {
     /// `tag << 64`, where `tag` is this tree's identity: the top bits of
     /// every non-root handle.
     base: Py<PyInt>,
+    /// `(tag + 1) << 64`: the end of this tree's handle range.
+    next: Py<PyInt>,
     /// Scratch: pages out of the core (matches, duplicates, evictions).
     pages: Vec<BlockId>,
     /// Scratch: the caller's slots as pages.
@@ -207,12 +209,20 @@ impl PyRadixCache {
                 _ => Err(foreign(v)),
             };
         }
-        // An issued handle minus `tag << 64` is its core handle, in 0..2**64.
-        // SAFETY: a new reference or NULL with an exception set.
-        let d = unsafe {
-            Bound::from_owned_ptr_or_err(v.py(), ffi::PyNumber_Subtract(v.as_ptr(), self.base.as_ptr()))
-        }?;
-        d.extract::<u64>().map(NodeHandle).map_err(|_| foreign(v))
+        // An issued handle lies in `tag << 64 .. (tag + 1) << 64`; its low 64
+        // bits are the core handle. Two comparisons, no new object.
+        // SAFETY: both are ints; the call returns 1, 0, or -1 with an exception set.
+        let (ge, lt) = unsafe {
+            (
+                ffi::PyObject_RichCompareBool(v.as_ptr(), self.base.as_ptr(), ffi::Py_GE),
+                ffi::PyObject_RichCompareBool(v.as_ptr(), self.next.as_ptr(), ffi::Py_LT),
+            )
+        };
+        match (ge, lt) {
+            (1, 1) => Ok(NodeHandle(low)),
+            (-1, _) | (_, -1) => Err(PyErr::fetch(v.py())),
+            _ => Err(foreign(v)),
+        }
     }
 }
 
@@ -240,8 +250,10 @@ impl PyRadixCache {
         let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
-        let base = (u128::from(tag) << 64).into_pyobject(py)?.cast_into::<PyInt>()?.unbind();
-        Ok(PyRadixCache { inner, base, pages: Vec::new(), in_pages: Vec::new() })
+        let int =
+            |x: u128| -> PyResult<Py<PyInt>> { Ok(x.into_pyobject(py)?.cast_into::<PyInt>()?.unbind()) };
+        let (base, next) = (int(u128::from(tag) << 64)?, int((u128::from(tag) + 1) << 64)?);
+        Ok(PyRadixCache { inner, base, next, pages: Vec::new(), in_pages: Vec::new() })
     }
 
     /// Tokens per page (edges and hits are multiples of it).
