@@ -34,6 +34,7 @@ check the script itself; ``tests/kernels/test_gpu_bench_dry_run.py`` does that i
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import os
@@ -53,12 +54,11 @@ GIB = 2**30
 TARGET_BLOCK16, TARGET_BLOCK1, TARGET_MIN_BYTES = 0.85, 0.75, GIB
 #: One timed rotation reads at least this many times the L2 size.
 L2_ROTATION = 2.5
-#: Decode configs timed against each other at 32 x 8K (bf16, head_dim 128, pages 16 and 1):
-#: (block_rows, tile_n, num_warps, num_stages, programs_per_sm); the first is the default.
-TUNE_CONFIGS = [
-    (16, 32, 4, 3, 3), (16, 64, 4, 3, 3), (16, 16, 4, 3, 4), (16, 32, 4, 4, 3),
-    (16, 64, 8, 3, 2), (16, 32, 2, 3, 6), (16, 64, 4, 2, 2), (16, 32, 4, 2, 4),
-]  # fmt: skip
+#: Decode configs timed against each other at 32 x 8K (bf16, head_dim 128, pages 16 and 1,
+#: the heuristic split count and 3 and 4 splits), and fp8 ones at 64 x 8K:
+#: (block_rows, tile_n, num_warps, num_stages, programs_per_sm as compiled for sm_90).
+TUNE_CONFIGS = [(16, 32, 4, 2, 4), (16, 32, 2, 3, 4), (16, 64, 4, 2, 4), (16, 32, 4, 3, 3)]
+TUNE_FP8_CONFIGS = [(16, 32, 4, 3, 3), (16, 64, 4, 2, 3), (16, 32, 8, 2, 2)]
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -77,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     report: dict[str, Any] = {"dry_run": args.dry_run, "device": bench.device_facts()}
     report["command"] = " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])])
+    bench.warm_up()
     copy_bw = bench.copy_bandwidth()
     report["copy_bandwidth_gbps"] = copy_bw / 1e9
     report["decode"] = [bench.run_point(p, copy_bw) for p in bench.decode_points()]
+    # The ceiling again, after the GPU has been busy for a while: report both.
+    report["copy_bandwidth_end_gbps"] = bench.copy_bandwidth() / 1e9
     report["prefill"] = bench.guarded(bench.prefill_point)
     report["mixed_batch"] = bench.guarded(bench.mixed_batch_point)
     report["store_kv"] = bench.guarded(bench.store_kv_point)
@@ -107,6 +110,8 @@ class DecodePoint:
     #: A decode config to try instead of the launcher's (block_rows, tile_n, num_warps,
     #: num_stages, programs_per_sm): the tuning sweep; such points time only kvindex.
     config: tuple[int, int, int, int, int] | None = None
+    #: Split count for the sweep (None: the launcher's heuristic).
+    splits: int | None = None
 
 
 class Bench:
@@ -188,6 +193,17 @@ class Bench:
             self.torch.cuda.synchronize()
             self.torch.cuda.empty_cache()
 
+    def warm_up(self, seconds: float = 1.0) -> None:
+        """Keeps the GPU busy so that its clocks leave idle before the first measurement."""
+        if self.device.type != "cuda":
+            return
+        a = self.torch.randn(4096, 4096, dtype=self.dtype, device=self.device)
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            for _ in range(20):
+                a @ a
+            self.torch.cuda.synchronize()
+
     def copy_bandwidth(self) -> float:
         """Bytes/s of a large device copy (read + write)."""
         n = (2 * GIB if self.device.type == "cuda" else 16 * 2**20) // 2
@@ -266,8 +282,10 @@ class Bench:
         points += [DecodePoint("fp8", b, c, fp8=True) for b, c in ((8, 32768), (64, 8192))]
         points += [DecodePoint("mixed", b, c, mixed=True) for b, c in ((32, 16384), (64, 8192))]
         points += [DecodePoint("q_len4", b, c, q_len=4) for b, c in ((8, 32768), (32, 8192))]
-        for block in (16, 1):
-            points += [DecodePoint("tune", 32, 8192, block=block, config=c) for c in TUNE_CONFIGS]
+        for block, config, splits in itertools.product((16, 1), TUNE_CONFIGS, (None, 3, 4)):
+            points.append(DecodePoint("tune", 32, 8192, block, config=config, splits=splits))
+        for config in TUNE_FP8_CONFIGS:
+            points.append(DecodePoint("tune", 64, 8192, fp8=True, config=config))
         return points
 
     def run_point(self, point: DecodePoint, copy_bw: float) -> dict[str, Any]:
@@ -278,6 +296,7 @@ class Bench:
         default_config = _launch.decode_config
         if point.config is not None:
             row["config"] = list(point.config)
+            row["splits"] = point.splits
             config = _launch.AttentionConfig(*point.config)
             _launch.decode_config = lambda *_: config
         try:
@@ -290,7 +309,7 @@ class Bench:
         return row
 
     def decode_point(self, pt: DecodePoint, copy_bw: float) -> dict[str, Any]:
-        from kvindex.kernels import paged_decode_attention, paged_prefill_attention
+        from kvindex.kernels import _launch, paged_decode_attention, paged_prefill_attention
         from kvindex.kernels.reference import ref_paged_prefill
 
         torch = self.torch
@@ -325,8 +344,16 @@ class Bench:
 
             return run
 
-        us = 1e3 * self.time_ms(rotation(None), rotations)
+        us = 1e3 * self.time_ms(rotation(pt.splits), rotations)
         row: dict[str, Any] = {"kv_bytes": kv_bytes, "rotations": rotations, "kvindex_us": us}
+        opts: dict[str, Any] = {"scale": 0.1, "sliding_window": 0, "softcap": 0.0}
+        opts |= {"k_scale": 1.0, "v_scale": 1.0, "num_splits": pt.splits}
+        tables = (qs[0], kv["k_cache"], kv["v_cache"], kv["tables"][0], kv["seq_lens"])
+        if pt.q_len == 1:
+            plan = _launch.plan_decode(*tables, out, **opts)
+        else:
+            plan = _launch.plan_prefill(*tables, qsl, pt.q_len, out, **opts)
+        row["num_splits"] = plan[0].grid[2]
         if pt.config is not None:
             return row | {"achieved_gbps": kv_bytes / (us / 1e6) / 1e9,
                           "fraction_of_copy_bw": kv_bytes / (us / 1e6) / copy_bw}  # fmt: skip
@@ -455,20 +482,21 @@ def print_summary(report: dict[str, Any]) -> None:
     dev = report["device"]
     print(f"device: {dev.get('name')}  L2 {dev['l2_bytes'] / 2**20:.0f} MiB  "
           f"smi: {dev.get('nvidia_smi', '-')}")  # fmt: skip
-    print(f"copy bandwidth: {report['copy_bandwidth_gbps']:.0f} GB/s")
-    print(f"{'kind':>7} {'batch':>5} {'ctx':>6} {'blk':>3} {'KV MiB':>7} {'rot':>3} "
+    print(f"copy bandwidth: {report['copy_bandwidth_gbps']:.0f} GB/s (start), "
+          f"{report['copy_bandwidth_end_gbps']:.0f} GB/s (end)")  # fmt: skip
+    print(f"{'kind':>7} {'batch':>5} {'ctx':>6} {'blk':>3} {'KV MiB':>7} {'split':>5} "
           f"{'us':>8} {'1split':>8} {'sdpa':>8} {'GB/s':>6} {'%copy':>6} {'target':>7} "
           f"{'maxdiff':>8}")  # fmt: skip
     for r in report["decode"]:
         head = f"{r['kind']:>7} {r['batch']:>5} {r['context']:>6} {r['block']:>3}"
         if "config" in r:
-            head += f" cfg={r['config']}"
+            head += f" cfg={r['config']} splits={r.get('splits') or 'auto'}"
         if "error" in r:
             print(f"{head}  {r['error']}")
             continue
         target = "-" if "target" not in r else ("MET" if r["meets_target"] else "MISSED")
         print(
-            f"{head} {r['kv_bytes'] / 2**20:>7.0f} {r['rotations']:>3} {r['kvindex_us']:>8.1f} "
+            f"{head} {r['kv_bytes'] / 2**20:>7.0f} {r['num_splits']:>5} {r['kvindex_us']:>8.1f} "
             f"{r.get('kvindex_1split_us', float('nan')):>8.1f} "
             f"{r.get('sdpa_us', float('nan')):>8.1f} {r['achieved_gbps']:>6.0f} "
             f"{100 * r['fraction_of_copy_bw']:>5.1f}% {target:>7} "

@@ -287,8 +287,8 @@ def run_check(
                 num_stages=launch.num_stages,
                 programs_per_sm_floor=launch.programs_per_sm,
                 needs_mma=tensor_cores,
-                # A key loop planned with >= 3 stages must prefetch with cp.async.
-                needs_pipelining=name in ATTENTION_KERNELS and launch.num_stages >= 3,
+                # A key loop planned with >= 2 stages must prefetch with cp.async.
+                needs_pipelining=name in ATTENTION_KERNELS and launch.num_stages >= 2,
             )
             todo[key] = _Job(result, jit_fns[name], bound)
     results: list[CompileResult] = []

@@ -158,14 +158,23 @@ def test_prefill_grid_takes_more_than_65535_sequences() -> None:
     assert launch.grid[0] >= 70_000
 
 
-def test_split_count_fills_one_wave() -> None:
+def _fill(programs: int, splits: int, slots: int) -> float:
+    total = programs * splits
+    return total / (-(-total // slots) * slots)
+
+
+def test_split_count_fills_the_waves() -> None:
     sms = 132
-    # batch 8 x 8 KV heads at 32K: 64 programs, 4 per SM -> 8 splits, 512 <= 528 slots.
+    # batch 8 x 8 KV heads at 32K: 64 programs, 4 per SM -> 8 splits, 512 of 528 slots.
     assert default_num_splits(64, 32768, 4, sms, 32) == 8
-    for programs in (1, 8, 64, 100, 264, 1000):
-        splits = default_num_splits(programs, 1 << 20, 2, sms, 32)
-        assert 1 <= splits <= MAX_SPLITS
-        assert splits == 1 or programs * splits <= 2 * sms
+    # batch 32: 256 programs -> 2 splits (one full wave), not 1 (half a wave).
+    assert default_num_splits(256, 8192, 4, sms, 32) == 2
+    for programs in (1, 8, 64, 100, 264, 1000, 5000):
+        for per_sm in (1, 2, 4):
+            splits = default_num_splits(programs, 1 << 20, per_sm, sms, 32)
+            assert 1 <= splits <= MAX_SPLITS
+            best = max(_fill(programs, s, sms * per_sm) for s in range(1, MAX_SPLITS + 1))
+            assert _fill(programs, splits, sms * per_sm) >= best - 0.05
     assert default_num_splits(1, 300, 4, sms, 32) == 2  # short tables split little
     q = torch.empty((8, 32, 128), dtype=torch.bfloat16, device="meta")
     cache = torch.empty((64, 16, 8, 128), dtype=torch.bfloat16, device="meta")

@@ -75,15 +75,19 @@ def block_d(head_dim: int) -> int:
     return max(16, int(triton.next_power_of_2(head_dim)))
 
 
-def decode_config(q_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int) -> AttentionConfig:
-    """Decode (and short-query) block sizes, by dtype, head-dim tile and alignment.
+def decode_config(
+    q_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, block_size: int = 16
+) -> AttentionConfig:
+    """Decode (and short-query) block sizes, by dtype, head-dim tile, alignment and page size.
 
-    16 rows (the GQA group packed into ``tl.dot``'s M); 4 warps with 3 pipeline stages, so
-    the next tiles' K/V loads overlap the current tile's dots and several programs share
-    an SM. Head dims that are not a multiple of 16 cannot use 16-byte asynchronous copies
-    and run unpipelined with small tiles. Every choice is compiled for sm_90 by
-    ``kernels/check_sm90.py``, which fails when a config spills, loses its pipelined loads
-    or fits fewer programs per SM than ``programs_per_sm`` says.
+    16 rows (the GQA group packed into ``tl.dot``'s M); 2 or 3 pipeline stages, so the next
+    tile's page ids and K/V are loaded asynchronously while the current tile is computed,
+    with several programs per SM. Token-level pages (``block_size`` 1) load a page id per
+    key and do better with 2 warps. Head dims that are not a multiple of 16 cannot use
+    16-byte asynchronous copies and run unpipelined with small tiles. Every choice is
+    compiled for sm_90 by ``kernels/check_sm90.py``, which fails when a config spills, loses
+    its pipelined loads or fits fewer programs per SM than ``programs_per_sm`` says; the
+    bf16 head-dim-128 choices were picked by the sweep in ``benches/gpu_kernels.py``.
     """
     bd = block_d(head_dim)
     fp8 = cache_dtype == torch.float8_e4m3fn
@@ -96,7 +100,11 @@ def decode_config(q_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int)
     if bd >= 256:
         return AttentionConfig(16, 16 if fp8 else 32, 8, 3, 1)
     if bd == 128:
-        return AttentionConfig(16, 32, 4, 3, 3)
+        if fp8:
+            return AttentionConfig(16, 32, 4, 3, 3)
+        if block_size == 1:
+            return AttentionConfig(16, 32, 2, 3, 4)
+        return AttentionConfig(16, 32, 4, 2, 4)
     return AttentionConfig(16, 16 if fp8 else 64, 4, 3, 4)
 
 
@@ -135,18 +143,27 @@ def num_sms(device: torch.device) -> int:
 def default_num_splits(
     num_programs: int, max_context: int, programs_per_sm: int, sms: int, tile_n: int
 ) -> int:
-    """Splits per query block so that the launch fills one wave of the GPU, no more.
+    """Splits per query block that fill the GPU's waves evenly.
 
-    ``num_programs`` programs without splitting; the GPU holds ``sms * programs_per_sm`` at
-    once. The count is the largest that keeps every split program in that first wave
-    (a second, mostly idle wave costs as much as the first), at most one split per
-    ``MIN_SPLIT_TOKENS`` keys of the widest table row. In the kernel each sequence then
-    uses only as many splits as its real length needs (``min_split_tiles``), so short
-    sequences in a batch of long ones do not pay for the long ones' splits.
+    ``num_programs`` programs without splitting; the GPU runs ``sms * programs_per_sm`` at
+    once (one wave). A launch of ``n`` programs takes ``ceil(n / slots)`` waves, and the
+    last one is idle where it is not full: the count picked is the one with the fullest
+    waves (the smallest such count, a larger one only when it fills 5% more of them), at
+    most one split per ``MIN_SPLIT_TOKENS`` keys of the widest table row. In the kernel
+    each sequence then uses only as many splits as its real length needs
+    (``min_split_tiles``), so short sequences in a batch of long ones skip the long ones'
+    splits, and long ones spread over more SMs.
     """
-    slots = sms * programs_per_sm
+    slots = max(1, sms * programs_per_sm)
+    programs = max(num_programs, 1)
     by_width = -(-max(max_context, 1) // max(MIN_SPLIT_TOKENS, tile_n))
-    return max(1, min(MAX_SPLITS, slots // max(num_programs, 1), by_width))
+    best, best_fill = 1, 0.0
+    for splits in range(1, max(1, min(MAX_SPLITS, by_width)) + 1):
+        total = programs * splits
+        fill = total / (-(-total // slots) * slots)
+        if fill > best_fill * 1.05:
+            best, best_fill = splits, fill
+    return best
 
 
 def _attention_launches(
@@ -225,6 +242,7 @@ def _attention_launches(
         tokens_per_prog,
         head_dim,
         block_size,
+        block_size.bit_length() - 1,
         num_splits,
         max(1, MIN_SPLIT_TOKENS // cfg.tile_n),
         float(scale * k_scale),
@@ -237,6 +255,7 @@ def _attention_launches(
         "BLOCK_D": block_d(head_dim),
         "TILE_N": cfg.tile_n,
         "UNIT_QUERIES": unit_queries,
+        "POW2_PAGES": (block_size & (block_size - 1)) == 0,
         **_compute_flags(q.dtype, interpreted),
     }
     grid = (q_blocks, num_kv_heads * head_blocks, num_splits)
@@ -334,7 +353,7 @@ def plan_decode(
     interpreted: bool = INTERPRETED,
 ) -> list[KernelLaunch]:
     """One query token per sequence; ``seq_lens`` stands in for the unused start offsets."""
-    cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2])
+    cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2], k_cache.shape[1])
     return _attention_launches(
         q, k_cache, v_cache, block_tables, seq_lens, seq_lens, out, cfg,
         unit_queries=True, max_query_len=1, scale=scale, num_splits=num_splits,
@@ -368,7 +387,7 @@ def plan_prefill(
 ) -> list[KernelLaunch]:
     """Varlen new tokens; short queries use the decode configuration, any length splits."""
     if max_query_len <= SHORT_QUERY_LEN:
-        cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2])
+        cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2], k_cache.shape[1])
     else:
         cfg = prefill_config(q.dtype, k_cache.dtype, q.shape[2])
     return _attention_launches(

@@ -21,8 +21,9 @@ sequence against one KV head, over one split of the keys those rows may see:
   ``min(num_splits, cdiv(tiles, min_split_tiles))`` splits, so a short sequence in a
   batch of long ones uses fewer splits (the rest exit at once, writing only ``lse = -inf``).
 
-Every key is gathered through the block table on its own (``page = n // block_size``), so
-``TILE_N`` does not depend on the page size and any page size works. New token ``i`` of a
+Every key is gathered through the block table on its own (``page = n // block_size``, a
+shift when ``POW2_PAGES``), so ``TILE_N`` does not depend on the page size and any page
+size works. New token ``i`` of a
 sequence sits at position ``seq_len - q_len + i`` and sees keys ``k`` with
 ``pos - sliding_window < k <= pos``. A row that sees no key (a sequence of length 0)
 gets zeros. With one split the program writes the output; otherwise normalised partial
@@ -30,7 +31,7 @@ outputs and base-2 log-sum-exps, which :func:`_merge_splits_kernel` merges.
 
 The key loop is written for Triton's software pipeliner: the block-table load, the K/V
 gathers and the dots sit in one ``for`` loop with no early exit, so with ``num_stages``
->= 3 the next tiles' page ids and K/V are fetched asynchronously (``cp.async``) while the
+>= 2 the next tile's page ids and K/V are fetched asynchronously (``cp.async``) while the
 current tile is computed (``kernels/check_sm90.py`` checks that they are).
 """
 
@@ -53,6 +54,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
         "num_splits",
         "min_split_tiles",
         "sliding_window",
+        "block_shift",
     ]
 )
 def _paged_attention_kernel(
@@ -85,6 +87,7 @@ def _paged_attention_kernel(
     tokens_per_prog,
     head_dim,
     block_size,
+    block_shift,
     num_splits,
     min_split_tiles,
     score_scale,
@@ -95,6 +98,7 @@ def _paged_attention_kernel(
     BLOCK_D: tl.constexpr,
     TILE_N: tl.constexpr,
     UNIT_QUERIES: tl.constexpr,
+    POW2_PAGES: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
 ):
@@ -168,9 +172,14 @@ def _paged_attention_kernel(
     for tile in range(tile_begin, tile_end):
         offs_n = tile * TILE_N + tl.arange(0, TILE_N)
         n_ok = (offs_n >= kv_lo) & (offs_n < kv_hi)
-        logical_page = offs_n // block_size
+        if POW2_PAGES:  # shifts instead of a division by a run-time value
+            logical_page = offs_n >> block_shift
+            in_page = offs_n & (block_size - 1)
+        else:
+            logical_page = offs_n // block_size
+            in_page = offs_n - logical_page * block_size
         page = tl.load(bt_row + logical_page, mask=n_ok, other=0).to(tl.int64)
-        slot = (offs_n - logical_page * block_size).to(tl.int64)
+        slot = in_page.to(tl.int64)
         kv_mask = n_ok[:, None] & d_ok[None, :]
         k_off = page * stride_k_block + slot * stride_k_slot
         v_off = page * stride_v_block + slot * stride_v_slot
