@@ -2,7 +2,7 @@
 cores for 16-bit attention, pipelined (``cp.async``) key loads where the plan asks for
 stages, and at least the programs per SM the split heuristic counts on.
 
-``kernels/check_sm90.py`` does the work (see its docstring). Compiling ~75 configurations
+``kernels/sm90_compile_check.py`` does the work (see its docstring). Compiling ~75 configurations
 takes ~1-2 min of one core, so ``conftest.py`` starts the script in a child process as soon
 as collection ends and it runs while the interpreter tests use the other core; this test
 waits for it and checks its per-configuration JSON report. The child runs without
@@ -21,7 +21,7 @@ from sm90_job import CHECK_SCRIPT, STASH_KEY, start_check
 
 
 def _load_script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("check_sm90", CHECK_SCRIPT)
+    spec = importlib.util.spec_from_file_location("sm90_compile_check", CHECK_SCRIPT)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
@@ -48,7 +48,8 @@ def test_every_configuration_compiles_for_sm90_pipelined_without_spills(
 ) -> None:
     proc, report = pytestconfig.stash.get(STASH_KEY, None) or start_check()
     output, _ = proc.communicate(timeout=900)
-    assert report.exists(), f"check_sm90.py produced no report (rc={proc.returncode}):\n{output}"
+    rc = proc.returncode
+    assert report.exists(), f"sm90_compile_check.py produced no report (rc={rc}):\n{output}"
     results = json.loads(report.read_text())
     bad = [r for r in results if r["error"] or r["stack_bytes"] != 0
            or (r["needs_mma"] and r["mma_instructions"] <= 0)

@@ -2,7 +2,7 @@
 
 A :class:`KernelLaunch` is everything one kernel launch needs. The public launchers in
 :mod:`kvindex.kernels.attention` build plans with the ``plan_*`` functions and run them;
-``kernels/check_sm90.py`` builds the same plans from meta tensors and compiles them for
+``kernels/sm90_compile_check.py`` builds the same plans from meta tensors and compiles them for
 sm_90 instead, so it checks exactly the configurations the launchers choose.
 """
 
@@ -59,7 +59,7 @@ class AttentionConfig:
     ``block_rows`` query rows (tokens x grouped heads) per program, ``tile_n`` keys per
     inner iteration, ``num_warps``, ``num_stages`` (software-pipelining depth of the key
     loop) and ``programs_per_sm``: how many programs the compiled kernel fits on one sm_90
-    SM (registers and shared memory). ``kernels/check_sm90.py`` compiles every config and
+    SM (registers and shared memory). ``kernels/sm90_compile_check.py`` compiles every config and
     fails if one fits fewer programs than it claims; the split-count heuristic relies on it.
     """
 
@@ -84,21 +84,22 @@ def decode_config(
     tile's page ids and K/V are loaded asynchronously while the current tile is computed,
     with several programs per SM. Token-level pages (``block_size`` 1) load a page id per
     key and do better with 2 warps. Head dims that are not a multiple of 16 cannot use
-    16-byte asynchronous copies and run unpipelined with small tiles. Every choice is
-    compiled for sm_90 by ``kernels/check_sm90.py``, which fails when a config spills, loses
-    its pipelined loads or fits fewer programs per SM than ``programs_per_sm`` says; the
-    bf16 head-dim-128 choices were picked by the sweep in ``benches/gpu_kernels.py``.
+    16-byte asynchronous copies and run unpipelined (1 stage) with small tiles. Every
+    choice is compiled for sm_90 by ``kernels/sm90_compile_check.py``, which fails when a
+    config spills, loses its pipelined loads or fits fewer programs per SM than
+    ``programs_per_sm`` says; the bf16 head-dim-128 choices come from the H200 sweep in
+    ``benches/gpu_kernels.py`` (``benches/RESULTS.md``).
     """
     bd = block_d(head_dim)
     fp8 = cache_dtype == torch.float8_e4m3fn
     if head_dim % 16:
-        return AttentionConfig(16, 16, 4, 2, 2)
-    if q_dtype == torch.float32:
+        return AttentionConfig(16, 16, 4, 1, 2)
+    if q_dtype == torch.float32:  # fp32 queries: correctness first, small unpipelined tiles
         if bd >= 256 or fp8:
-            return AttentionConfig(16, 16, 8, 2, 1)
-        return AttentionConfig(16, 16, 4, 3, 2)
+            return AttentionConfig(16, 16, 8, 1, 1)
+        return AttentionConfig(16, 16, 4, 2, 2)
     if bd >= 256:
-        return AttentionConfig(16, 16 if fp8 else 32, 8, 3, 1)
+        return AttentionConfig(16, 16, 8, 2, 1) if fp8 else AttentionConfig(16, 16, 4, 2, 2)
     if bd == 128:
         if fp8:
             return AttentionConfig(16, 32, 4, 3, 3)
@@ -115,10 +116,10 @@ def prefill_config(
     bd = block_d(head_dim)
     wide = bd > 64
     if head_dim % 16:
-        return AttentionConfig(16, 16, 4, 2, 1)
+        return AttentionConfig(16, 16, 4, 1, 1)
     if q_dtype == torch.float32:
         if cache_dtype == torch.float8_e4m3fn or bd >= 256:
-            return AttentionConfig(16 if wide else 32, 16, 8 if wide else 4, 2, 1)
+            return AttentionConfig(16 if wide else 32, 16, 8 if wide else 4, 1, 1)
         return AttentionConfig(32, 32, 8 if wide else 4, 2, 1)
     if bd >= 256:
         return AttentionConfig(32, 32, 8, 2, 1)

@@ -32,7 +32,7 @@ outputs and base-2 log-sum-exps, which :func:`_merge_splits_kernel` merges.
 The key loop is written for Triton's software pipeliner: the block-table load, the K/V
 gathers and the dots sit in one ``for`` loop with no early exit, so with ``num_stages``
 >= 2 the next tile's page ids and K/V are fetched asynchronously (``cp.async``) while the
-current tile is computed (``kernels/check_sm90.py`` checks that they are).
+current tile is computed (``kernels/sm90_compile_check.py`` checks that they are).
 """
 
 import triton

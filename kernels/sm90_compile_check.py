@@ -13,7 +13,7 @@ then gives registers per thread and the spill stack (``STACK`` > 0 = spills), an
 ``--dump-sass`` whether the 16-bit attention kernels use tensor cores (HMMA / HGMMA; a
 config without them also fails).
 
-Usage: ``python kernels/check_sm90.py [--verbose] [--json PATH]``; the kernels are imported
+Usage: ``python kernels/sm90_compile_check.py [--verbose] [--json PATH]``; the kernels are imported
 from whatever ``kvindex`` is installed (or on ``sys.path``).
 """
 
