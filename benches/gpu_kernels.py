@@ -7,8 +7,9 @@ measurements succeeded. Each point also records its max abs difference from a de
 reference, computed outside the timed region. On an H200 the whole script takes ~2-3 min.
 
 1. device facts (``nvidia-smi`` clocks, SMs, L2 size);
-2. the copy bandwidth (256 MiB and 1 GiB device-to-device copies timed by CUDA graph and by events, best kept; read + write bytes): the ceiling
-   every bandwidth figure is a fraction of;
+2. the copy bandwidth (256 MiB and 1 GiB device-to-device copies timed by CUDA graph and
+   by events, best kept; read + write bytes): the ceiling every bandwidth figure is a
+   fraction of;
 3. decode points, Llama-3-8B-like heads (32 query heads, 8 KV heads, head_dim 128): bf16 at
    block 16 over batch x context, block 1 (the radix cache's token-level tables), an fp8
    e4m3 cache, mixed context lengths, and multi-token queries (4 tokens per sequence,
