@@ -1,4 +1,4 @@
-"""``kvindex simulate`` (issue 5) and its granularity-loss report (issue 7 §3): the seed
+"""``kvindex simulate`` and its granularity-loss report: the design notes' worked
 examples' exact hits, the chat workload (determinism, invariants, cross-checks against the
 caches' own stats and KV events), the Mooncake trace (parsing, the theoretical maximum from
 hash ids alone, capacity monotonicity), the scheduling effect that can break monotonicity,
@@ -333,8 +333,34 @@ def test_malformed_trace_line_reports_its_number(tmp_path: Path, line: str, what
 def test_trace_timestamp_going_back(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text(_GOOD.replace('"timestamp": 0', '"timestamp": 9') + "\n" + _GOOD + "\n")
-    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: timestamp 0 goes back"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"t\.jsonl:2: timestamp 0 ms is earlier than 9 ms on line 1: timestamps must not "
+        "decrease",
+    ):
         read_mooncake_trace(f)
+
+
+def test_trace_tokens_per_hash(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2, 3]}\n'
+    )
+    with pytest.raises(TraceFormatError, match="512 tokens per hash id; see --tokens-per-hash"):
+        read_mooncake_trace(f)
+    wl = read_mooncake_trace(f, tokens_per_hash=200)
+    assert np.array_equal(wl.prompt(0), np.arange(600))
+    assert wl.summary()["params"]["tokens_per_hash"] == 200
+
+
+def test_trace_hash_id_message_names_the_place(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(_GOOD + "\n" + _GOOD.replace("[1, 2]", "[2, 1]") + "\n")
+    with pytest.raises(TraceFormatError) as e:
+        read_mooncake_trace(f)
+    msg = str(e.value)
+    assert "hash id 2 at block 0 (the first) was first seen at block 1, after hash id 1" in msg
+    assert "after -1" not in msg
 
 
 def test_cli_reports_bad_input_without_traceback(
@@ -360,16 +386,9 @@ def test_cli_reports_bad_input_without_traceback(
 def test_plot_without_matplotlib_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    import builtins
+    import sys
 
-    real_import = builtins.__import__
-
-    def no_matplotlib(name: str, *a: Any, **kw: Any) -> Any:
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError(name)
-        return real_import(name, *a, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     assert simulate_main(["--quiet", "--plot", str(tmp_path / "p.png")]) == 2
     assert "pip install 'kvindex[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
@@ -388,7 +407,7 @@ def test_cli_default_command_json_and_plot(
     argv += ["--json", str(out)]
     assert kvindex_main([*argv, "--plot", str(png)]) == 0  # no subcommand: simulate
     text = capsys.readouterr().out
-    assert "theoretical maximum hit rate" in text and "| hash_chain |" in text
+    assert "theoretical maximum hit rate" in text and "hash_chain  " in text
     data = json.loads(out.read_text())
     assert len(data["runs"]) == 2 * 2 * 2  # designs x block sizes x capacities
     assert {r["design"] for r in data["runs"]} == {"hash_chain", "radix"}
@@ -405,7 +424,11 @@ def test_cli_seeds_and_demo(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     text = capsys.readouterr().out
     assert "80-token prompt whose first 30 tokens are cached" in text
     assert "(notes:" not in text  # every figure matches the notes
-    rows = json.loads(out.read_text())["examples"]
+    assert "vLLM hash-chain and radix-tree design notes" in text
+    assert max(len(x) for x in text.splitlines()) <= 120
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1 and data["command"].startswith("kvindex ")
+    rows = data["examples"]
     assert rows[0]["results"]["hash_chain@B"]["hit"] == 16
     assert kvindex_main(["demo"]) == 0
     assert "block-hash chain" in capsys.readouterr().out

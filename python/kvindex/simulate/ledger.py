@@ -7,7 +7,7 @@ size 1 with room for everything, run in lockstep — prompts are shown at admiss
 whole sequences, prompt plus output, when they are freed). Then, with block size ``B``:
 
 * ``G = ⌊E/B⌋·B`` — the block-aligned match; ``E − G`` tokens are **lost to block
-  granularity** (the seed note's 30 matching tokens of which 16 hit: 14 lost);
+  granularity** (the hash-chain design note's 30 matching tokens of which 16 hit: 14 lost);
 * ``C = min(G, ⌊(n−1)/B⌋·B)`` — the full-hit rule (the last prompt token is always
   computed, and hits are block-aligned, so a fully cached block-aligned prompt recomputes
   its whole last block); ``G − C`` tokens are **lost to the full-hit rule**;
@@ -97,6 +97,9 @@ class HitTally:
     lost_full_hit: int = 0
     not_cached: int = 0
     per_request: list[RequestHit] | None = field(default=None)
+    #: Whether the exact match (and so the loss split) was computed; when not, the exact and
+    #: loss fields are meaningless and :meth:`as_dict` reports them as ``None``.
+    losses: bool = True
 
     def add(self, n: int, hit: int, exact: int) -> RequestHit:
         """Accounts one admission of an ``n``-token prompt that hit ``hit`` tokens."""
@@ -122,8 +125,28 @@ class HitTally:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        """Every figure, with shares of the prompt tokens."""
+        """Every figure, with shares of the prompt tokens (loss figures ``None`` when they
+        were not computed)."""
         p = self.prompt_tokens or 1
+        if not self.losses:
+            return {
+                "requests": self.requests,
+                "prompt_tokens": self.prompt_tokens,
+                "hit_tokens": self.hit_tokens,
+                "hit_rate": self.hit_rate,
+                **dict.fromkeys(
+                    (
+                        "exact_match_tokens",
+                        "exact_match_rate",
+                        "lost_granularity",
+                        "lost_granularity_share",
+                        "lost_full_hit",
+                        "lost_full_hit_share",
+                        "not_cached",
+                        "not_cached_share",
+                    )
+                ),
+            }
         return {
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,

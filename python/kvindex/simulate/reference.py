@@ -59,7 +59,7 @@ def replay_in_order(
         raise SimulationError(f"{num_blocks} blocks of {block_size} cannot hold a request")
     cache = make_cache(design, num_blocks + 1, block_size, **cache_kw)
     matcher = ExactMatcher(total + 2 * n) if losses else None
-    tally = HitTally(block_size, per_request=[] if per_request else None)
+    tally = HitTally(block_size, per_request=[] if per_request else None, losses=losses)
     for rid, (prompt, output) in enumerate(pairs):
         exact = matcher.match_and_insert(prompt) if matcher is not None else 0
         adm = cache.admit(rid, prompt)

@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from kvindex.protocol import PrefixCache, make_cache
 from kvindex.simulate.capacity import Capacity
@@ -110,20 +111,45 @@ class RunSpec:
 
 @dataclass(slots=True)
 class Timing:
-    """Measured wall-clock costs (not reproducible, reported apart from the exact figures)."""
+    """Measured wall-clock costs (not reproducible, reported apart from the exact figures).
 
-    index_request_ns: int = 0
-    index_step_ns: int = 0
-    admissions: int = 0
-    decode_steps: int = 0
+    ``request_ns[rid]`` is the index time spent on request ``rid`` (admit, failed attempts
+    included, free, checkpoint); ``step_ns`` one entry per decode step (append_batch). The
+    medians are robust against the other processes of a shared machine (a call descheduled
+    for a few ms moves the mean, not the median).
+    """
+
+    request_ns: list[int] = field(default_factory=list)
+    step_ns: list[int] = field(default_factory=list)
     wall_s: float = 0.0
 
+    @property
+    def admissions(self) -> int:
+        """Requests that took index time."""
+        return sum(1 for x in self.request_ns if x)
+
+    @property
+    def decode_steps(self) -> int:
+        """Decode steps (append_batch calls that succeeded)."""
+        return len(self.step_ns)
+
     def as_dict(self, requests: int) -> dict[str, float]:
-        """µs of index time per request (admit + free + checkpoint) and per decode step."""
+        """µs of index time per request and per decode step: mean, median, 10th and 90th
+        percentile."""
+        req = np.asarray(self.request_ns, dtype=np.float64) / 1e3
+        step = np.asarray(self.step_ns, dtype=np.float64) / 1e3
+
+        def pct(a: npt.NDArray[np.float64], q: float) -> float:
+            return float(np.percentile(a, q)) if len(a) else 0.0
+
         return {
-            "index_us_per_request": self.index_request_ns / 1e3 / max(requests, 1),
-            "index_us_per_step": self.index_step_ns / 1e3 / max(self.decode_steps, 1),
-            "index_seconds": (self.index_request_ns + self.index_step_ns) / 1e9,
+            "index_us_per_request": float(req.sum()) / max(requests, 1),
+            "index_us_per_request_median": pct(req, 50),
+            "index_us_per_request_p10": pct(req, 10),
+            "index_us_per_request_p90": pct(req, 90),
+            "index_us_per_step": float(step.sum()) / max(len(step), 1),
+            "index_us_per_step_median": pct(step, 50),
+            "index_seconds": float(req.sum() + step.sum()) / 1e6,
             "wall_seconds": self.wall_s,
         }
 
@@ -288,6 +314,9 @@ def simulate_run(
     res = RunResult(spec, usable, HitTally(b))
     tm = res.timing
     perf = time.perf_counter_ns
+    req_ns = [0] * len(workload.requests)
+    tm.request_ns = req_ns
+    step_ns = tm.step_ns
 
     reqs = workload.requests
     followers: dict[int, list[int]] = {}
@@ -315,10 +344,9 @@ def simulate_run(
             dup = int(cache.lookup(np.concatenate((tokens, _SENTINEL))) == n)
         t0 = perf()
         adm = cache.admit(rid, tokens)
-        tm.index_request_ns += perf() - t0
+        req_ns[rid] += perf() - t0
         if adm is None:
             return False
-        tm.admissions += 1
         hit = adm.num_cached_tokens
         after = counts.num_cached_blocks
         if hash_chain:
@@ -337,9 +365,10 @@ def simulate_run(
         return True
 
     def release(lv: _Live) -> None:
+        rid = lv.req.rid
         t0 = perf()
-        cache.free(lv.req.rid)
-        tm.index_request_ns += perf() - t0
+        cache.free(rid)
+        req_ns[rid] += perf() - t0
         matcher.insert(lv.sequence())
 
     while finished < len(reqs):
@@ -356,6 +385,7 @@ def simulate_run(
 
         # 2. Decode, preempting the latest admitted request while blocks run short.
         dec = [lv for lv in running if lv.decoding]
+        spent = 0
         while dec:
             ids = np.fromiter((lv.req.rid for lv in dec), dtype=np.int64, count=len(dec))
             toks = np.fromiter(
@@ -364,8 +394,9 @@ def simulate_run(
             before = counts.num_cached_blocks
             t0 = perf()
             ok = cache.append_batch(ids, toks)
-            tm.index_step_ns += perf() - t0
+            spent += perf() - t0
             if ok:
+                step_ns.append(spent)
                 after = counts.num_cached_blocks
                 if hash_chain:
                     filled = sum(1 for lv in dec if (lv.held + 1) % b == 0)
@@ -383,7 +414,6 @@ def simulate_run(
             if victim in dec:
                 dec.remove(victim)
         if dec:
-            tm.decode_steps += 1
             res.decode_tokens += len(dec)
             budget -= len(dec)
             for lv in dec:
@@ -422,9 +452,10 @@ def simulate_run(
         for lv in prefilled:
             lv.decoding = True
             if checkpoint is not None and lv.generated < lv.req.output_len:
+                rid = lv.req.rid
                 t0 = perf()
-                checkpoint(lv.req.rid)
-                tm.index_request_ns += perf() - t0
+                checkpoint(rid)
+                req_ns[rid] += perf() - t0
 
         # 6. Free finished requests; release the turns that follow them.
         done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]

@@ -1,4 +1,5 @@
-"""``--workload seeds``: the seed notes' worked examples, replayed through both designs.
+"""``--workload seeds``: the worked examples of the vLLM hash-chain and radix-tree design
+notes, replayed through both designs.
 
 Each example is a short sequence of requests replayed one at a time
 (:func:`~kvindex.simulate.reference.replay_in_order`); the figure reported is what the
