@@ -445,3 +445,44 @@ def test_cli_design_at_block_size(tmp_path: Path) -> None:
 def test_unknown_design_in_api_is_a_clear_error(chat: Workload) -> None:
     with pytest.raises(SimulationError, match="unknown design 'lsm'"):
         simulate_run(chat, spec("lsm", 16, "inf"))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_theoretical_maximum_equals_the_radix_page1_replay(seed: int) -> None:
+    from kvindex.simulate.reference import theoretical_max
+
+    wl = chat_workload(120, seed=seed)
+    fast = theoretical_max(wl)
+    ref = replay_in_order(wl, "radix", 1, losses=False)
+    assert (fast.hit_tokens, fast.prompt_tokens, fast.requests) == (
+        ref.hit_tokens,
+        ref.prompt_tokens,
+        ref.requests,
+    )
+
+
+def test_workload_with_its_own_outputs_gives_the_same_figures() -> None:
+    """A workload that overrides ``output`` takes the scheduler's gathered-token path; the
+    base class's consecutive outputs take the in-place one. Same tokens, same figures."""
+    wl = chat_workload(120, seed=4)
+
+    class OwnOutputs(ArrayWorkload):
+        def output(self, rid: int) -> Any:
+            return np.array(super().output(rid).tolist(), dtype=np.int32)
+
+    assert isinstance(wl, ArrayWorkload)
+    other = OwnOutputs(wl.name, wl.requests, wl._prompts, wl._out, wl.params)
+    for design, bs in (("hash_chain", 16), ("radix", 4)):
+        s = spec(design, bs, "14k", max_running=16)
+        a, b = simulate_run(wl, s).as_dict(), simulate_run(other, s).as_dict()
+        assert a["preemptions"] > 0
+        assert exact_figures(a) == exact_figures(b)
+
+
+@needs_trace
+def test_trace_theoretical_maximum_on_the_bare_tree(trace: Workload) -> None:
+    from kvindex.simulate.reference import theoretical_max
+
+    fast = theoretical_max(trace)
+    ref = replay_in_order(trace, "radix", 1, losses=False)
+    assert (fast.hit_tokens, fast.prompt_tokens) == (ref.hit_tokens, ref.prompt_tokens)

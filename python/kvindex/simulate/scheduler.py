@@ -243,6 +243,92 @@ class _Live:
         return np.concatenate((self.prompt, self.output[: self.generated]))
 
 
+class _Decoding:
+    """The running requests past their prefill, in running order, as the arrays of one
+    ``append_batch`` call, advanced in place each decode step.
+
+    The ``k`` steps since the last :meth:`rebuild` are applied to the :class:`_Live` objects
+    (``generated``, ``held``) only by :meth:`sync`, which must be followed by a rebuild
+    before the next step. With a ``workload`` whose outputs are the base class's ranges the
+    next tokens are an int32 array incremented in place; otherwise they are gathered.
+    For the hash chain, ``hist[r]`` counts requests whose ``(held + 1) % block_size == r``
+    at the rebuild: ``hist[-k % block_size]`` of them fill a block at step ``k``.
+    """
+
+    __slots__ = ("b", "hash_chain", "hist", "ids", "k", "lives", "toks", "until", "workload")
+
+    def __init__(self, block_size: int, hash_chain: bool, workload: Workload | None) -> None:
+        self.b = block_size
+        self.hash_chain = hash_chain
+        self.workload = workload
+        self.lives: list[_Live] = []
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.toks = np.zeros(0, dtype=np.int32)
+        self.hist: dict[int, int] = {}
+        self.k = 0
+        self.until = 0
+
+    def sync(self) -> None:
+        """Writes the steps taken since the last rebuild into the requests."""
+        k = self.k
+        if k:
+            for lv in self.lives:
+                lv.generated += k
+                lv.held += k
+            self.k = 0
+
+    def rebuild(self, running: list[_Live]) -> None:
+        """Syncs, then takes the decoding requests of ``running``, in its order."""
+        self.sync()
+        lives = [lv for lv in running if lv.decoding]
+        self.lives = lives
+        n = len(lives)
+        if not n:
+            return
+        self.ids = np.fromiter((lv.req.rid for lv in lives), dtype=np.int64, count=n)
+        wl = self.workload
+        if wl is not None:
+            self.toks = np.fromiter(
+                (wl.output_start(lv.req.rid) + lv.generated for lv in lives),
+                dtype=np.int32,
+                count=n,
+            )
+        self.until = min(lv.req.output_len - lv.generated for lv in lives)
+        if self.hash_chain:
+            b = self.b
+            hist: dict[int, int] = {}
+            for lv in lives:
+                r = (lv.held + 1) % b
+                hist[r] = hist.get(r, 0) + 1
+            self.hist = hist
+
+    def tokens(self) -> Tokens:
+        """Each request's next output token."""
+        if self.workload is not None:
+            return self.toks
+        k = self.k
+        return np.fromiter(
+            (lv.output[lv.generated + k] for lv in self.lives),
+            dtype=np.int32,
+            count=len(self.lives),
+        )
+
+    def filled(self) -> int:
+        """Requests whose token of this step fills a block (hash chain only)."""
+        return self.hist.get(-self.k % self.b, 0)
+
+    def advance(self) -> None:
+        """Every request generated its token."""
+        self.k += 1
+        self.until -= 1
+        if self.workload is not None:
+            self.toks += 1
+
+    def finishing(self) -> bool:
+        """Whether a request generated its last token in this step."""
+        return bool(self.lives) and self.until == 0
+
+
 def check_spec(workload: Workload, spec: RunSpec) -> int:
     """Validates ``spec`` against ``workload``; returns the usable blocks of its pool.
 
@@ -309,8 +395,7 @@ def simulate_run(
         if not hash_chain and spec.radix_insert == "prefill" and isinstance(cache, _Checkpoints)
         else None
     )
-    total = sum(r.prompt_len + r.output_len + 2 for r in workload.requests)
-    matcher = ExactMatcher(total)
+    matcher = ExactMatcher()
     res = RunResult(spec, usable, HitTally(b))
     tm = res.timing
     perf = time.perf_counter_ns
@@ -371,6 +456,13 @@ def simulate_run(
         req_ns[rid] += perf() - t0
         matcher.insert(lv.sequence())
 
+    # The decoding requests as arrays (one append_batch per step without a Python loop over
+    # them); rebuilt when the set changes. `prefilling`: running requests with prefill left,
+    # in running order (step 3 walks only these).
+    dset = _Decoding(b, hash_chain, workload if type(workload).output is Workload.output else None)
+    dirty = False
+    prefilling: list[_Live] = []
+
     while finished < len(reqs):
         while arrivals and arrivals[0][0] <= now:
             rid = heapq.heappop(arrivals)[1]
@@ -384,51 +476,54 @@ def simulate_run(
         budget = spec.max_batched_tokens
 
         # 2. Decode, preempting the latest admitted request while blocks run short.
-        dec = [lv for lv in running if lv.decoding]
+        if dirty:
+            dset.rebuild(running)
+            dirty = False
         spent = 0
-        while dec:
-            ids = np.fromiter((lv.req.rid for lv in dec), dtype=np.int64, count=len(dec))
-            toks = np.fromiter(
-                (lv.output[lv.generated] for lv in dec), dtype=np.int32, count=len(dec)
-            )
+        while dset.lives:
+            toks = dset.tokens()
             before = counts.num_cached_blocks
             t0 = perf()
-            ok = cache.append_batch(ids, toks)
+            ok = cache.append_batch(dset.ids, toks)
             spent += perf() - t0
             if ok:
                 step_ns.append(spent)
                 after = counts.num_cached_blocks
                 if hash_chain:
-                    filled = sum(1 for lv in dec if (lv.held + 1) % b == 0)
-                    res.evicted_blocks += filled - (after - before)
+                    res.evicted_blocks += dset.filled() - (after - before)
                 else:
                     res.evicted_blocks += before - after
                 break
+            dset.sync()
             victim = running.pop()
             release(victim)
             res.preemptions += 1
+            if prefilling and prefilling[-1] is victim:
+                prefilling.pop()
             victim.decoding = False
             victim.prefill_left = 0
             victim.held = 0
             waiting.appendleft(victim)
-            if victim in dec:
-                dec.remove(victim)
-        if dec:
-            res.decode_tokens += len(dec)
-            budget -= len(dec)
-            for lv in dec:
-                lv.generated += 1
-                lv.held += 1
+            dset.rebuild(running)
+        ndec = len(dset.lives)
+        if ndec:
+            res.decode_tokens += ndec
+            budget -= ndec
+            dset.advance()
 
         # 3. Chunked prefill of requests admitted in earlier steps.
         prefilled: list[_Live] = []
-        for lv in running:
-            if lv.prefill_left and budget > 0:
+        if prefilling and budget > 0:
+            for lv in prefilling:
+                if budget <= 0:
+                    break
                 take = min(lv.prefill_left, budget)
                 budget -= take
                 lv.prefill_left -= take
                 if not lv.prefill_left:
                     prefilled.append(lv)
+            if prefilled:
+                prefilling = [lv for lv in prefilling if lv.prefill_left]
 
         # 4. First-come-first-served admission.
         while waiting and budget > 0 and len(running) < spec.max_running:
@@ -444,22 +539,32 @@ def simulate_run(
             take = min(lv.prefill_left, budget)
             budget -= take
             lv.prefill_left -= take
-            if not lv.prefill_left:
+            if lv.prefill_left:
+                prefilling.append(lv)
+            else:
                 prefilled.append(lv)
         res.peak_blocks = max(res.peak_blocks, usable - cache.num_free_blocks)
 
         # 5. Prefill done: decode from the next step (radix: insert the prompt now).
-        for lv in prefilled:
-            lv.decoding = True
-            if checkpoint is not None and lv.generated < lv.req.output_len:
-                rid = lv.req.rid
-                t0 = perf()
-                checkpoint(rid)
-                req_ns[rid] += perf() - t0
+        maybe_done = dset.finishing()
+        if prefilled:
+            dirty = True
+            for lv in prefilled:
+                lv.decoding = True
+                if lv.generated < lv.req.output_len:
+                    if checkpoint is not None:
+                        rid = lv.req.rid
+                        t0 = perf()
+                        checkpoint(rid)
+                        req_ns[rid] += perf() - t0
+                else:
+                    maybe_done = True
 
         # 6. Free finished requests; release the turns that follow them.
-        done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
-        if done:
+        if maybe_done:
+            dset.sync()
+            dirty = True
+            done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
             running = [
                 lv for lv in running if not (lv.decoding and lv.generated >= lv.req.output_len)
             ]
@@ -468,7 +573,7 @@ def simulate_run(
                 for f in followers.get(lv.req.rid, ()):
                     heapq.heappush(arrivals, (now + 1 + reqs[f].arrival, f))
             finished += len(done)
-            if progress is not None:
+            if progress is not None and done:
                 progress(len(done))
         if check_every and res.steps % check_every == 0:
             cache.check_invariants()

@@ -87,6 +87,10 @@ class Workload:
         """Prompt tokens of request ``rid`` (int32, C-contiguous)."""
         raise NotImplementedError
 
+    def output_start(self, rid: int) -> int:
+        """First output token of request ``rid`` (its outputs are consecutive from there)."""
+        return OUTPUT_BASE + int(self._out[rid])
+
     def output(self, rid: int) -> Tokens:
         """Output tokens of request ``rid``: a range unique to it."""
         start = OUTPUT_BASE + int(self._out[rid])
