@@ -218,6 +218,7 @@ class _Live:
         "decoding",
         "generated",
         "held",
+        "out0",
         "output",
         "prefill_left",
         "prompt",
@@ -225,10 +226,12 @@ class _Live:
         "waited",
     )
 
-    def __init__(self, req: Request, prompt: Tokens, output: Tokens) -> None:
+    def __init__(self, req: Request, prompt: Tokens, output: Tokens, out0: int = 0) -> None:
         self.req = req
         self.prompt = prompt
         self.output = output
+        #: First output token when the outputs are consecutive (see ``_Decoding``).
+        self.out0 = out0
         self.generated = 0
         self.held = 0
         self.prefill_left = 0
@@ -250,17 +253,18 @@ class _Decoding:
     The ``k`` steps since the last :meth:`rebuild` are applied to the :class:`_Live` objects
     (``generated``, ``held``) only by :meth:`sync`, which must be followed by a rebuild
     before the next step. With a ``workload`` whose outputs are the base class's ranges the
-    next tokens are an int32 array incremented in place; otherwise they are gathered.
+    next tokens are an int32 array incremented in place (``consecutive``: every request's
+    ``out0`` is its first output token); otherwise they are gathered.
     For the hash chain, ``hist[r]`` counts requests whose ``(held + 1) % block_size == r``
     at the rebuild: ``hist[-k % block_size]`` of them fill a block at step ``k``.
     """
 
-    __slots__ = ("b", "hash_chain", "hist", "ids", "k", "lives", "toks", "until", "workload")
+    __slots__ = ("b", "consecutive", "hash_chain", "hist", "ids", "k", "lives", "toks", "until")
 
-    def __init__(self, block_size: int, hash_chain: bool, workload: Workload | None) -> None:
+    def __init__(self, block_size: int, hash_chain: bool, consecutive: bool) -> None:
         self.b = block_size
         self.hash_chain = hash_chain
-        self.workload = workload
+        self.consecutive = consecutive
         self.lives: list[_Live] = []
         self.ids = np.zeros(0, dtype=np.int64)
         self.toks = np.zeros(0, dtype=np.int32)
@@ -286,12 +290,9 @@ class _Decoding:
         if not n:
             return
         self.ids = np.fromiter((lv.req.rid for lv in lives), dtype=np.int64, count=n)
-        wl = self.workload
-        if wl is not None:
+        if self.consecutive:
             self.toks = np.fromiter(
-                (wl.output_start(lv.req.rid) + lv.generated for lv in lives),
-                dtype=np.int32,
-                count=n,
+                (lv.out0 + lv.generated for lv in lives), dtype=np.int32, count=n
             )
         self.until = min(lv.req.output_len - lv.generated for lv in lives)
         if self.hash_chain:
@@ -304,7 +305,7 @@ class _Decoding:
 
     def tokens(self) -> Tokens:
         """Each request's next output token."""
-        if self.workload is not None:
+        if self.consecutive:
             return self.toks
         k = self.k
         return np.fromiter(
@@ -321,7 +322,7 @@ class _Decoding:
         """Every request generated its token."""
         self.k += 1
         self.until -= 1
-        if self.workload is not None:
+        if self.consecutive:
             self.toks += 1
 
     def finishing(self) -> bool:
@@ -459,14 +460,23 @@ def simulate_run(
     # The decoding requests as arrays (one append_batch per step without a Python loop over
     # them); rebuilt when the set changes. `prefilling`: running requests with prefill left,
     # in running order (step 3 walks only these).
-    dset = _Decoding(b, hash_chain, workload if type(workload).output is Workload.output else None)
+    consecutive = type(workload).output is Workload.output
+    dset = _Decoding(b, hash_chain, consecutive)
+    out_start = workload.output_start
     dirty = False
     prefilling: list[_Live] = []
 
     while finished < len(reqs):
         while arrivals and arrivals[0][0] <= now:
             rid = heapq.heappop(arrivals)[1]
-            waiting.append(_Live(reqs[rid], workload.prompt(rid), workload.output(rid)))
+            waiting.append(
+                _Live(
+                    reqs[rid],
+                    workload.prompt(rid),
+                    workload.output(rid),
+                    out_start(rid) if consecutive else 0,
+                )
+            )
         if not running and not waiting:
             if not arrivals:
                 raise RuntimeError("scheduler stalled: no request left to arrive")
