@@ -375,6 +375,7 @@ def test_cli_reports_bad_input_without_traceback(
         (["--capacity", "40GiB"], "--model-shape"),
         (["--capacity", "12 parsecs"], "bad capacity"),
         (["--block-size", "0"], "block size must be >= 1"),
+        (["--block-size", "2000000"], "block size must be at most 2**20 = 1,048,576"),
         (["--trace", str(tmp_path / "missing.jsonl")], "cannot read the trace"),
     ]
     for argv, msg in cases:

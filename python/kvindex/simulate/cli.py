@@ -71,6 +71,8 @@ _TRACE_BLOCK_SIZES = "16"
 _CHAT_CAPACITIES = "32k,64k,128k,inf"
 _TRACE_CAPACITIES = "1M,3M,10M,inf"
 _STEP_MS = 20.0
+#: The largest block (page) size the caches accept.
+MAX_BLOCK_SIZE = 2**20
 
 
 def add_arguments(
@@ -223,6 +225,8 @@ def _ints(text: str, what: str) -> list[int]:
             raise SimulationError(f"bad {what} {part.strip()!r}: expected an integer") from None
         if v < 1:
             raise SimulationError(f"{what} must be >= 1, got {v}")
+        if v > MAX_BLOCK_SIZE:
+            raise SimulationError(f"{what} must be at most 2**20 = {MAX_BLOCK_SIZE:,}, got {v:,}")
         if v not in out:
             out.append(v)
     if not out:

@@ -52,15 +52,17 @@ def plot_hit_rate(rep: SimulationReport, path: str | Path) -> None:
         x = float(x_inf if r.spec.capacity.infinite else r.capacity_tokens)
         series.setdefault((r.spec.design, r.spec.block_size), []).append((x, r.tally.hit_rate))
     sizes = sorted({bs for _, bs in series})
-    for (design, bs), pts in series.items():
+    for i, ((design, bs), pts) in enumerate(series.items()):
         pts.sort()
+        # Sizes shrink and faces alternate so that equal points of two series stay visible.
         ax.plot(
             [p[0] for p in pts],
             [p[1] for p in pts],
             marker=_MARKERS[sizes.index(bs) % len(_MARKERS)],
             linestyle=_LINES.get(design, ":"),
             color=_COLOURS.get(design),
-            markersize=7,
+            markersize=max(10 - 1.5 * i, 4),
+            markerfacecolor="none" if sizes.index(bs) % 2 else None,
             label=f"{design}, block {bs}",
         )
     ax.axhline(rep.theoretical_max, linestyle=":", color="grey", label="theoretical maximum")
