@@ -487,3 +487,24 @@ def test_trace_theoretical_maximum_on_the_bare_tree(trace: Workload) -> None:
     fast = theoretical_max(trace)
     ref = replay_in_order(trace, "radix", 1, losses=False)
     assert (fast.hit_tokens, fast.prompt_tokens) == (ref.hit_tokens, ref.prompt_tokens)
+
+
+@pytest.mark.parametrize(
+    ("design", "bs", "insert"),
+    [
+        ("hash_chain", 1, "prefill"),
+        ("hash_chain", 16, "prefill"),
+        ("radix", 1, "prefill"),
+        ("radix", 4, "finish"),
+        ("radix", 16, "prefill"),
+    ],
+)
+def test_skipping_futile_admission_retries_changes_no_figure(
+    design: str, bs: int, insert: str
+) -> None:
+    wl = chat_workload(150, seed=9)
+    s = spec(design, bs, "12k", max_running=24, radix_insert=insert)
+    fast = simulate_run(wl, s).as_dict()
+    every = simulate_run(wl, s, skip_futile_retries=False).as_dict()
+    assert fast["waits"] > 50 and fast["preemptions"] > 0
+    assert exact_figures(fast) == exact_figures(every)
