@@ -274,7 +274,7 @@ def format_summary(rep: SimulationReport, width: int = DEFAULT_WIDTH) -> str:
     lines = [*_heading(rep, width), "", *table, ""]
     legend = LEGEND
     if dropped:
-        legend += f" ({dropped} columns left out to fit {width} columns: --format table)"
+        legend += f" ({plural(dropped, 'column')} left out to fit {width} columns: --format table)"
     else:
         legend += " Every column and the peak blocks: --format table|markdown|csv, or --json."
     lines += textwrap.wrap(legend, width)
