@@ -138,10 +138,18 @@ def _design(r: RunResult, _c: HitTally | None) -> str:
     return r.spec.design
 
 
+def _pool(r: RunResult) -> str:
+    """The capacity as given; memory and block counts also in tokens."""
+    cap = r.spec.capacity
+    if cap.kind in ("tokens", "inf"):
+        return cap.label
+    return f"{cap.label} = {r.capacity_tokens:,} tok"
+
+
 SUMMARY_COLUMNS: tuple[Column, ...] = (
     Column("design", _design, "l", 0),
     Column("block", lambda r, c: str(r.spec.block_size), "r", 0),
-    Column("pool", lambda r, c: r.spec.capacity.label, "l", 0),
+    Column("pool", lambda r, c: _pool(r), "l", 0),
     Column("hit\nrate", lambda r, c: f"{r.tally.hit_rate:.4f}", "r", 0),
     Column("at\ninf", lambda r, c: f"{c.hit_rate:.4f}" if c else "-", "r", 1),
     Column(
