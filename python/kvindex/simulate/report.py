@@ -51,7 +51,8 @@ LEGEND = (
     "evicted blocks: cached blocks dropped. waits: steps the queue head waited for free "
     "blocks. preempted: requests pushed back to the queue. peak blocks: most blocks held by "
     "running requests. index µs: the index's own time per request (median over requests: "
-    "admit, failed attempts included, free, checkpoint) and per decode step (append_batch); "
+    "admit, failed attempts that could have passed included, free, checkpoint) and per decode "
+    "step (append_batch); "
     "measured, so it varies between runs."
 )
 

@@ -26,7 +26,9 @@ blocks of the pool (kvindex's null block excluded); every request must fit alone
 (``ceil((prompt + output) / block_size)`` blocks), so the model always makes progress. The
 index's CPU time is measured around its own calls only (admit, free, checkpoint — failed
 admission attempts included: per request; append_batch: per decode step) and reported
-apart from the exact figures.
+apart from the exact figures. A waiting head's admission is not called again while nothing
+was freed, checkpointed or admitted since it failed (it would fail the same way; see
+:func:`simulate_run`), so only attempts that could succeed are timed.
 
 Evictions count, per admit / append_batch call, the cached block hashes (radix: tree pages)
 that the call removed for good. The hash chain's count is derived from
