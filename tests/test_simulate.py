@@ -508,3 +508,25 @@ def test_skipping_futile_admission_retries_changes_no_figure(
     every = simulate_run(wl, s, skip_futile_retries=False).as_dict()
     assert fast["waits"] > 50 and fast["preemptions"] > 0
     assert exact_figures(fast) == exact_figures(every)
+
+
+def test_parallel_replays_match_sequential_ones_and_raise_task_errors() -> None:
+    from kvindex.simulate.runner import Task, run_tasks
+
+    wl = chat_workload(60, seed=2)
+    tasks = [
+        Task("max", "radix", 1),
+        Task("ceiling", "hash_chain", 16),
+        Task("run", "radix", 4, spec=spec("radix", 4, "16k")),
+        Task("run", "hash_chain", 1, spec=spec("hash_chain", 1, "inf")),
+    ]
+    seq = run_tasks(wl, tasks, jobs=1)
+    par = run_tasks(wl, tasks, jobs=2)
+    assert [getattr(r, "hit_tokens", None) for r in seq] == [
+        getattr(r, "hit_tokens", None) for r in par
+    ]
+    runs = [(s, p) for s, p in zip(seq, par, strict=True) if hasattr(s, "as_dict")]
+    assert all(exact_figures(s.as_dict()) == exact_figures(p.as_dict()) for s, p in runs)
+    bad = [*tasks, Task("run", "radix", 1, spec=spec("radix", 1, "100"))]  # cannot fit
+    with pytest.raises(SimulationError, match="below request"):
+        run_tasks(wl, bad, jobs=2)

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -84,6 +84,12 @@ _WORKLOAD: Workload | None = None
 _COUNTER: Any = None
 
 
+def _worker_init() -> None:
+    # Ctrl-C reaches the whole process group: the parent handles it (and terminates the
+    # workers), so a worker must not turn it into a task result and carry on.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _worker_progress(n: int) -> None:
     with _COUNTER.get_lock():
         _COUNTER.value += n
@@ -97,7 +103,10 @@ def _worker(task: Task) -> HitTally | RunResult:
 def run_tasks(
     workload: Workload, tasks: list[Task], *, jobs: int, progress: Progress | None = None
 ) -> list[HitTally | RunResult]:
-    """Results of ``tasks`` in their order; ``jobs > 1`` runs them in forked processes."""
+    """Results of ``tasks`` in their order; ``jobs > 1`` runs them in forked processes.
+
+    An exception in a task (or Ctrl-C) terminates the workers and is raised here.
+    """
     global _WORKLOAD, _COUNTER
     advance = progress.advance if progress is not None else None
     if jobs <= 1 or len(tasks) <= 1 or "fork" not in mp.get_all_start_methods():
@@ -110,28 +119,28 @@ def run_tasks(
     ctx = mp.get_context("fork")
     _WORKLOAD = workload
     _COUNTER = ctx.Value("q", 0)
-    results: dict[int, HitTally | RunResult] = {}
+    procs = min(jobs, len(tasks))
+    pool = ctx.Pool(procs, initializer=_worker_init)
     try:
-        with ProcessPoolExecutor(max_workers=min(jobs, len(tasks)), mp_context=ctx) as pool:
-            order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cost())
-            futures: dict[Future[HitTally | RunResult], int] = {
-                pool.submit(_worker, tasks[i]): i for i in order
-            }
-            pending = set(futures)
-            seen = 0
-            while pending:
-                done, pending = wait(pending, timeout=0.1, return_when=FIRST_COMPLETED)
-                for f in done:
-                    results[futures[f]] = f.result()
-                if progress is not None:
-                    progress.set_label(
-                        f"{len(results)}/{len(tasks)} replays done, {min(jobs, len(tasks))} "
-                        "processes"
-                    )
-                    value = int(_COUNTER.value)
-                    progress.advance(value - seen)
-                    seen = value
+        order = sorted(range(len(tasks)), key=lambda i: -tasks[i].cost())
+        pending = {i: pool.apply_async(_worker, (tasks[i],)) for i in order}
+        results: dict[int, HitTally | RunResult] = {}
+        seen = 0
+        while pending:
+            next(iter(pending.values())).wait(0.1)
+            for i in [i for i, r in pending.items() if r.ready()]:
+                results[i] = pending.pop(i).get()  # raises the task's exception
+            if progress is not None:
+                progress.set_label(f"{len(results)}/{len(tasks)} replays done, {procs} processes")
+                value = int(_COUNTER.value)
+                progress.advance(value - seen)
+                seen = value
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
     finally:
+        pool.join()
         _WORKLOAD = None
         _COUNTER = None
     return [results[i] for i in range(len(tasks))]
