@@ -530,3 +530,21 @@ def test_parallel_replays_match_sequential_ones_and_raise_task_errors() -> None:
     bad = [*tasks, Task("run", "radix", 1, spec=spec("radix", 1, "100"))]  # cannot fit
     with pytest.raises(SimulationError, match="below request"):
         run_tasks(wl, bad, jobs=2)
+
+
+@pytest.mark.parametrize("source", ["chat", "trace"])
+def test_finished_leaves_not_shown_to_the_matcher_change_no_figure(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = Path(__file__).resolve().parent / "data" / "mooncake_synthetic_head150.jsonl"
+    wl = chat_workload(150, seed=6) if source == "chat" else read_mooncake_trace(data, limit=60)
+    assert wl.outputs_only_in_followers
+    caps = ("12k", "24k") if source == "chat" else ("60k", "inf")
+    for design, bs in (("hash_chain", 1), ("hash_chain", 16), ("radix", 1), ("radix", 8)):
+        for cap in caps:
+            s = spec(design, bs, cap, max_running=16)
+            monkeypatch.setattr(wl, "outputs_only_in_followers", True)
+            fast = simulate_run(wl, s).as_dict()
+            monkeypatch.setattr(wl, "outputs_only_in_followers", False)
+            every = simulate_run(wl, s).as_dict()
+            assert exact_figures(fast) == exact_figures(every), (design, bs, cap)

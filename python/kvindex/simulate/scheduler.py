@@ -468,14 +468,19 @@ def simulate_run(
         lv.prefill_left = n - hit
         return True
 
-    def release(lv: _Live) -> None:
+    # A finished request's sequence only extends its prompt (already in the matcher) with
+    # outputs that, under this promise, no later prompt of a non-follower holds.
+    finish_unseen = workload.outputs_only_in_followers
+
+    def release(lv: _Live, at_finish: bool = False) -> None:
         nonlocal version
         version += 1
         rid = lv.req.rid
         t0 = perf()
         cache.free(rid)
         req_ns[rid] += perf() - t0
-        matcher.insert(lv.sequence())
+        if not (at_finish and finish_unseen and rid not in followers):
+            matcher.insert(lv.sequence())
 
     # The decoding requests as arrays (one append_batch per step without a Python loop over
     # them); rebuilt when the set changes. `prefilling`: running requests with prefill left,
@@ -600,7 +605,7 @@ def simulate_run(
                 lv for lv in running if not (lv.decoding and lv.generated >= lv.req.output_len)
             ]
             for lv in done:
-                release(lv)
+                release(lv, at_finish=True)
                 for f in followers.get(lv.req.rid, ()):
                     heapq.heappush(arrivals, (now + 1 + reqs[f].arrival, f))
             finished += len(done)

@@ -37,7 +37,12 @@ TRACE_BLOCK = 512
 
 
 class TraceWorkload(Workload):
-    """A trace: prompts are materialised from their block ids on demand."""
+    """A trace: prompts are materialised from their block ids on demand.
+
+    Prompt tokens stay below the output range and outputs do not overlap, so no prompt
+    holds an output token (:attr:`Workload.outputs_only_in_followers`)."""
+
+    outputs_only_in_followers = True
 
     def __init__(
         self,
