@@ -191,3 +191,20 @@ def test_progress_bar_shows_elapsed_and_eta_within_the_width() -> None:
     off.advance(5)
     off.close()
     assert quiet.getvalue() == ""
+
+
+def test_a_closed_pipe_ends_quietly() -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.Popen(
+        [sys.executable, "-m", "kvindex", *SMALL],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert p.stdout is not None and p.stderr is not None
+    p.stdout.close()  # like `kvindex | head -0`
+    with p.stderr:
+        err = p.stderr.read().decode()
+    assert p.wait(timeout=60) == 141
+    assert err == ""

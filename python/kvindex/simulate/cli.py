@@ -518,6 +518,11 @@ def guarded_run(args: argparse.Namespace, prog: str = "kvindex simulate") -> int
     args.prog = prog
     try:
         return run(args)
+    except BrokenPipeError:
+        # `kvindex | head`: the reader left; stop quietly, as a shell tool would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except (SimulationError, SizingError, KvIndexError, OSError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
