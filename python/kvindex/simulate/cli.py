@@ -209,7 +209,9 @@ def add_arguments(
         "-j",
         type=int,
         metavar="N",
-        help="processes running configurations in parallel (default: the CPU cores)",
+        help="processes running configurations in parallel, one configuration each (default: "
+        "the usable CPU cores); the exact figures do not depend on it, the measured µs are "
+        "steadier with 1",
     )
     opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
 
