@@ -286,24 +286,35 @@ class _Decoding:
     def rebuild(self, running: list[_Live]) -> None:
         """Syncs, then takes the decoding requests of ``running``, in its order."""
         self.sync()
-        lives = [lv for lv in running if lv.decoding]
-        self.lives = lives
-        n = len(lives)
-        if not n:
-            return
-        self.ids = np.fromiter((lv.req.rid for lv in lives), dtype=np.int64, count=n)
-        if self.consecutive:
-            self.toks = np.fromiter(
-                (lv.out0 + lv.generated for lv in lives), dtype=np.int32, count=n
-            )
-        self.until = min(lv.req.output_len - lv.generated for lv in lives)
-        if self.hash_chain:
-            b = self.b
-            hist: dict[int, int] = {}
-            for lv in lives:
+        lives: list[_Live] = []
+        ids: list[int] = []
+        toks: list[int] = []
+        until = 1 << 62
+        hist: dict[int, int] = {}
+        b = self.b
+        hash_chain = self.hash_chain
+        for lv in running:
+            if not lv.decoding:
+                continue
+            lives.append(lv)
+            req = lv.req
+            gen = lv.generated
+            ids.append(req.rid)
+            toks.append(lv.out0 + gen)
+            left = req.output_len - gen
+            if left < until:
+                until = left
+            if hash_chain:
                 r = (lv.held + 1) % b
                 hist[r] = hist.get(r, 0) + 1
-            self.hist = hist
+        self.lives = lives
+        if not lives:
+            return
+        self.ids = np.array(ids, dtype=np.int64)
+        if self.consecutive:
+            self.toks = np.array(toks, dtype=np.int32)
+        self.until = until
+        self.hist = hist
 
     def tokens(self) -> Tokens:
         """Each request's next output token."""
