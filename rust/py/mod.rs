@@ -5,6 +5,7 @@
 use pyo3::prelude::*;
 
 pub mod arrays;
+pub mod cluster;
 pub mod common;
 pub mod errors;
 pub mod events;
@@ -37,6 +38,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::AllBlocksCleared>()?;
     m.add_class::<events::EventEncoder>()?;
     m.add_function(wrap_pyfunction!(events::decode_event_batch, m)?)?;
+    m.add_class::<cluster::PyClusterIndex>()?;
     m.add_class::<radix::PyRadixCache>()?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;

@@ -152,6 +152,8 @@ pub struct ClusterIndex {
     workers: Vec<Option<Worker>>,
     /// Batches for worker slots that hold no worker.
     unknown_worker_batches: u64,
+    /// Bumped by every worker added or removed.
+    membership: u64,
 }
 
 impl ClusterIndex {
@@ -202,6 +204,13 @@ impl ClusterIndex {
         self.workers().map(|(_, w)| w.blocks).sum()
     }
 
+    /// A counter bumped by every worker added or removed (callers caching
+    /// per-slot data compare it).
+    #[must_use]
+    pub fn membership(&self) -> u64 {
+        self.membership
+    }
+
     /// Batches addressed to a slot without a worker.
     #[must_use]
     pub fn unknown_worker_batches(&self) -> u64 {
@@ -237,6 +246,7 @@ impl ClusterIndex {
             }
         };
         self.workers[slot] = Some(w);
+        self.membership += 1;
         #[allow(clippy::cast_possible_truncation)]
         Ok(WorkerId(slot as u32))
     }
@@ -249,6 +259,7 @@ impl ClusterIndex {
         self.require(w)?;
         self.clear_worker(w);
         self.workers[w.0 as usize] = None;
+        self.membership += 1;
         while self.workers.last().is_some_and(Option::is_none) {
             self.workers.pop();
         }
