@@ -14,8 +14,13 @@ The listener needs pyzmq (``pip install 'kvindex[events]'``); the index and rout
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvindex._core import ClusterIndex
 from kvindex.cluster._router import POLICIES, Decision, Router
+
+if TYPE_CHECKING:
+    from kvindex.cluster._listener import ClusterListener
 
 __all__ = ["POLICIES", "ClusterIndex", "ClusterListener", "Decision", "Router"]
 
