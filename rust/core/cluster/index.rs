@@ -7,9 +7,8 @@ use rustc_hash::FxBuildHasher;
 use xxhash_rust::xxh3::xxh3_64;
 
 use super::holders::{bit_ids, Set, SET_TAG};
+use super::ops::{batch_ops, Op, Ops};
 use crate::core::error::{InvariantViolation, KvError, KvResult};
-use crate::core::wire::batch::decode_batch;
-use crate::core::wire::event::WireEvent;
 
 /// A worker slot: one (engine, data-parallel rank) stream. Slots of removed
 /// workers are reused by later ones (lowest free slot first).
@@ -18,6 +17,13 @@ pub struct WorkerId(pub u32);
 
 /// Most worker slots (ids must stay below the block map's set tag).
 pub const MAX_WORKERS: usize = 1 << 20;
+
+/// Block-map value meaning "not in the map" in query scratch (never a
+/// worker id, never a slab index: the slab stays below `u32::MAX & !SET_TAG`).
+const MISSING: u32 = u32::MAX;
+
+/// Blocks looked up ahead of the query walk.
+const LOOKAHEAD: usize = 32;
 
 /// Sequence numbers remembered per worker to tell a duplicate from a restart.
 const RECENT: usize = 256;
@@ -154,6 +160,8 @@ pub struct ClusterIndex {
     unknown_worker_batches: u64,
     /// Bumped by every worker added or removed.
     membership: u64,
+    /// Reused decoding buffers.
+    scratch: Ops,
 }
 
 impl ClusterIndex {
@@ -321,51 +329,52 @@ impl ClusterIndex {
                 return Ok(Outcome::Gap { expected: wk.next_seq });
             }
         }
-        let batch = match decode_batch(payload, Some(self.block_size)) {
-            Ok(b) => b,
-            Err(e) => {
-                let wk = self.wk(w);
-                wk.stats.malformed += 1;
-                wk.status = Status::Degraded;
-                if let Some(seq) = seq {
-                    wk.next_seq = seq + 1;
-                }
-                return Ok(Outcome::Malformed(e.to_string()));
+        let mut ops = std::mem::take(&mut self.scratch);
+        if let Err(e) = batch_ops(payload, self.block_size, &mut ops) {
+            self.scratch = ops;
+            let wk = self.wk(w);
+            wk.stats.malformed += 1;
+            wk.status = Status::Degraded;
+            if let Some(seq) = seq {
+                wk.next_seq = seq + 1;
             }
-        };
+            return Ok(Outcome::Malformed(e.to_string()));
+        }
         let mut stored = 0u64;
         let mut removed = 0u64;
         let mut unknown = 0u64;
         let mut cleared_now = false;
-        for e in &batch.events {
-            match e {
-                WireEvent::Stored(s) => {
-                    for &h in &s.block_hashes {
+        for op in &ops.ops {
+            match *op {
+                Op::Store(a, b) => {
+                    for &h in &ops.hashes[a..b] {
                         self.add(h, w);
                     }
-                    stored += s.block_hashes.len() as u64;
+                    stored += (b - a) as u64;
                 }
-                WireEvent::Removed(r) => {
-                    for &h in &r.block_hashes {
+                Op::Remove(a, b) => {
+                    for &h in &ops.hashes[a..b] {
                         if !self.remove(h, w) {
                             unknown += 1;
                         }
                     }
-                    removed += r.block_hashes.len() as u64;
+                    removed += (b - a) as u64;
                 }
-                WireEvent::Cleared => {
+                Op::Clear => {
                     self.clear_worker(w);
                     self.wk(w).stats.cleared += 1;
                     cleared_now = true;
                 }
             }
         }
+        let skipped = ops.skipped as u64;
+        self.scratch = ops;
         let wk = self.wk(w);
         wk.stats.batches += 1;
         wk.stats.stored += stored;
         wk.stats.removed += removed;
         wk.stats.unknown_removals += unknown;
-        wk.stats.skipped_events += batch.skipped.len() as u64;
+        wk.stats.skipped_events += skipped;
         if let Some(seq) = seq {
             #[allow(clippy::cast_possible_truncation)]
             let slot = (seq % RECENT as u64) as usize;
@@ -472,20 +481,23 @@ impl ClusterIndex {
                 return true;
             }
         }
-        let Some(v) = self.blocks.get_mut(&Key::of(h)) else { return false };
-        if *v & SET_TAG == 0 {
-            if *v != id {
+        let hashbrown::hash_map::Entry::Occupied(mut o) = self.blocks.entry(Key::of(h)) else {
+            return false;
+        };
+        let v = *o.get();
+        if v & SET_TAG == 0 {
+            if v != id {
                 return false;
             }
-            self.blocks.remove(&Key::of(h));
+            o.remove();
         } else {
-            let slot = *v & !SET_TAG;
+            let slot = v & !SET_TAG;
             let set = &mut self.sets[slot as usize];
             if !set.remove(id) {
                 return false;
             }
             if set.len() == 1 {
-                *v = set.ids()[0];
+                *o.get_mut() = set.ids()[0];
                 *set = Set::Free;
                 self.free_sets.push(slot);
             }
@@ -535,32 +547,41 @@ impl ClusterIndex {
             }
         }
         let mut next = vec![0u64; words];
-        for (i, h) in hashes.iter().enumerate() {
-            next.fill(0);
-            if let Some(&v) = self.blocks.get(&Key::of(*h)) {
-                if v & SET_TAG == 0 {
-                    let (j, m) = ((v / 64) as usize, 1u64 << (v % 64));
-                    next[j] = active[j] & m;
+        // Look a chunk of blocks up first: independent probes overlap their
+        // cache misses, which matters once the table outgrows the caches.
+        let mut vals = [MISSING; LOOKAHEAD];
+        for (c, chunk) in hashes.chunks(LOOKAHEAD).enumerate() {
+            for (v, h) in vals.iter_mut().zip(chunk) {
+                *v = self.blocks.get(&Key::of(*h)).copied().unwrap_or(MISSING);
+            }
+            for (j, &v) in vals[..chunk.len()].iter().enumerate() {
+                let i = c * LOOKAHEAD + j;
+                next.fill(0);
+                if v == MISSING {
+                    // no holder
+                } else if v & SET_TAG == 0 {
+                    let (k, m) = ((v / 64) as usize, 1u64 << (v % 64));
+                    next[k] = active[k] & m;
                 } else {
                     self.sets[(v & !SET_TAG) as usize].intersect_into(&active, &mut next);
                 }
-            }
-            let mut any = 0u64;
-            for (j, (a, x)) in active.iter().zip(&next).enumerate() {
-                let dropped = a & !x;
-                if dropped != 0 {
-                    for b in bit_ids(&[dropped]) {
-                        #[allow(clippy::cast_possible_truncation)]
-                        {
-                            out[j * 64 + b as usize] = i as u32;
+                let mut any = 0u64;
+                for (k, (a, x)) in active.iter().zip(&next).enumerate() {
+                    let dropped = a & !x;
+                    if dropped != 0 {
+                        for b in bit_ids(&[dropped]) {
+                            #[allow(clippy::cast_possible_truncation)]
+                            {
+                                out[k * 64 + b as usize] = i as u32;
+                            }
                         }
                     }
+                    any |= x;
                 }
-                any |= x;
-            }
-            std::mem::swap(&mut active, &mut next);
-            if any == 0 {
-                return;
+                std::mem::swap(&mut active, &mut next);
+                if any == 0 {
+                    return;
+                }
             }
         }
         #[allow(clippy::cast_possible_truncation)]
@@ -603,8 +624,14 @@ impl ClusterIndex {
     /// Bytes the index holds (tables at capacity, holder sets, workers).
     #[must_use]
     pub fn memory_bytes(&self) -> usize {
-        let map = |cap: usize, entry: usize| cap * (entry + 1);
-        map(self.blocks.capacity(), 12)
+        // hashbrown keeps at most 7/8 of its (power-of-two) buckets full;
+        // each bucket is one entry plus one control byte.
+        let map = |cap: usize, entry: usize| {
+            let buckets =
+                if cap < 8 { cap + usize::from(cap > 0) } else { (cap * 8 / 7).next_power_of_two() };
+            buckets * (entry + 1)
+        };
+        map(self.blocks.capacity(), std::mem::size_of::<(Key, u32)>())
             + map(self.extra.capacity(), 16)
             + self.sets.capacity() * std::mem::size_of::<Set>()
             + self.sets.iter().map(Set::heap_bytes).sum::<usize>()

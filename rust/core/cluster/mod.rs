@@ -5,6 +5,7 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`holders`] | the holder set of one block (inline id, sorted list, bitset) |
+//! | [`ops`] | a batch payload as block operations (one pass, reused buffers) |
 //! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
 //!
@@ -51,6 +52,7 @@
 
 pub mod holders;
 pub mod index;
+pub mod ops;
 pub mod route;
 
 #[cfg(test)]

@@ -321,3 +321,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn block_map_entry_is_twelve_bytes() {
+    let mut ix = ClusterIndex::new(BS).expect("valid");
+    let w = ix.add_worker("w", 0).expect("room");
+    let hs: Vec<u64> = (0..100_000u64).map(|x| x.wrapping_mul(0x9e37_79b9_7f4a_7c15)).collect();
+    ix.store_hashes(w, &hs).expect("known");
+    let per_pair = ix.memory_bytes() as f64 / 100_000.0;
+    assert!(per_pair < 32.0, "{per_pair} bytes per pair");
+    // A long prompt walk crosses several look-ahead chunks.
+    let mut out = Vec::new();
+    ix.overlaps(&hs[..1000], &mut out);
+    assert_eq!(out, vec![1000]);
+    ix.overlaps(&[hs[0], hs[1], 7, hs[2]], &mut out);
+    assert_eq!(out, vec![2]);
+}
