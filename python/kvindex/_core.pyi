@@ -561,7 +561,9 @@ class ClusterIndex:
     nothing applied); ``"unknown_worker"`` (counted in
     :attr:`unknown_worker_batches`)."""
 
-    def __new__(cls, block_size: int, *, algo: str = "xxh3_128", seed: str | None = None) -> Self: ...
+    def __new__(
+        cls, block_size: int, *, algo: str = "xxh3_128", seed: str | None = None
+    ) -> Self: ...
     @property
     def block_size(self) -> int:
         """Tokens per block."""

@@ -350,3 +350,7 @@ def guarded_run(args: argparse.Namespace, prog: str = "kvindex simulate") -> int
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+# `--cluster W --route LIST` (W engines behind a router): kvindex/cluster/simulate.py.
+__import__("kvindex.cluster.simulate", fromlist=["hook"]).hook(sys.modules[__name__])
