@@ -31,6 +31,8 @@ struct Scratch {
     chain: Vec<BlockHash>,
     hashes: Vec<u64>,
     overlaps: Vec<u32>,
+    /// Full blocks of the last prompt given to `overlaps_of_tokens`.
+    blocks: usize,
 }
 
 impl Scratch {
@@ -80,7 +82,7 @@ impl PyClusterIndex {
         bs
     }
 
-    /// Hashes `tokens` into the scratch's `hashes` and fills its overlaps.
+    /// Fills the scratch's overlaps (and `blocks`) for `tokens`, hashing as it walks.
     fn overlaps_of_tokens(
         &self,
         tokens: &Bound<'_, PyAny>,
@@ -95,9 +97,12 @@ impl PyClusterIndex {
         // Rust runs while the view lives (no Python object is made, the GIL
         // is kept).
         let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        with_tokens!(arr, t => s.hash(t, bs, &spec));
-        let s2 = &mut *s;
-        self.read().overlaps(&s2.hashes, &mut s2.overlaps);
+        let ix = self.read();
+        let sc = &mut *s;
+        sc.blocks = with_tokens!(arr, t => ix.overlaps_tokens(
+            &mut sc.hasher, t, bs, &spec, &mut sc.chain, &mut sc.hashes, &mut sc.overlaps
+        ));
+        drop(ix);
         Ok(s)
     }
 }
@@ -142,6 +147,7 @@ impl PyClusterIndex {
                 chain: Vec::new(),
                 hashes: Vec::new(),
                 overlaps: Vec::new(),
+                blocks: 0,
             }),
             algo,
             seed,
@@ -331,7 +337,7 @@ impl PyClusterIndex {
                 s.overlaps.len()
             )));
         }
-        let n = s.hashes.len();
+        let n = s.blocks;
         Ok(match route::pick_min_cost(&s.overlaps, n, load, overlap_weight, start) {
             #[allow(clippy::cast_possible_wrap)]
             Some(w) => (w as i64, s.overlaps[w], n),

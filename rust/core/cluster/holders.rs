@@ -9,8 +9,17 @@
 //! intersecting with a query's active set O(list length) or O(words).
 
 /// Most holders kept as a sorted list (a 1,024-worker bitset is 128 bytes,
-/// the size of a list of 32 ids).
+/// the size of a list of 32 ids). A list also becomes a bitset as soon as
+/// it is larger than the bitset would be (more than twice as many ids as
+/// the bitset has words), so small clusters walk one word per block.
 pub const LIST_MAX: usize = 32;
+
+/// Lists this short never become bitsets.
+const LIST_MIN: usize = 4;
+
+fn words_for(max_id: u32) -> usize {
+    (max_id / 64) as usize + 1
+}
 
 /// High bit of a block-map value: the rest is a slab index, not a worker id.
 pub const SET_TAG: u32 = 1 << 31;
@@ -60,7 +69,8 @@ impl Set {
                 Ok(_) => false,
                 Err(i) => {
                     v.insert(i, w);
-                    if v.len() > LIST_MAX {
+                    let words = words_for(*v.last().unwrap_or(&0));
+                    if v.len() > LIST_MAX || (v.len() > LIST_MIN && v.len() > 2 * words) {
                         *self = Set::Bits(to_bits(v), u32::try_from(v.len()).unwrap_or(u32::MAX));
                     }
                     true
@@ -104,7 +114,8 @@ impl Set {
                 }
                 b[i] &= !m;
                 *n -= 1;
-                if (*n as usize) < LIST_MAX / 2 {
+                let n = *n as usize;
+                if n <= LIST_MIN / 2 || (n < LIST_MAX / 2 && 2 * n < b.len()) {
                     *self = Set::List(self.ids());
                 }
                 true

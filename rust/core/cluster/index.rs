@@ -9,6 +9,8 @@ use xxhash_rust::xxh3::xxh3_64;
 use super::holders::{bit_ids, Set, SET_TAG};
 use super::ops::{batch_ops, Op, Ops};
 use crate::core::error::{InvariantViolation, KvError, KvResult};
+use crate::core::hash::{BlockHasher, KeySpec, Token};
+use crate::core::ids::BlockHash;
 
 /// A worker slot: one (engine, data-parallel rank) stream. Slots of removed
 /// workers are reused by later ones (lowest free slot first).
@@ -344,6 +346,9 @@ impl ClusterIndex {
         let mut removed = 0u64;
         let mut unknown = 0u64;
         let mut cleared_now = false;
+        for chunk in ops.hashes.chunks(LOOKAHEAD) {
+            self.touch(chunk);
+        }
         for op in &ops.ops {
             match *op {
                 Op::Store(a, b) => {
@@ -536,57 +541,82 @@ impl ClusterIndex {
     /// empty slots), written to `out` (resized to [`Self::slots`]).
     /// O(blocks until no worker matches × (words of the worker bitset + holders)).
     pub fn overlaps(&self, hashes: &[u64], out: &mut Vec<u32>) {
-        let n = self.workers.len();
-        out.clear();
-        out.resize(n, 0);
-        let words = n.div_ceil(64);
-        let mut active = vec![0u64; words];
-        for (i, w) in self.workers.iter().enumerate() {
-            if w.is_some() {
-                active[i / 64] |= 1 << (i % 64);
-            }
-        }
-        let mut next = vec![0u64; words];
+        let mut walk = Walk::new(self, out);
         // Look a chunk of blocks up first: independent probes overlap their
         // cache misses, which matters once the table outgrows the caches.
         let mut vals = [MISSING; LOOKAHEAD];
-        for (c, chunk) in hashes.chunks(LOOKAHEAD).enumerate() {
-            for (v, h) in vals.iter_mut().zip(chunk) {
-                *v = self.blocks.get(&Key::of(*h)).copied().unwrap_or(MISSING);
-            }
-            for (j, &v) in vals[..chunk.len()].iter().enumerate() {
-                let i = c * LOOKAHEAD + j;
-                next.fill(0);
-                if v == MISSING {
-                    // no holder
-                } else if v & SET_TAG == 0 {
-                    let (k, m) = ((v / 64) as usize, 1u64 << (v % 64));
-                    next[k] = active[k] & m;
-                } else {
-                    self.sets[(v & !SET_TAG) as usize].intersect_into(&active, &mut next);
-                }
-                let mut any = 0u64;
-                for (k, (a, x)) in active.iter().zip(&next).enumerate() {
-                    let dropped = a & !x;
-                    if dropped != 0 {
-                        for b in bit_ids(&[dropped]) {
-                            #[allow(clippy::cast_possible_truncation)]
-                            {
-                                out[k * 64 + b as usize] = i as u32;
-                            }
-                        }
-                    }
-                    any |= x;
-                }
-                std::mem::swap(&mut active, &mut next);
-                if any == 0 {
-                    return;
-                }
+        for chunk in hashes.chunks(LOOKAHEAD) {
+            self.lookup(chunk, &mut vals);
+            if !walk.step(self, &vals[..chunk.len()], out) {
+                return;
             }
         }
-        #[allow(clippy::cast_possible_truncation)]
-        for b in bit_ids(&active) {
-            out[b as usize] = hashes.len() as u32;
+        walk.finish(out);
+    }
+
+    /// [`Self::overlaps`] of a prompt's tokens, hashed with `hasher` (the
+    /// workers' algorithm and seed), `block_size` and `spec` on the way:
+    /// hashing a chunk of blocks overlaps the table probes of the chunk
+    /// before, and hashing stops once no worker matches. `chain` and `hashes`
+    /// are scratch (the hashes computed, as events carry them); returns the
+    /// prompt's number of full blocks.
+    #[allow(clippy::too_many_arguments)]
+    pub fn overlaps_tokens<T: Token>(
+        &self,
+        hasher: &mut BlockHasher,
+        tokens: &[T],
+        block_size: usize,
+        spec: &KeySpec,
+        chain: &mut Vec<BlockHash>,
+        hashes: &mut Vec<u64>,
+        out: &mut Vec<u32>,
+    ) -> usize {
+        const CHUNK: usize = 8;
+        let n = tokens.len() / block_size.max(1);
+        chain.clear();
+        hashes.clear();
+        let mut walk = Walk::new(self, out);
+        let mut vals = [[MISSING; CHUNK]; 2];
+        let mut pending: Option<(usize, usize)> = None; // (buffer, len) looked up, not walked
+        let mut k = 0;
+        while k < n {
+            let end = (k + CHUNK).min(n);
+            hasher.extend_chain(&tokens[..end * block_size], block_size, spec, chain);
+            hashes.extend(chain[k..end].iter().map(BlockHash::low_u64));
+            let buf = (k / CHUNK) % 2;
+            self.lookup(&hashes[k..end], &mut vals[buf]);
+            if let Some((pb, len)) = pending {
+                if !walk.step(self, &vals[pb][..len], out) {
+                    return n;
+                }
+            }
+            pending = Some((buf, end - k));
+            k = end;
+        }
+        if let Some((pb, len)) = pending {
+            if !walk.step(self, &vals[pb][..len], out) {
+                return n;
+            }
+        }
+        walk.finish(out);
+        n
+    }
+
+    /// Probes the block map for `hashes` ahead of updating it: the probes
+    /// are independent, so their cache misses overlap instead of queueing
+    /// behind each update (a batch's lines then fit in L2).
+    #[inline]
+    fn touch(&self, hashes: &[u64]) {
+        let mut vals = [MISSING; LOOKAHEAD];
+        self.lookup(hashes, &mut vals);
+        std::hint::black_box(&vals);
+    }
+
+    /// The block-map values of `hashes` ([`MISSING`] when absent) into `vals`.
+    #[inline]
+    fn lookup(&self, hashes: &[u64], vals: &mut [u32]) {
+        for (v, h) in vals.iter_mut().zip(hashes) {
+            *v = self.blocks.get(&Key::of(*h)).copied().unwrap_or(MISSING);
         }
     }
 
@@ -705,5 +735,72 @@ impl ClusterIndex {
         }
         ensure_inv!(self.workers.last().is_none_or(Option::is_some), "trailing empty worker slot");
         Ok(())
+    }
+}
+
+/// A leading-block walk: the workers still matching, as a bitset, and how
+/// many blocks were walked. Workers drop out with their count in `out`.
+struct Walk {
+    active: Vec<u64>,
+    next: Vec<u64>,
+    i: usize,
+}
+
+impl Walk {
+    fn new(ix: &ClusterIndex, out: &mut Vec<u32>) -> Self {
+        let n = ix.workers.len();
+        out.clear();
+        out.resize(n, 0);
+        let words = n.div_ceil(64);
+        let mut active = vec![0u64; words];
+        for (i, w) in ix.workers.iter().enumerate() {
+            if w.is_some() {
+                active[i / 64] |= 1 << (i % 64);
+            }
+        }
+        Walk { active, next: vec![0u64; words], i: 0 }
+    }
+
+    /// Walks the next blocks (their map values); false once no worker matches.
+    fn step(&mut self, ix: &ClusterIndex, vals: &[u32], out: &mut [u32]) -> bool {
+        for &v in vals {
+            let (active, next) = (&mut self.active, &mut self.next);
+            next.fill(0);
+            if v == MISSING {
+                // no holder
+            } else if v & SET_TAG == 0 {
+                let (k, m) = ((v / 64) as usize, 1u64 << (v % 64));
+                next[k] = active[k] & m;
+            } else {
+                ix.sets[(v & !SET_TAG) as usize].intersect_into(active, next);
+            }
+            let mut any = 0u64;
+            for (k, (a, x)) in active.iter().zip(next.iter()).enumerate() {
+                let dropped = a & !x;
+                if dropped != 0 {
+                    for b in bit_ids(&[dropped]) {
+                        #[allow(clippy::cast_possible_truncation)]
+                        {
+                            out[k * 64 + b as usize] = self.i as u32;
+                        }
+                    }
+                }
+                any |= x;
+            }
+            std::mem::swap(&mut self.active, &mut self.next);
+            self.i += 1;
+            if any == 0 {
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Workers still matching hold every block walked.
+    fn finish(&self, out: &mut [u32]) {
+        #[allow(clippy::cast_possible_truncation)]
+        for b in bit_ids(&self.active) {
+            out[b as usize] = self.i as u32;
+        }
     }
 }

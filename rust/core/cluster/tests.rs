@@ -337,3 +337,35 @@ fn block_map_entry_is_twelve_bytes() {
     ix.overlaps(&[hs[0], hs[1], 7, hs[2]], &mut out);
     assert_eq!(out, vec![2]);
 }
+
+#[test]
+fn overlaps_of_tokens_hash_as_they_walk() {
+    use crate::core::hash::{BlockHasher, HashAlgo, KeySpec};
+    use crate::core::ids::BlockHash;
+    let tokens: Vec<i32> = (0..16 * 40).map(|x| (x * 7919) % 1000).collect();
+    let spec = KeySpec::default();
+    let mut h = BlockHasher::new(HashAlgo::Xxh3_128, None);
+    let mut chain = Vec::new();
+    h.extend_chain(&tokens, 16, &spec, &mut chain);
+    let full: Vec<u64> = chain.iter().map(BlockHash::low_u64).collect();
+    let mut ix = ClusterIndex::new(16).expect("valid");
+    for (i, k) in [0usize, 3, 8, 9, 17, 40, 40, 1].iter().enumerate() {
+        let w = ix.add_worker(&format!("w{i}"), 0).expect("room");
+        ix.store_hashes(w, &full[..*k]).expect("known");
+    }
+    for cut in [0usize, 5, 16 * 9 + 3, 16 * 40] {
+        let (mut c, mut hs, mut a, mut b) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let n = ix.overlaps_tokens(&mut h, &tokens[..cut], 16, &spec, &mut c, &mut hs, &mut a);
+        assert_eq!(n, cut / 16);
+        ix.overlaps(&full[..cut / 16], &mut b);
+        assert_eq!(a, b, "cut {cut}");
+        assert_eq!(hs[..], full[..hs.len()]);
+    }
+    // No worker matches: hashing stops within the first chunks.
+    let mut other = ClusterIndex::new(16).expect("valid");
+    other.add_worker("x", 0).expect("room");
+    let (mut c, mut hs, mut a) = (Vec::new(), Vec::new(), Vec::new());
+    other.overlaps_tokens(&mut h, &tokens, 16, &spec, &mut c, &mut hs, &mut a);
+    assert_eq!(a, vec![0]);
+    assert!(hs.len() <= 16);
+}
