@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,3 +181,71 @@ def test_import_kvindex_does_not_import_zmq() -> None:
     code = "import sys, kvindex; assert 'zmq' not in sys.modules; print('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_bench_events_runs_small() -> None:
+    """The benchmark's two measurements run end to end (tiny sizes, figures unchecked)."""
+    bench_dir = Path(__file__).resolve().parents[1] / "benches"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        import bench_events
+    finally:
+        sys.path.remove(str(bench_dir))
+    enc = bench_events.encoding(2)
+    assert enc["hashes_per_call"] == 512 * 16 and enc["rust_hashes_per_s"] > 0
+    step = bench_events.step_overhead(2, 20)
+    assert step["events"] > 0 and step["publisher"]["sent"] == 20
+
+
+@pytest.mark.parametrize("design", ["hash_chain", "radix"])
+def test_a_router_replaying_the_stream_stays_consistent(design: str) -> None:
+    """What a KV-aware router does with the stream, for both designs: every stored run
+    hangs off a hash it holds (or the root), every removed hash is one it holds, and once
+    the cache is emptied nothing is left. Events go through the wire (encode, decode)."""
+    rng = np.random.default_rng(7)
+    cache: kvindex.HashChainCache | kvindex.RadixPrefixCache
+    if design == "hash_chain":
+        cache = kvindex.HashChainCache(48, 4, algo="vllm_sha256_cbor", enable_events=True)
+    else:
+        cache = kvindex.RadixPrefixCache(48, 4, enable_events=True)
+    enc = EventEncoder()
+    held: dict[int, int] = {}  # hash -> copies the router believes are cached
+    stores = removes = 0
+
+    def drain() -> None:
+        nonlocal stores, removes
+        payload = enc.encode(cache, 0.0)
+        if payload is None:
+            return
+        for e in decode_batch(payload, block_size=4).events:
+            if isinstance(e, kvindex.BlockStored):
+                assert e.parent_block_hash is None or held.get(e.parent_block_hash, 0) > 0
+                for h in e.block_hashes:
+                    held[h] = held.get(h, 0) + 1
+                stores += 1
+            elif isinstance(e, kvindex.BlockRemoved):
+                for h in e.block_hashes:
+                    assert held.get(h, 0) > 0, "removed a hash the router does not hold"
+                    held[h] -= 1
+                removes += 1
+            else:
+                held.clear()
+
+    prefixes = [rng.integers(0, 1000, 12, dtype=np.int64) for _ in range(4)]
+    running: list[int] = []
+    for rid in range(400):
+        prompt = np.concatenate([prefixes[rng.integers(4)], rng.integers(0, 1000, 9)])
+        if cache.admit(rid, prompt) is not None:
+            running.append(rid)
+        if len(running) > 3 or (running and rng.random() < 0.3):
+            cache.free(running.pop(int(rng.integers(len(running)))))
+        drain()
+    for rid in running:
+        cache.free(rid)
+    if isinstance(cache, kvindex.HashChainCache):
+        cache.evict_blocks(np.arange(1, 48, dtype=np.int64))
+    else:
+        cache.evict(10**9)
+    drain()
+    assert stores > 50 and removes > 50
+    assert not any(held.values()), "hashes left after the cache was emptied"
