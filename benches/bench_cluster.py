@@ -6,7 +6,8 @@
    the worst case for memory), then churned at that size: each payload removes 32 runs
    of 16 old blocks and stores 32 new runs (1,024 block events). Reported: block events
    per second for ``ClusterIndex.apply`` (one call per payload, one core, GIL held),
-   at ``P = 10^5`` and ``P = 10^7`` (the ratio is the scaling figure), and the fill rate.
+   at ``P = 10^5`` and ``P = 10^7`` (the ratio is the scaling figure; best of 5 rounds of
+   10^5 events), and the fill rate (table growth included).
    Baseline in the same run: a Python subscriber's path for the same payloads at
    ``P = 10^5`` (``kvindex.events.decode_batch`` into event objects + a dict of sets).
 2. Memory. ``ClusterIndex.memory_bytes`` and the process's resident-set growth while
@@ -120,15 +121,22 @@ def build(pairs: int) -> tuple[ClusterIndex, list[list[int]], int, float, int]:
     return ix, runs, start + n_runs * RUN, n_runs * RUN / spent, rss_bytes() - rss0
 
 
-def churn_rate(ix: ClusterIndex, runs: list[list[int]], h: int, events: int) -> float:
-    payloads, _ = churn_payloads(runs, h, max(events // (EVENTS * RUN), 1))
-    seqs = [ix.worker_info(w)["next_seq"] for w in range(WORKERS)]
-    t0 = time.perf_counter()
-    for w, p in payloads:
-        ix.apply(w, seqs[w], p)
-        seqs[w] += 1
-    dt = time.perf_counter() - t0
-    return len(payloads) * EVENTS * RUN / dt
+def churn_rate(
+    ix: ClusterIndex, runs: list[list[int]], h: int, events: int, rounds: int = 5
+) -> tuple[float, int]:
+    """Best of ``rounds`` churn rounds of ``events`` block events each (this machine is
+    shared: the best round is the least disturbed). Returns (rate, next fresh hash)."""
+    best = 0.0
+    for _ in range(rounds):
+        payloads, h = churn_payloads(runs, h, max(events // (EVENTS * RUN), 1))
+        seqs = [ix.worker_info(w)["next_seq"] for w in range(WORKERS)]
+        t0 = time.perf_counter()
+        for w, p in payloads:
+            ix.apply(w, seqs[w], p)
+            seqs[w] += 1
+        dt = time.perf_counter() - t0
+        best = max(best, len(payloads) * EVENTS * RUN / dt)
+    return best, h
 
 
 def python_baseline_rate(pairs: int, events: int) -> float:
@@ -219,12 +227,12 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here")
     args = ap.parse_args()
     reps = 100 if args.quick else args.reps
-    churn_events = 50_000 if args.quick else 400_000
+    churn_events = 50_000 if args.quick else 100_000
     out: dict[str, Any] = {}
     prompt = np.random.default_rng(0).integers(0, 50_000, 4096, dtype=np.int32)
 
     ix, runs, h, fill, _ = build(10**5)
-    out["ingest_1e5_events_per_s"] = churn_rate(ix, runs, h, churn_events)
+    out["ingest_1e5_events_per_s"] = churn_rate(ix, runs, h, churn_events)[0]
     out["fill_1e5_events_per_s"] = fill
     out["python_baseline_1e5_events_per_s"] = python_baseline_rate(10**5, churn_events // 4)
     out["ingest_vs_python"] = (
@@ -241,7 +249,7 @@ def main() -> None:
     if not args.quick:
         ix, runs, h, fill, rss = build(10**7)
         out["fill_1e7_events_per_s"] = fill
-        out["ingest_1e7_events_per_s"] = churn_rate(ix, runs, h, churn_events)
+        out["ingest_1e7_events_per_s"] = churn_rate(ix, runs, h, churn_events)[0]
         out["ingest_1e7_over_1e5_cost"] = (
             out["ingest_1e5_events_per_s"] / out["ingest_1e7_events_per_s"]
         )

@@ -150,3 +150,37 @@ def test_wrong_block_size_is_malformed() -> None:
     outcome, _ = ix.apply(w, 0, pay(stored([1])))
     assert outcome.startswith("malformed: ") and "block_size" in outcome
     assert ix.num_blocks == 0
+
+
+@pytest.mark.parametrize("algo", ["xxh3_128", "vllm_sha256", "vllm_xxhash_cbor"])
+def test_queries_hash_with_the_workers_algo_seed_and_extra_keys(algo: str) -> None:
+    toks = np.arange(40, dtype=np.int32)
+    salt, lora, mm = "tenant-7", ("ad", "/p"), [("img", 5, 6)]
+    ix = ClusterIndex(BS, algo=algo, seed="root")
+    raw = kvindex.block_hashes(
+        toks, BS, algo=algo, seed="root", cache_salt=salt, lora=lora, mm_items=mm
+    )
+    want = [low64(bytes(h)) for h in raw]
+    got = ix.hashes(toks, cache_salt=salt, lora=lora, mm_items=mm)
+    assert got.tolist() == want and len(want) == 10
+    w = ix.add_worker("w")
+    ix.store_hashes(w, got[:6])
+    assert ix.overlaps(toks, cache_salt=salt, lora=lora, mm_items=mm).tolist() == [6]
+    assert ix.overlaps(toks).tolist() == [0]  # no keys: another chain
+    assert ix.seed == "root" and ix.algo == algo
+
+
+def test_caller_errors_raise_kvindex_errors() -> None:
+    ix = ClusterIndex(BS)
+    w = ix.add_worker("w")
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ix.apply(w, -1, pay(stored([1])))
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ix.give_up(w, -5)
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ClusterIndex(0)
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ClusterIndex(4, algo="md5")
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ix.route(np.arange(8, dtype=np.int32), np.zeros(3))
+    assert ix.num_blocks == 0 and ix.statuses() == ["resyncing"]

@@ -113,6 +113,10 @@ fn worker_id(worker: i64) -> PyResult<WorkerId> {
         .map_err(|_| invalid(format!("worker must be a slot number, got {worker}")))
 }
 
+fn seq_number(seq: i64) -> PyResult<u64> {
+    u64::try_from(seq).map_err(|_| invalid(format!("sequence numbers are >= 0, got {seq}")))
+}
+
 fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
     let a = obj
         .cast::<PyArray1<u64>>()
@@ -226,16 +230,17 @@ impl PyClusterIndex {
         &self,
         py: Python<'_>,
         worker: i64,
-        seq: Option<u64>,
+        seq: Option<i64>,
         payload: &Bound<'_, PyBytes>,
-    ) -> (String, i64) {
+    ) -> PyResult<(String, i64)> {
+        let seq = seq.map(seq_number).transpose()?;
         let Ok(w) = worker_id(worker) else {
-            return ("unknown_worker".to_owned(), -1);
+            return Ok(("unknown_worker".to_owned(), -1));
         };
         let bytes = payload.as_bytes();
         let run = || self.write().apply(w, seq, bytes);
         let r = if bytes.len() >= DETACH_MIN_BYTES { py.detach(run) } else { run() };
-        match r {
+        Ok(match r {
             Err(_) => ("unknown_worker".to_owned(), -1),
             Ok(Outcome::Applied) => ("applied".to_owned(), -1),
             Ok(Outcome::Duplicate) => ("duplicate".to_owned(), -1),
@@ -243,12 +248,12 @@ impl PyClusterIndex {
             #[allow(clippy::cast_possible_wrap)]
             Ok(Outcome::Gap { expected }) => ("gap".to_owned(), expected as i64),
             Ok(Outcome::Malformed(msg)) => (format!("malformed: {msg}"), -1),
-        }
+        })
     }
 
     /// Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`.
-    fn give_up(&self, worker: i64, seq: u64) -> PyResult<()> {
-        self.write().give_up(worker_id(worker)?, seq).py()
+    fn give_up(&self, worker: i64, seq: i64) -> PyResult<()> {
+        self.write().give_up(worker_id(worker)?, seq_number(seq)?).py()
     }
 
     /// Records `hashes` (uint64) as held by `worker`, without a stream.
