@@ -101,3 +101,23 @@ def test_approx_mode_records_and_expires() -> None:
     r.route(prompt(8))
     ix.check_invariants()
     assert ix.num_pairs == 8  # only the last decision is remembered
+
+
+def test_a_worker_replaced_in_its_slot_starts_fresh() -> None:
+    now = [0.0]
+    ix = index_with(2)
+    r = Router(ix, "approx", ttl=10.0, clock=lambda: now[0])
+    p = prompt(9)
+    d = r.route(p)
+    assert d is not None
+    w = d.worker
+    ix.remove_worker(w)
+    assert ix.add_worker("replacement") == w
+    assert r.load[w] == 0.0  # the old request's load left with the old worker
+    ix.store_hashes(w, ix.hashes(p))  # the new worker announces the same blocks itself
+    r.finish(d)  # the old worker's request: nothing to take back
+    assert r.load[w] == 0.0
+    now[0] = 20.0
+    r.route(prompt(10))  # expires d's record: it must not touch the new worker's blocks
+    assert ix.overlaps(p).tolist()[w] == 8
+    ix.check_invariants()

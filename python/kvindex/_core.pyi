@@ -642,8 +642,12 @@ class ClusterIndex:
         """Per slot: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker)."""
     def status(self, worker: int) -> str:
         """One slot's status: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker)."""
+    def incarnations(self) -> list[int]:
+        """Per slot: the worker's incarnation (a number no earlier worker of any slot had),
+        0 for an empty slot."""
     def worker_info(self, worker: int) -> dict[str, Any]:
-        """One worker's name, dp rank, status, block count, next sequence number and counters."""
+        """One worker's name, dp rank, status, block count, next sequence number,
+        incarnation and counters."""
     def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
         """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
     def check_invariants(self) -> None:

@@ -366,7 +366,19 @@ impl PyClusterIndex {
         worker_id(worker).ok().and_then(|w| ix.worker(w)).map_or("", |w| w.status.name())
     }
 
-    /// One worker's name, dp rank, status, block count, next sequence number and counters.
+    /// Per slot: the worker's incarnation (a number no earlier worker of any slot had),
+    /// 0 for an empty slot.
+    fn incarnations(&self) -> Vec<u64> {
+        let ix = self.read();
+        let mut out = vec![0; ix.slots()];
+        for (w, wk) in ix.workers() {
+            out[w.0 as usize] = wk.incarnation;
+        }
+        out
+    }
+
+    /// One worker's name, dp rank, status, block count, next sequence number,
+    /// incarnation and counters.
     fn worker_info<'py>(&self, py: Python<'py>, worker: i64) -> PyResult<Bound<'py, PyDict>> {
         let ix = self.read();
         let w =
@@ -377,6 +389,7 @@ impl PyClusterIndex {
         d.set_item("status", w.status.name())?;
         d.set_item("blocks", w.blocks)?;
         d.set_item("next_seq", w.next_seq)?;
+        d.set_item("incarnation", w.incarnation)?;
         let s = w.stats;
         for (k, v) in [
             ("batches", s.batches),

@@ -26,12 +26,14 @@ class Decision:
     """Where a request went: ``worker`` (index slot), the leading blocks that worker holds
     according to the index (``overlap_blocks``) out of the prompt's full ``blocks``,
     and ``flagged`` when that worker's event-fed state is not known exactly (resyncing or
-    degraded; ``approx`` decisions are estimates by design and never flagged)."""
+    degraded; ``approx`` decisions are estimates by design and never flagged).
+    ``incarnation`` tells that worker from a later one in the same slot."""
 
     worker: int
     overlap_blocks: int
     blocks: int
     flagged: bool
+    incarnation: int = 0
 
 
 class Router:
@@ -71,7 +73,9 @@ class Router:
         self._turn = 0
         self._load = np.zeros(0, dtype=np.float64)
         self._membership = -1
-        self._recorded: deque[tuple[float, int, npt.NDArray[np.uint64]]] = deque()
+        self._incarnations: list[int] = []
+        # (expiry, slot, the slot's worker incarnation, hashes) of approx decisions
+        self._recorded: deque[tuple[float, int, int, npt.NDArray[np.uint64]]] = deque()
         self.decisions = 0
 
     @property
@@ -82,17 +86,20 @@ class Router:
 
     def _sync_slots(self) -> None:
         """Re-reads the index's slots after workers were added or removed: a new worker
-        starts unloaded, an empty slot is not eligible (NaN)."""
+        (a new incarnation, even in a reused slot) starts unloaded, an empty slot is not
+        eligible (NaN)."""
         membership = self.index.membership
         if membership == self._membership:
             return
-        statuses = self.index.statuses()
-        old = self._load
-        load = np.full(len(statuses), np.nan)
-        for i, s in enumerate(statuses):
-            if s:
-                load[i] = old[i] if i < len(old) and not math.isnan(old[i]) else 0.0
+        inc = self.index.incarnations()
+        old, old_inc = self._load, self._incarnations
+        load = np.full(len(inc), np.nan)
+        for i, x in enumerate(inc):
+            if x:
+                same = i < len(old_inc) and old_inc[i] == x
+                load[i] = old[i] if same else 0.0
         self._load = load
+        self._incarnations = inc
         self._membership = membership
 
     def route(
@@ -146,19 +153,24 @@ class Router:
         if self.policy == "approx":
             hashes = self.index.hashes(tokens, cache_salt=cache_salt, lora=lora, mm_items=mm_items)
             self.index.store_hashes(w, hashes)
-            self._recorded.append((self._clock() + self._ttl, w, hashes))
+            self._recorded.append((self._clock() + self._ttl, w, self._incarnations[w], hashes))
         flagged = self.policy != "approx" and self.index.status(w) != "live"
-        return Decision(w, overlap, blocks, flagged)
+        return Decision(w, overlap, blocks, flagged, self._incarnations[w])
 
     def finish(self, decision: Decision) -> None:
-        """Takes a finished request's blocks off its worker's load."""
-        if decision.worker < len(self._load) and not math.isnan(self._load[decision.worker]):
-            self._load[decision.worker] = max(self._load[decision.worker] - decision.blocks, 0.0)
+        """Takes a finished request's blocks off its worker's load (ignored when that
+        worker has left since)."""
+        self._sync_slots()
+        w = decision.worker
+        if w < len(self._incarnations) and self._incarnations[w] == decision.incarnation:
+            self._load[w] = max(self._load[w] - decision.blocks, 0.0)
 
     def _expire(self) -> None:
         now = self._clock()
         rec = self._recorded
         while rec and rec[0][0] <= now:
-            _, w, hashes = rec.popleft()
-            if self.index.status(w):
+            _, w, inc, hashes = rec.popleft()
+            # A removed worker's blocks left with it; a later worker in its slot
+            # never held these.
+            if w < len(self._incarnations) and self._incarnations[w] == inc:
                 self.index.remove_hashes(w, hashes)

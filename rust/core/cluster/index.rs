@@ -95,6 +95,9 @@ pub struct Worker {
     pub blocks: u64,
     /// Next expected sequence number.
     pub next_seq: u64,
+    /// [`ClusterIndex::membership`] right after this worker was added: tells
+    /// a worker from a later one in the same slot.
+    pub incarnation: u64,
     /// Counters.
     pub stats: WorkerStats,
     /// `(seq, payload digest)` of recent batches, by `seq % RECENT`.
@@ -239,6 +242,7 @@ impl ClusterIndex {
             status: Status::Resyncing,
             blocks: 0,
             next_seq: 0,
+            incarnation: self.membership + 1,
             stats: WorkerStats::default(),
             recent: vec![(u64::MAX, 0); RECENT],
         };
