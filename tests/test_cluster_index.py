@@ -101,7 +101,7 @@ def pay(*events: kvindex.BlockStored | kvindex.BlockRemoved | kvindex.AllBlocksC
 
 def test_stream_faults_at_the_api() -> None:
     ix = ClusterIndex(BS)
-    a, b = ix.add_worker("a"), ix.add_worker("b", dp_rank=1)
+    a, b = ix.add_worker("a"), ix.add_worker("b")
     assert ix.statuses() == ["resyncing", "resyncing"]
     p0, p1, p2 = pay(stored([1, 2])), pay(stored([3])), pay(kvindex.BlockRemoved([2], medium="GPU"))
     assert ix.apply(a, 0, p0) == ("applied", -1)
@@ -184,3 +184,14 @@ def test_caller_errors_raise_kvindex_errors() -> None:
     with pytest.raises(kvindex.InvalidArgumentError):
         ix.route(np.arange(8, dtype=np.int32), np.zeros(3))
     assert ix.num_blocks == 0 and ix.statuses() == ["resyncing"]
+
+
+def test_a_batch_for_another_dp_rank_is_rejected() -> None:
+    ix = ClusterIndex(BS)
+    w = ix.add_worker("w", dp_rank=2)
+    bad = EventEncoder(data_parallel_rank=0).encode_events([stored([1])], 0.0)
+    outcome, _ = ix.apply(w, 0, bad)
+    assert outcome.startswith("malformed: ") and "data-parallel rank 0" in outcome
+    good = EventEncoder(data_parallel_rank=2).encode_events([stored([1])], 0.0)
+    assert ix.apply(w, 1, good) == ("applied", -1)
+    assert ix.worker_blocks(w).tolist() == [1]

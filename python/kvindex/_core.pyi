@@ -557,8 +557,9 @@ class ClusterIndex:
     applied with the same payload, ignored); ``"gap"`` (not applied; the second
     element is the first missing sequence number: replay from it, or ``give_up``);
     ``"restarted"`` (sequence went back: the worker's blocks were dropped and this
-    batch, sequence 0, applied); ``"malformed: <why>"`` (counted, worker degraded,
-    nothing applied); ``"unknown_worker"`` (counted in
+    batch, sequence 0, applied); ``"malformed: <why>"`` (undecodable, another
+    block size or data-parallel rank: counted, worker degraded, nothing applied);
+    ``"unknown_worker"`` (counted in
     :attr:`unknown_worker_batches`)."""
 
     def __new__(

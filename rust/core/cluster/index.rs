@@ -120,7 +120,8 @@ pub enum Outcome {
     /// The publisher restarted (sequence went back): the worker's state was
     /// dropped and this batch (sequence 0) applied.
     Restarted,
-    /// Undecodable, or a wrong block size: counted, the worker degraded.
+    /// Undecodable, a wrong block size, or another data-parallel rank than
+    /// the worker's: counted, the worker degraded, nothing applied.
     Malformed(String),
 }
 
@@ -336,7 +337,14 @@ impl ClusterIndex {
             }
         }
         let mut ops = std::mem::take(&mut self.scratch);
-        if let Err(e) = batch_ops(payload, self.block_size, &mut ops) {
+        let mut read = batch_ops(payload, self.block_size, &mut ops).map_err(|e| e.to_string());
+        let dp = self.wk(w).dp_rank;
+        if let (Ok(()), Some(r)) = (&read, ops.dp_rank) {
+            if r != dp {
+                read = Err(format!("batch of data-parallel rank {r} on the stream of rank {dp}"));
+            }
+        }
+        if let Err(e) = read {
             self.scratch = ops;
             let wk = self.wk(w);
             wk.stats.malformed += 1;
@@ -344,7 +352,7 @@ impl ClusterIndex {
             if let Some(seq) = seq {
                 wk.next_seq = seq + 1;
             }
-            return Ok(Outcome::Malformed(e.to_string()));
+            return Ok(Outcome::Malformed(e));
         }
         let mut stored = 0u64;
         let mut removed = 0u64;

@@ -37,6 +37,8 @@ pub struct Ops {
     pub hashes: Vec<u64>,
     /// Events of unknown types skipped.
     pub skipped: usize,
+    /// The batch's data-parallel rank.
+    pub dp_rank: Option<i64>,
 }
 
 impl Ops {
@@ -44,6 +46,7 @@ impl Ops {
         self.ops.clear();
         self.hashes.clear();
         self.skipped = 0;
+        self.dp_rank = None;
     }
 }
 
@@ -75,6 +78,7 @@ pub fn batch_ops(payload: &[u8], block_size: i64, out: &mut Ops) -> Result<(), R
         }
     }
     out.skipped = batch.skipped.len();
+    out.dp_rank = batch.dp_rank;
     Ok(())
 }
 
@@ -93,7 +97,7 @@ fn fast(payload: &[u8], bs: i64, out: &mut Ops) -> Option<()> {
     }
     let r = &mut c.r;
     if n == 3 && !r.try_nil().ok()? {
-        r.i64().ok()?;
+        out.dp_rank = Some(r.i64().ok()?);
     }
     (r.remaining() == 0).then_some(())
 }
@@ -318,6 +322,7 @@ mod tests {
             }
         }
         o.skipped = b.skipped.len();
+        o.dp_rank = b.dp_rank;
         Some(o)
     }
 

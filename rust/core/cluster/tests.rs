@@ -369,3 +369,20 @@ fn overlaps_of_tokens_hash_as_they_walk() {
     assert_eq!(a, vec![0]);
     assert!(hs.len() <= 16);
 }
+
+#[test]
+fn a_batch_of_another_dp_rank_is_malformed() {
+    let mut ix = ClusterIndex::new(BS).expect("valid");
+    let w = ix.add_worker("w", 1).expect("room");
+    let mut p = Vec::new();
+    encode_batch(&mut p, 1.0, &[stored(&[1])], Some(0), Tagging::Map);
+    match ix.apply(w, Some(0), &p).expect("known") {
+        Outcome::Malformed(m) => assert!(m.contains("data-parallel rank 0"), "{m}"),
+        o => panic!("{o:?}"),
+    }
+    assert_eq!(ix.num_blocks(), 0);
+    p.clear();
+    encode_batch(&mut p, 1.0, &[stored(&[1])], Some(1), Tagging::Array);
+    assert_eq!(ix.apply(w, Some(1), &p).expect("known"), Outcome::Applied);
+    assert_eq!(ix.refs(1, w), 1);
+}
