@@ -17,10 +17,10 @@
 //!   list up to 32 holders, a bitset over worker ids above). An entry is 12
 //!   bytes (the hash split in two `u32`s) plus hashbrown's control byte.
 //! - `extra: (hash, worker) -> n`: announcements of a block by a worker
-//!   beyond its first (vLLM re-announces a block after a preempted request
-//!   recomputes it on some paths; radix caches announce page runs that can
-//!   repeat). A removal takes one announcement back; the pair disappears
-//!   with the last one. Empty in the common case, so it costs nothing then.
+//!   beyond its first (a stream may store the same block more than once
+//!   before removing it). A removal takes one announcement back; the pair
+//!   disappears with the last one. Empty in the common case, so it costs
+//!   nothing then.
 //! - Per worker: status ([`Status`]), distinct block count, next expected
 //!   sequence number, a ring of the last 256 `(seq, payload digest)` pairs
 //!   (a batch seen again is a duplicate; a different batch at an old
