@@ -214,6 +214,23 @@ def add_arguments(
         "steadier with 1",
     )
     opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
+    c = p.add_argument_group("cluster: W engines behind a KV-aware router (needs kvindex[events])")
+    opt(c, "--cluster", type=int, metavar="W", help="simulate W engine replicas behind a router")
+    opt(
+        c,
+        "--route",
+        default="kv,random,round_robin,least_loaded,approx",
+        help="routing policies, comma-separated (default: all of kv, random, round_robin, "
+        "least_loaded, approx)",
+    )
+    opt(
+        c,
+        "--cluster-blocks",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="pool blocks per engine (default 2048)",
+    )
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -275,6 +292,13 @@ def check_args(args: argparse.Namespace) -> None:
         )
     workload = "trace" if trace else (args.workload or "chat")
     args.workload_kind = workload
+    if args.cluster is not None:
+        if workload == "seeds":
+            raise SimulationError("--cluster replays the chat workload or a --trace, not seeds")
+        if args.plot is not None:
+            raise SimulationError("--plot is not available with --cluster (use --json)")
+        if args.cluster < 1:
+            raise SimulationError(f"--cluster must be >= 1, got {args.cluster}")
     if args.json is not None:
         check_output_path("--json", args.json)
     if args.plot is not None:
@@ -408,6 +432,16 @@ def _terminal_width() -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvindex simulate`` for parsed ``args``; returns the exit status."""
+    if args.cluster is not None:
+        check_args(args)
+        # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
+        # simulator (and pyzmq) is imported only for these runs.
+        from kvindex.cluster.simulate import run_cluster
+
+        try:
+            return run_cluster(args)
+        except ValueError as e:
+            raise SimulationError(str(e)) from e
     check_args(args)
     if args.workload_kind == "seeds":
         return _run_seeds(args)
