@@ -27,6 +27,11 @@ rotation reads more than 2.5x the L2 size, and one timed call runs the whole rot
 The bandwidth target (>= 85% of the copy bandwidth at block 16, >= 75% at block 1, bf16)
 applies only to points with >= 1 GiB of K/V per call.
 
+``--sweep decode,prefill`` times only the candidate configs (``SWEEP_DECODE`` over the whole
+decode grid, with extra split counts at some points; ``SWEEP_PREFILL`` on the prefill point
+and the mixed batch), each point's data built once, a line printed per measurement (~70 s
+on an H200); it is how the launchers' defaults are chosen.
+
 Everything goes to ``--out`` (default ``benches/gpu_kernels.json``). ``--dry-run`` runs the
 same code on the CPU with tiny shapes in Triton's interpreter (timings meaningless), to
 check the script itself; ``tests/kernels/test_gpu_bench_dry_run.py`` does that in CI.
@@ -61,6 +66,21 @@ L2_ROTATION = 2.5
 #: (block_rows, tile_n, num_warps, num_stages, programs_per_sm as compiled for sm_90).
 TUNE_CONFIGS = [(16, 32, 4, 2, 4), (16, 32, 2, 3, 4), (16, 64, 4, 2, 4), (16, 32, 4, 3, 3)]
 TUNE_FP8_CONFIGS = [(16, 32, 4, 3, 3), (16, 64, 4, 2, 3), (16, 32, 8, 2, 2)]
+#: ``--sweep``: candidate configs over the whole grid, by kind of point (the first of each
+#: list is the default the sweep was written against; programs per SM as compiled for
+#: sm_90, so the split heuristic sees what each config really fits).
+SWEEP_DECODE = {
+    "bf16": [(16, 32, 4, 2, 4), (16, 64, 4, 2, 4), (16, 64, 4, 3, 3), (16, 128, 4, 2, 2),
+             (16, 64, 8, 2, 2)],
+    "block1": [(16, 32, 2, 3, 4), (16, 64, 4, 2, 4), (16, 64, 2, 2, 4), (16, 128, 4, 2, 3),
+               (16, 64, 4, 3, 3)],
+    "fp8": [(16, 32, 4, 3, 3), (16, 64, 4, 2, 3), (16, 64, 4, 3, 2), (16, 128, 8, 2, 2)],
+}  # fmt: skip
+#: ``--sweep``: explicit split counts also timed (first two bf16 configs) at these points.
+SWEEP_SPLITS = (4, 8)
+SWEEP_PREFILL = [(64, 32, 8, 2, 1), (64, 32, 4, 2, 2), (64, 64, 4, 2, 2), (64, 64, 4, 3, 2),
+                 (64, 64, 8, 2, 1), (64, 64, 8, 3, 1), (128, 32, 8, 2, 1), (128, 64, 8, 2, 1),
+                 (128, 64, 8, 3, 1), (64, 128, 8, 2, 1)]  # fmt: skip
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -68,6 +88,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", type=Path, default=REPO / "benches" / "gpu_kernels.json")
     p.add_argument("--dry-run", action="store_true", help="CPU, interpreter, tiny shapes")
     p.add_argument("--rep-ms", type=int, default=40, help="timed milliseconds per variant")
+    p.add_argument("--sweep", default="", help="decode,prefill: time candidate configs only")
     return p.parse_args(argv)
 
 
@@ -82,6 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     bench.warm_up()
     copy_bw = bench.copy_bandwidth()
     report["copy_bandwidth_gbps"] = copy_bw / 1e9
+    if args.sweep:
+        return run_sweep(bench, report, args.sweep.split(","), copy_bw, args.out, start)
     report["decode"] = [bench.run_point(p, copy_bw) for p in bench.decode_points()]
     # The ceiling again, after the GPU has been busy for a while: report both.
     report["copy_bandwidth_end_gbps"] = bench.copy_bandwidth() / 1e9
@@ -314,7 +337,7 @@ class Bench:
             row["config"] = list(point.config)
             row["splits"] = point.splits
             config = _launch.AttentionConfig(*point.config)
-            _launch.decode_config = lambda *_: config
+            _launch.decode_config = lambda *_, **__: config
         try:
             row |= self.decode_point(point, copy_bw)
         except Exception as exc:  # record it and go on with the grid
@@ -324,9 +347,9 @@ class Bench:
             self.release()
         return row
 
-    def decode_point(self, pt: DecodePoint, copy_bw: float) -> dict[str, Any]:
-        from kvindex.kernels import _launch, paged_decode_attention, paged_prefill_attention
-        from kvindex.kernels.reference import ref_paged_prefill
+    def decode_setup(self, pt: DecodePoint) -> dict[str, Any]:
+        """The point's K/V (``rotations`` tables), queries and ``call(r, splits)``."""
+        from kvindex.kernels import paged_decode_attention, paged_prefill_attention
 
         torch = self.torch
         gen = torch.Generator().manual_seed(pt.batch * 7919 + pt.context)
@@ -360,6 +383,20 @@ class Bench:
 
             return run
 
+        return {"lens": lens, "kv_bytes": kv_bytes, "rotations": rotations, "kv": kv, "qs": qs,
+                "out": out, "scales": scales, "qsl": qsl, "tokens": tokens, "call": call,
+                "rotation": rotation}  # fmt: skip
+
+    def decode_point(self, pt: DecodePoint, copy_bw: float) -> dict[str, Any]:
+        from kvindex.kernels import _launch
+        from kvindex.kernels.reference import ref_paged_prefill
+
+        d = self.decode_setup(pt)
+        lens, kv_bytes, rotations, kv, qs = (d["lens"], d["kv_bytes"], d["rotations"],
+                                             d["kv"], d["qs"])  # fmt: skip
+        out, scales, qsl, tokens, call, rotation = (
+            d["out"], d["scales"], d["qsl"], d["tokens"], d["call"], d["rotation"]
+        )  # fmt: skip
         us = 1e3 * self.time_ms(rotation(pt.splits), rotations)
         row: dict[str, Any] = {"kv_bytes": kv_bytes, "rotations": rotations, "kvindex_us": us}
         opts: dict[str, Any] = {"scale": 0.1, "sliding_window": 0, "softcap": 0.0}
@@ -415,6 +452,24 @@ class Bench:
 
     # -- prefill and store -----------------------------------------------------------
 
+    def prefill_shape(self) -> tuple[int, int, int]:
+        """(batch, cached, new) of the prefill point."""
+        return (8, 2048, 512) if self.device.type == "cuda" else (2, 20, 12)
+
+    def prefill_args(self) -> tuple[Any, ...]:
+        """``paged_prefill_attention``'s positional arguments for the prefill point."""
+        torch = self.torch
+        batch, cached, new = self.prefill_shape()
+        kv = self.paged([cached + new] * batch, 16, False, 1)
+        q = torch.randn(batch * new, self.hq, self.head_dim, dtype=self.dtype, device=self.device)
+        qsl = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=self.device)
+        return (q, kv["k_cache"], kv["v_cache"], kv["tables"][0], kv["seq_lens"], qsl, new)
+
+    def prefill_flops(self) -> int:
+        batch, cached, new = self.prefill_shape()
+        keys = sum(cached + i + 1 for i in range(new)) * batch
+        return 4 * self.hq * self.head_dim * keys
+
     def prefill_point(self) -> dict[str, Any]:
         """8 sequences x (cached prefix + new tokens), causal over both."""
         from torch.nn.attention.bias import causal_lower_right
@@ -422,17 +477,14 @@ class Bench:
         from kvindex.kernels import paged_prefill_attention
 
         torch = self.torch
-        batch, cached, new = (8, 2048, 512) if self.device.type == "cuda" else (2, 20, 12)
+        batch, cached, new = self.prefill_shape()
         ctx = cached + new
-        kv = self.paged([ctx] * batch, 16, False, 1)
-        table = kv["tables"][0]
-        q = torch.randn(batch * new, self.hq, self.head_dim, dtype=self.dtype, device=self.device)
-        qsl = torch.arange(0, batch * new + 1, new, dtype=torch.int32, device=self.device)
-        args = (q, kv["k_cache"], kv["v_cache"], table, kv["seq_lens"], qsl, new)
+        args = self.prefill_args()
+        q, k_cache, table = args[0], args[1], args[3]
+        kv = {"k_cache": k_cache, "v_cache": args[2]}
         out = torch.empty_like(q)
         ms = self.time_ms(lambda: paged_prefill_attention(*args, out=out))
-        keys = sum(cached + i + 1 for i in range(new)) * batch
-        flops = 4 * self.hq * self.head_dim * keys
+        flops = self.prefill_flops()
         k, v = self.dense(kv, table, ctx)
         group = self.hq // self.hkv
         k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
@@ -448,27 +500,33 @@ class Bench:
             "vs_sdpa": sdpa_ms / ms, "max_abs_diff_vs_sdpa": float(diff.max()),
         }  # fmt: skip
 
+    def mixed_batch_shape(self) -> tuple[int, int, int]:
+        """(chunk, decode rows, their context) of the mixed-batch point."""
+        return (2048, 255, 2048) if self.device.type == "cuda" else (24, 5, 20)
+
+    def mixed_batch_args(self) -> tuple[Any, ...]:
+        """``paged_prefill_attention``'s positional arguments for the mixed batch."""
+        torch = self.torch
+        chunk, rows, ctx = self.mixed_batch_shape()
+        q_lens = [chunk] + [1] * rows
+        kv = self.paged([chunk] + [ctx] * rows, 16, False, 1)
+        q = torch.randn(sum(q_lens), self.hq, self.head_dim, dtype=self.dtype, device=self.device)
+        starts = [0]
+        for n in q_lens:
+            starts.append(starts[-1] + n)
+        qsl = torch.tensor(starts, dtype=torch.int32, device=self.device)
+        return (q, kv["k_cache"], kv["v_cache"], kv["tables"][0], kv["seq_lens"], qsl, chunk)
+
     def mixed_batch_point(self) -> dict[str, Any]:
         """One long chunk plus many decode rows in one prefill launch (flattened grid)."""
         from kvindex.kernels import paged_prefill_attention
         from kvindex.kernels.reference import ref_paged_prefill
 
         torch = self.torch
-        if self.device.type == "cuda":
-            chunk, rows, ctx = 2048, 255, 2048
-        else:
-            chunk, rows, ctx = 24, 5, 20
-        q_lens = [chunk] + [1] * rows
-        lens = [chunk] + [ctx] * rows
-        kv = self.paged(lens, 16, False, 1)
-        table = kv["tables"][0]
-        tokens = sum(q_lens)
-        q = torch.randn(tokens, self.hq, self.head_dim, dtype=self.dtype, device=self.device)
-        starts = [0]
-        for n in q_lens:
-            starts.append(starts[-1] + n)
-        qsl = torch.tensor(starts, dtype=torch.int32, device=self.device)
-        args = (q, kv["k_cache"], kv["v_cache"], table, kv["seq_lens"], qsl, chunk)
+        chunk, rows, ctx = self.mixed_batch_shape()
+        args = self.mixed_batch_args()
+        q, table, qsl = args[0], args[3], args[5]
+        kv = {"k_cache": args[1], "v_cache": args[2], "seq_lens": args[4]}
         out = torch.empty_like(q)
         ms = self.time_ms(lambda: paged_prefill_attention(*args, out=out))
         paged_prefill_attention(*args, out=out)
@@ -477,6 +535,129 @@ class Bench:
         diff = float((out[: chunk + 2].float() - ref).abs().max())
         return {"chunk": chunk, "decode_rows": rows, "context": ctx, "kvindex_us": ms * 1e3,
                 "max_abs_diff_vs_fp32": diff}  # fmt: skip
+
+    # -- config sweep (--sweep) -----------------------------------------------------
+
+    def sweep_decode_plan(self) -> list[tuple[DecodePoint, list[Any], tuple[int | None, ...]]]:
+        """(point, configs, split counts): the decode grid with every candidate config."""
+        if self.dry_run:
+            return [
+                (DecodePoint("bf16", 2, 80), SWEEP_DECODE["bf16"][:2], (None, 4)),
+                (DecodePoint("block1", 2, 40, block=1), SWEEP_DECODE["block1"][1:2], (None,)),
+            ]
+        bf16, heur, more = SWEEP_DECODE["bf16"], (None,), (None, *SWEEP_SPLITS)
+        split_points = {(64, 8192), (128, 2048), (256, 1024)}
+        plan: list[tuple[DecodePoint, list[Any], tuple[int | None, ...]]] = []
+        for b, c in ((1, 8192), (1, 65536), (8, 8192), (8, 32768), (32, 8192), (64, 2048),
+                     (64, 8192), (128, 2048), (256, 1024)):  # fmt: skip
+            plan.append((DecodePoint("bf16", b, c), bf16, heur))
+            if (b, c) in split_points:
+                plan.append((DecodePoint("bf16", b, c), bf16[:2], SWEEP_SPLITS))
+        for b, c in ((8, 32768), (32, 8192)):
+            plan.append((DecodePoint("block1", b, c, block=1), SWEEP_DECODE["block1"], heur))
+            plan.append((DecodePoint("q_len4", b, c, q_len=4), bf16, heur))
+        for b, c in ((8, 32768), (64, 8192)):
+            plan.append((DecodePoint("fp8", b, c, fp8=True), SWEEP_DECODE["fp8"], heur))
+        for b, c in ((32, 16384), (64, 8192)):
+            plan.append((DecodePoint("mixed", b, c, mixed=True), bf16, more))
+        plan.append((DecodePoint("q_len4", 32, 8192, q_len=4), bf16[:2], SWEEP_SPLITS))
+        return plan
+
+    def sweep_decode(self, copy_bw: float) -> list[dict[str, Any]]:
+        from kvindex.kernels import _launch
+
+        rows: list[dict[str, Any]] = []
+        default_config = _launch.decode_config
+        for pt, configs, splits_list in self.sweep_decode_plan():
+            base = {"kind": pt.name, "batch": pt.batch, "context": pt.context,
+                    "block": pt.block, "q_len": pt.q_len}  # fmt: skip
+            try:
+                d = self.decode_setup(pt)
+            except Exception as exc:
+                rows.append(base | {"error": f"{type(exc).__name__}: {exc}"[:300]})
+                self.release()
+                continue
+            moved = (d["kv_bytes"] + 2 * d["tokens"] * self.hq * self.head_dim * 2
+                     + 4 * sum(-(-n // pt.block) for n in d["lens"]))  # fmt: skip
+            for config, splits in itertools.product(configs, splits_list):
+                row = base | {"config": list(config), "splits": splits, "kv_bytes": d["kv_bytes"]}
+                cfg = _launch.AttentionConfig(*config)
+                _launch.decode_config = lambda *_, **__: cfg  # noqa: B023 (used at once)
+                try:
+                    us = 1e3 * self.time_ms(d["rotation"](splits), d["rotations"])
+                    row |= {"num_splits": self.planned_splits(pt, d, splits), "kvindex_us": us,
+                            "achieved_gbps": moved / (us / 1e6) / 1e9,
+                            "fraction_of_copy_bw": moved / (us / 1e6) / copy_bw}  # fmt: skip
+                except Exception as exc:
+                    row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+                finally:
+                    _launch.decode_config = default_config
+                rows.append(row)
+                print_sweep_row(row)
+            del d
+            self.release()
+        return rows
+
+    def planned_splits(self, pt: DecodePoint, d: dict[str, Any], splits: int | None) -> int:
+        """The split count the launcher plans for this point (grid axis 2)."""
+        from kvindex.kernels import _launch
+
+        opts: dict[str, Any] = {"scale": 0.1, "sliding_window": 0, "softcap": 0.0,
+                                "k_scale": 1.0, "v_scale": 1.0, "num_splits": splits}  # fmt: skip
+        kv = d["kv"]
+        tables = (d["qs"][0], kv["k_cache"], kv["v_cache"], kv["tables"][0], kv["seq_lens"])
+        if pt.q_len == 1:
+            plan = _launch.plan_decode(*tables, d["out"], **opts)
+        else:
+            plan = _launch.plan_prefill(*tables, d["qsl"], pt.q_len, d["out"], **opts)
+        return int(plan[0].grid[2])
+
+    def sweep_prefill(self) -> list[dict[str, Any]]:
+        """Every prefill candidate on the prefill point (TFLOP/s) and the mixed batch."""
+        from torch.nn.attention.bias import causal_lower_right
+
+        from kvindex.kernels import _launch, paged_prefill_attention
+
+        torch = self.torch
+        configs = SWEEP_PREFILL if not self.dry_run else SWEEP_PREFILL[:2]
+        rows: list[dict[str, Any]] = []
+        batch, cached, new = self.prefill_shape()
+        args = self.prefill_args()
+        q, table = args[0], args[3]
+        k, v = self.dense({"k_cache": args[1], "v_cache": args[2]}, table, cached + new)
+        group = self.hq // self.hkv
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        qd = q.view(batch, new, self.hq, self.head_dim).transpose(1, 2)
+        bias = causal_lower_right(new, cached + new)
+        F = torch.nn.functional
+        sdpa_us = 1e3 * self.time_ms(
+            lambda: F.scaled_dot_product_attention(qd, k, v, attn_mask=bias)
+        )
+        ref = F.scaled_dot_product_attention(qd, k, v, attn_mask=bias)
+        ref = ref.transpose(1, 2).reshape(batch * new, self.hq, self.head_dim).float()
+        mixed = self.mixed_batch_args()
+        outs = (torch.empty_like(q), torch.empty_like(mixed[0]))
+        default_config = _launch.prefill_config
+        for config in configs:
+            row: dict[str, Any] = {"kind": "prefill", "config": list(config), "sdpa_us": sdpa_us}
+            cfg = _launch.AttentionConfig(*config)
+            _launch.prefill_config = lambda *_, **__: cfg  # noqa: B023 (used at once)
+            try:
+                us = 1e3 * self.time_ms(lambda: paged_prefill_attention(*args, out=outs[0]))
+                paged_prefill_attention(*args, out=outs[0])
+                mixed_us = 1e3 * self.time_ms(lambda: paged_prefill_attention(*mixed, out=outs[1]))
+                row |= {"kvindex_us": us, "tflops": self.prefill_flops() / (us / 1e6) / 1e12,
+                        "vs_sdpa": sdpa_us / us, "mixed_batch_us": mixed_us,
+                        "max_abs_diff_vs_sdpa": float((outs[0].float() - ref).abs().max()),
+                        }  # fmt: skip
+            except Exception as exc:
+                row["error"] = f"{type(exc).__name__}: {exc}"[:300]
+            finally:
+                _launch.prefill_config = default_config
+            rows.append(row)
+            print_sweep_row(row)
+        self.release()
+        return rows
 
     def store_kv_point(self) -> dict[str, Any]:
         from kvindex.kernels import store_kv
@@ -492,6 +673,46 @@ class Bench:
         ms = self.time_ms(lambda: store_kv(key, value, kv["k_cache"], kv["v_cache"], slots))
         moved = 4 * key.numel() * 2 + slots.numel() * 8
         return {"tokens": tokens, "us": ms * 1e3, "gbps": moved / (ms / 1e3) / 1e9}
+
+
+def run_sweep(
+    bench: Bench,
+    report: dict[str, Any],
+    parts: list[str],
+    copy_bw: float,
+    out: Path,
+    start: float,
+) -> int:
+    """``--sweep``: every candidate config over the whole grid; the JSON is rewritten after
+    each part, so a run cut short keeps what it measured."""
+    report["sweep"] = {}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        rows = bench.sweep_decode(copy_bw) if part == "decode" else bench.sweep_prefill()
+        report["sweep"][part] = rows
+        report["seconds"] = round(time.perf_counter() - start, 1)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    print(f"sweep total {report['seconds']} s")
+    return 1 if any("error" in r for rows in report["sweep"].values() for r in rows) else 0
+
+
+def print_sweep_row(r: dict[str, Any]) -> None:
+    if r["kind"] == "prefill":
+        head = f"prefill cfg={r['config']}"
+        if "error" in r:
+            print(f"{head} {r['error']}", flush=True)
+            return
+        print(f"{head} {r['kvindex_us']:8.1f} us {r['tflops']:6.1f} TFLOP/s sdpa "
+              f"{r['sdpa_us']:7.1f} us ({r['vs_sdpa']:.2f}x) mixed {r['mixed_batch_us']:8.1f} us "
+              f"maxdiff {r['max_abs_diff_vs_sdpa']:.4f}", flush=True)  # fmt: skip
+        return
+    head = (f"{r['kind']:>6} {r['batch']:>4} {r['context']:>6} {r['block']:>3} "
+            f"cfg={r['config']} splits={r['splits'] or 'auto'}")  # fmt: skip
+    if "error" in r:
+        print(f"{head} {r['error']}", flush=True)
+        return
+    print(f"{head} -> {r['num_splits']:>2} {r['kvindex_us']:8.1f} us {r['achieved_gbps']:6.0f} "
+          f"GB/s {100 * r['fraction_of_copy_bw']:5.1f}%", flush=True)  # fmt: skip
 
 
 def print_summary(report: dict[str, Any]) -> None:

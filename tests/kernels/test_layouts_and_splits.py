@@ -165,10 +165,16 @@ def _fill(programs: int, splits: int, slots: int) -> float:
 
 def test_split_count_fills_the_waves() -> None:
     sms = 132
-    # batch 8 x 8 KV heads at 32K: 64 programs, 4 per SM -> 8 splits, 512 of 528 slots.
-    assert default_num_splits(64, 32768, 4, sms, 32) == 8
-    # batch 32: 256 programs -> 2 splits (one full wave), not 1 (half a wave).
-    assert default_num_splits(256, 8192, 4, sms, 32) == 2
+    # batch 8 x 8 KV heads at 32K: 64 programs, 4 per SM -> 8 splits fill 512 of 528 slots;
+    # 16 splits of 2,048 keys fill two waves as well and balance mixed lengths better.
+    assert default_num_splits(64, 32768, 4, sms, 32) == 16
+    # batch 32 at 8K: 256 programs -> 2 splits (one full wave), not 1 (half a wave); then
+    # 4 splits of 2,048 keys (two full waves).
+    assert default_num_splits(256, 8192, 4, sms, 32) == 4
+    # 2K tables: no split below 2,048 keys beyond what fills the waves.
+    assert default_num_splits(512, 2048, 4, sms, 32) == 1
+    # One sequence at 64K: 8 programs take up to MAX_SPLITS splits to fill the GPU.
+    assert default_num_splits(8, 65536, 4, sms, 64) > 32
     for programs in (1, 8, 64, 100, 264, 1000, 5000):
         for per_sm in (1, 2, 4):
             splits = default_num_splits(programs, 1 << 20, per_sm, sms, 32)
@@ -183,7 +189,8 @@ def test_split_count_fills_the_waves() -> None:
     launches = plan_decode(q, cache, cache, tables, lens, torch.empty_like(q),
                            num_splits=None, interpreted=False, **OPTS)  # fmt: skip
     grid = launches[0].grid
-    assert grid[0] * grid[1] * grid[2] <= DEFAULT_SLOTS
+    assert 2048 * 16 // grid[2] >= 2048  # splits of at least 2,048 keys
+    assert _fill(grid[0] * grid[1], grid[2], DEFAULT_SLOTS) >= 0.95
 
 
 DEFAULT_SLOTS = 132 * 4  # meta tensors: DEFAULT_SMS x the bf16 D=128 decode config's 4

@@ -22,9 +22,12 @@ from kvindex.kernels._store_kv import _store_kv_kernel
 INTERPRETED: bool = not isinstance(_paged_attention_kernel, triton.runtime.JITFunction)
 
 #: Most KV splits per query block in split-KV attention.
-MAX_SPLITS = 32
+MAX_SPLITS = 64
 #: Fewest keys per split that the default heuristic creates.
 MIN_SPLIT_TOKENS = 256
+#: Keys per split the heuristic still goes down to when more splits fill the waves as well
+#: (mixed lengths: a long sequence's splits then spread over more SMs).
+BALANCE_SPLIT_TOKENS = 2048
 #: Tokens per store_kv program.
 STORE_BLOCK_T = 32
 #: Streaming multiprocessors assumed when the tensors are not on a CUDA device.
@@ -76,19 +79,25 @@ def block_d(head_dim: int) -> int:
 
 
 def decode_config(
-    q_dtype: torch.dtype, cache_dtype: torch.dtype, head_dim: int, block_size: int = 16
+    q_dtype: torch.dtype,
+    cache_dtype: torch.dtype,
+    head_dim: int,
+    block_size: int = 16,
+    short_queries: bool = False,
 ) -> AttentionConfig:
     """Decode (and short-query) block sizes, by dtype, head-dim tile, alignment and page size.
 
     16 rows (the GQA group packed into ``tl.dot``'s M); 2 or 3 pipeline stages, so the next
     tile's page ids and K/V are loaded asynchronously while the current tile is computed,
-    with several programs per SM. Token-level pages (``block_size`` 1) load a page id per
-    key and do better with 2 warps. Head dims that are not a multiple of 16 cannot use
-    16-byte asynchronous copies and run unpipelined (1 stage) with small tiles. Every
-    choice is compiled for sm_90 by ``kernels/sm90_compile_check.py``, which fails when a
-    config spills, loses its pipelined loads or fits fewer programs per SM than
-    ``programs_per_sm`` says; the bf16 head-dim-128 choices come from the H200 sweep in
-    ``benches/gpu_kernels.py`` (``benches/RESULTS.md``).
+    with several programs per SM. ``short_queries``: the config serves queries of up to
+    ``SHORT_QUERY_LEN`` tokens (the prefill path's kernel); it, like page sizes that are
+    not powers of two (a division per key), fits fewer programs per SM. Head dims that are
+    not a multiple of 16 cannot use 16-byte asynchronous copies and run unpipelined
+    (1 stage) with small tiles. Every choice is compiled for sm_90 by
+    ``kernels/sm90_compile_check.py``, which fails when a config spills, loses its pipelined
+    loads or fits fewer programs per SM than ``programs_per_sm`` says; the 16-bit
+    head-dim-128 choice (64-key tiles, 4 warps, 2 stages at every page size) comes from the
+    H200 sweep over the whole decode grid (``benches/gpu_kernels.py --sweep decode``).
     """
     bd = block_d(head_dim)
     fp8 = cache_dtype == torch.float8_e4m3fn
@@ -103,9 +112,8 @@ def decode_config(
     if bd == 128:
         if fp8:
             return AttentionConfig(16, 32, 4, 3, 3)
-        if block_size == 1:
-            return AttentionConfig(16, 32, 2, 3, 4)
-        return AttentionConfig(16, 32, 4, 2, 4)
+        pow2_pages = block_size & (block_size - 1) == 0
+        return AttentionConfig(16, 64, 4, 2, 4 if pow2_pages and not short_queries else 3)
     return AttentionConfig(16, 16 if fp8 else 64, 4, 3, 4)
 
 
@@ -123,7 +131,11 @@ def prefill_config(
         return AttentionConfig(32, 32, 8 if wide else 4, 2, 1)
     if bd >= 256:
         return AttentionConfig(32, 32, 8, 2, 1)
-    return AttentionConfig(64, 32 if wide else 64, 8 if wide else 4, 2, 1)
+    if wide and cache_dtype == torch.float8_e4m3fn:  # not swept with 64-key tiles
+        return AttentionConfig(64, 32, 8, 2, 1)
+    # 64 rows x 64 keys on one warpgroup (wgmma's M = 64): the H200 prefill sweep's best at
+    # head dim 128 (1.4x the 64 x 32, 8-warp tile).
+    return AttentionConfig(64, 64, 4, 2, 2 if wide else 1)
 
 
 def _compute_flags(q_dtype: torch.dtype, interpreted: bool) -> dict[str, Any]:
@@ -150,21 +162,31 @@ def default_num_splits(
     once (one wave). A launch of ``n`` programs takes ``ceil(n / slots)`` waves, and the
     last one is idle where it is not full: the count picked is the one with the fullest
     waves (the smallest such count, a larger one only when it fills 5% more of them), at
-    most one split per ``MIN_SPLIT_TOKENS`` keys of the widest table row. In the kernel
-    each sequence then uses only as many splits as its real length needs
+    most one split per ``MIN_SPLIT_TOKENS`` keys of the widest table row; then the largest
+    count that fills the waves as well with splits of at least ``BALANCE_SPLIT_TOKENS``
+    keys. In the kernel each sequence uses only as many splits as its real length needs
     (``min_split_tiles``), so short sequences in a batch of long ones skip the long ones'
-    splits, and long ones spread over more SMs.
+    splits, and long ones spread over more SMs (on the H200, mixed lengths at 64 x 8K:
+    362 -> 293 us; equal lengths cost 1%).
     """
     slots = max(1, sms * programs_per_sm)
     programs = max(num_programs, 1)
-    by_width = -(-max(max_context, 1) // max(MIN_SPLIT_TOKENS, tile_n))
+    context = max(max_context, 1)
+    by_width = -(-context // max(MIN_SPLIT_TOKENS, tile_n))
+
+    def fill(splits: int) -> float:
+        total = programs * splits
+        return total / (-(-total // slots) * slots)
+
     best, best_fill = 1, 0.0
     for splits in range(1, max(1, min(MAX_SPLITS, by_width)) + 1):
-        total = programs * splits
-        fill = total / (-(-total // slots) * slots)
-        if fill > best_fill * 1.05:
-            best, best_fill = splits, fill
-    return best
+        if fill(splits) > best_fill * 1.05:
+            best, best_fill = splits, fill(splits)
+    balanced = best
+    for splits in range(best + 1, min(MAX_SPLITS, by_width, context // BALANCE_SPLIT_TOKENS) + 1):
+        if fill(splits) >= best_fill * 0.99:
+            balanced = splits
+    return balanced
 
 
 def _attention_launches(
@@ -204,7 +226,10 @@ def _attention_launches(
         max_context = block_tables.shape[1] * block_size
         if sliding_window:
             max_context = min(max_context, sliding_window + max(max_query_len, 1))
-        programs = q_blocks * num_kv_heads * head_blocks
+        # Programs with work: with every query in one block (max_query_len <= tokens per
+        # program), one per sequence, however many spare ones axis 0 launches.
+        busy = num_seqs if max_query_len <= tokens_per_prog else q_blocks
+        programs = busy * num_kv_heads * head_blocks
         num_splits = default_num_splits(
             programs, max_context, cfg.programs_per_sm, num_sms(q.device), cfg.tile_n
         )
@@ -252,6 +277,8 @@ def _attention_launches(
         float(v_scale),
     )
     constexprs = {
+        # Long queries: most tiles lie wholly before the diagonal and run without masks.
+        "MASK_FREE_TILES": max_query_len > SHORT_QUERY_LEN,
         "BLOCK_M": cfg.block_rows,
         "BLOCK_D": block_d(head_dim),
         "TILE_N": cfg.tile_n,
@@ -388,7 +415,7 @@ def plan_prefill(
 ) -> list[KernelLaunch]:
     """Varlen new tokens; short queries use the decode configuration, any length splits."""
     if max_query_len <= SHORT_QUERY_LEN:
-        cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2], k_cache.shape[1])
+        cfg = decode_config(q.dtype, k_cache.dtype, q.shape[2], k_cache.shape[1], True)
     else:
         cfg = prefill_config(q.dtype, k_cache.dtype, q.shape[2])
     return _attention_launches(

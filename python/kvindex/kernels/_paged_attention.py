@@ -32,13 +32,51 @@ outputs and base-2 log-sum-exps, which :func:`_merge_splits_kernel` merges.
 The key loop is written for Triton's software pipeliner: the block-table load, the K/V
 gathers and the dots sit in one ``for`` loop with no early exit, so with ``num_stages``
 >= 2 the next tile's page ids and K/V are fetched asynchronously (``cp.async``) while the
-current tile is computed (``kernels/sm90_compile_check.py`` checks that they are).
+current tile is computed (``kernels/sm90_compile_check.py`` checks that they are). With
+``MASK_FREE_TILES`` (long queries) the tiles that every row sees whole (keys at or before
+the first row's position, no sliding window) run first in a second pipelined loop without
+the key masks, so only the diagonal and the last tile pay for them; decode compiles
+without it.
 """
 
 import triton
 import triton.language as tl
 
 LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _attend_full_tile(
+    tile, q, m_i, l_i, acc, bt_row, k_head, v_head, stride_k_block, stride_k_slot,
+    stride_v_block, stride_v_slot, block_size, block_shift, offs_d, d_ok, score_scale, softcap,
+    TILE_N: tl.constexpr, POW2_PAGES: tl.constexpr, DOT_PRECISION: tl.constexpr,
+):  # fmt: skip
+    """The key loop's body for a tile whose keys every row sees: no masks but the head dim."""
+    offs_n = tile * TILE_N + tl.arange(0, TILE_N)
+    if POW2_PAGES:
+        logical_page = offs_n >> block_shift
+        in_page = offs_n & (block_size - 1)
+    else:
+        logical_page = offs_n // block_size
+        in_page = offs_n - logical_page * block_size
+    page = tl.load(bt_row + logical_page).to(tl.int64)
+    slot = in_page.to(tl.int64)
+    k_off = page * stride_k_block + slot * stride_k_slot
+    v_off = page * stride_v_block + slot * stride_v_slot
+    k = tl.load(k_head + k_off[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+    v = tl.load(v_head + v_off[:, None] + offs_d[None, :], mask=d_ok[None, :], other=0.0)
+    k = k.to(q.dtype)
+    v = v.to(q.dtype)
+    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * score_scale
+    if softcap > 0:
+        s = softcap * (1.0 - 2.0 / (tl.exp(2.0 * s / softcap) + 1.0))
+    s = s * LOG2E
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return m_new, l_i, acc
 
 
 @triton.jit(
@@ -101,6 +139,7 @@ def _paged_attention_kernel(
     POW2_PAGES: tl.constexpr,
     COMPUTE_F32: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    MASK_FREE_TILES: tl.constexpr,
 ):
     q_block = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -169,6 +208,18 @@ def _paged_attention_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], dtype=tl.float32)
+    if MASK_FREE_TILES:
+        # Tiles whose keys every row sees (at or before the first row's position, no
+        # window) run without masks first; the loop below takes the rest (the diagonal).
+        if sliding_window == 0:
+            full_end = tl.maximum(tl.minimum((ctx_len + tok0 + 1) // TILE_N, tile_end), tile_begin)
+            for tile in range(tile_begin, full_end):
+                m_i, l_i, acc = _attend_full_tile(
+                    tile, q, m_i, l_i, acc, bt_row, k_head, v_head, stride_k_block,
+                    stride_k_slot, stride_v_block, stride_v_slot, block_size, block_shift,
+                    offs_d, d_ok, score_scale, softcap, TILE_N, POW2_PAGES, DOT_PRECISION,
+                )  # fmt: skip
+            tile_begin = full_end
     for tile in range(tile_begin, tile_end):
         offs_n = tile * TILE_N + tl.arange(0, TILE_N)
         n_ok = (offs_n >= kv_lo) & (offs_n < kv_hi)
