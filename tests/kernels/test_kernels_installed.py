@@ -15,7 +15,8 @@ import kvindex.kernels
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE = REPO / "python" / "kvindex" / "kernels"
-MODULES = ["attention", "reference", "_checks", "_launch", "_decode", "_prefill", "_store_kv"]
+# Every module of the source tree (so the list cannot go stale when modules are renamed).
+MODULES = sorted(p.stem for p in SOURCE.glob("*.py") if p.stem != "__init__")
 
 
 def test_kernels_import_from_installed_wheel() -> None:
@@ -23,6 +24,7 @@ def test_kernels_import_from_installed_wheel() -> None:
     assert installed.parent.parent.parent.name in ("site-packages", "dist-packages"), installed
     assert SOURCE.parent not in installed.parents, f"{installed} is the source tree, not the wheel"
     assert Path(kvindex.__file__).resolve().parent == installed.parent.parent
+    assert "attention" in MODULES and "_store_kv" in MODULES, MODULES
     for name in MODULES:
         mod = importlib.import_module(f"kvindex.kernels.{name}")
         assert Path(mod.__file__ or "").resolve().parent == installed.parent
