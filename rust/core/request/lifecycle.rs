@@ -32,6 +32,7 @@ pub struct PrefixCache<D: PrefixIndex> {
     pub(super) resumed: Stats,
     pub(super) epoch: u64,
     pub(super) scratch_slots: Vec<u32>,
+    pub(super) scratch_samples: Vec<usize>,
 }
 
 #[cold]
@@ -87,6 +88,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
             resumed: Stats::default(),
             epoch: 0,
             scratch_slots: Vec::new(),
+            scratch_samples: Vec::new(),
         }
     }
 

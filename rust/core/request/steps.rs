@@ -351,12 +351,15 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// `num_new[i]` positions, drafts `drafts[draft_offsets[i]..draft_offsets[i+1]]`
     /// (`None`: no drafts), `lookahead` slots each. Stops at the first
     /// refusal (the caller preempts and calls again with the rest); returns
-    /// how many were scheduled and, in `first_new`, each one's table index
-    /// of its first new block. Caller errors are checked for every request
+    /// how many were scheduled. The blocks each scheduled request got are
+    /// appended to `new_blocks` (cleared first), request `i`'s being
+    /// `new_blocks[offsets[i]..offsets[i+1]]` (`offsets` cleared, then
+    /// `scheduled + 1` entries). Caller errors are checked for every request
     /// before any is scheduled. O(ids + new blocks).
     ///
     /// # Errors
     /// As [`PrefixCache::schedule`], plus a repeated id or bad offsets.
+    #[allow(clippy::too_many_arguments)]
     pub fn schedule_batch(
         &mut self,
         ids: &[u64],
@@ -364,9 +367,11 @@ impl<D: PrefixIndex> PrefixCache<D> {
         drafts: &[i64],
         draft_offsets: Option<&[i64]>,
         lookahead: usize,
-        first_new: &mut Vec<usize>,
+        new_blocks: &mut Vec<D::Entry>,
+        offsets: &mut Vec<i64>,
     ) -> KvResult<usize> {
-        first_new.clear();
+        new_blocks.clear();
+        offsets.clear();
         if num_new.len() != ids.len() {
             return Err(bad(format!("{} counts for {} requests", num_new.len(), ids.len())));
         }
@@ -379,7 +384,8 @@ impl<D: PrefixIndex> PrefixCache<D> {
         let epoch = self.epoch;
         let mut slots = std::mem::take(&mut self.scratch_slots);
         slots.clear();
-        let mut samples = Vec::with_capacity(ids.len());
+        let mut samples = std::mem::take(&mut self.scratch_samples);
+        samples.clear();
         for (i, &id) in ids.iter().enumerate() {
             let checked = (|| {
                 let slot = self.slot(RequestId(id))?;
@@ -401,11 +407,13 @@ impl<D: PrefixIndex> PrefixCache<D> {
                 }
                 Err(e) => {
                     self.scratch_slots = slots;
+                    self.scratch_samples = samples;
                     return Err(e);
                 }
             }
         }
         let mut done = 0;
+        offsets.push(0);
         for (i, &slot) in slots.iter().enumerate() {
             let d = ranges.as_ref().map_or(&[][..], |r| {
                 let (a, b) = r.get(i);
@@ -413,13 +421,13 @@ impl<D: PrefixIndex> PrefixCache<D> {
             });
             #[allow(clippy::cast_sign_loss)]
             let n = num_new[i] as usize;
-            match self.apply_step(slot, n, d, lookahead, 0, samples[i]) {
-                Some(f) => first_new.push(f),
-                None => break,
-            }
+            let Some(f) = self.apply_step(slot, n, d, lookahead, 0, samples[i]) else { break };
+            new_blocks.extend_from_slice(&self.req(slot).blocks[f..]);
+            offsets.push(new_blocks.len() as i64);
             done += 1;
         }
         self.scratch_slots = slots;
+        self.scratch_samples = samples;
         Ok(done)
     }
 
