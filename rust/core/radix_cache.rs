@@ -66,7 +66,7 @@ use std::borrow::Cow;
 
 use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
-use crate::core::hash::KeySpec;
+use crate::core::hash::{KeySpec, Token};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::page_pool::PagePool;
 use crate::core::radix::{NodeId, Policy, RadixTree};
@@ -504,6 +504,19 @@ impl RadixPrefixCache {
     /// Returns the tokens evicted. O(log L + pages) per leaf.
     pub fn evict(&mut self, num_tokens: usize) -> usize {
         self.design_mut().evict(num_tokens)
+    }
+
+    /// Tokens a prompt would hit now, for token ids of any integer type (an
+    /// int64 query is compared in place, no narrowed copy; a token outside
+    /// the int32 range hits nothing from there on). O(prompt tokens).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a key spec with multimodal items.
+    pub fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
+        let ns = namespace(spec)?;
+        let d = self.design_mut();
+        let cap = d.hit_cap(tokens.len());
+        Ok(d.tree.probe(&tokens[..cap], ns.as_deref()).len)
     }
 
     /// Leading tokens of request `id` served by (locked) tree pages.

@@ -166,12 +166,30 @@ pub trait Token: Copy + Send + Sync {
     const ALWAYS_NARROW: bool = false;
     /// The token as i64.
     fn get(self) -> i64;
+    /// The token as i32, `None` when out of range.
+    #[inline]
+    fn narrow(self) -> Option<i32> {
+        i32::try_from(self.get()).ok()
+    }
+    /// The slice itself when the type is i32 (a free view), else `None`.
+    #[inline]
+    fn as_i32(_s: &[Self]) -> Option<&[i32]> {
+        None
+    }
 }
 impl Token for i32 {
     const ALWAYS_NARROW: bool = true;
     #[inline]
     fn get(self) -> i64 {
         i64::from(self)
+    }
+    #[inline]
+    fn narrow(self) -> Option<i32> {
+        Some(self)
+    }
+    #[inline]
+    fn as_i32(s: &[Self]) -> Option<&[i32]> {
+        Some(s)
     }
 }
 impl Token for i64 {
