@@ -532,3 +532,20 @@ fn fixed_sequences_match_model() {
         }
     }
 }
+
+/// A refused admission keeps its prompt for the retry (at most 32); `reset`
+/// releases every kept prompt.
+#[test]
+fn reset_releases_refused_prompts() {
+    let mut c =
+        HashChainCache::new(4, 4, HashAlgo::parse("sha256").expect("known"), None, false).expect("valid");
+    for id in 0..40u64 {
+        let p: Vec<i64> = (0..100).map(|t| t + 1000 * i64::try_from(id).expect("small")).collect();
+        let spec = KeySpec::new(None, None, Vec::new()).expect("valid");
+        assert_eq!(c.admit(RequestId(id), &p, spec, false), Ok(None));
+    }
+    assert_eq!(c.num_pending_prompts(), 32);
+    c.reset().expect("no request runs");
+    assert_eq!(c.num_pending_prompts(), 0);
+    c.check_invariants().expect("consistent");
+}

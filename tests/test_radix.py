@@ -209,7 +209,7 @@ def test_dump_and_repr() -> None:
     t.insert(a32(range(40)), a32(range(40)), "ns")
     d = t.dump()
     assert "len=40" in d and 'ns="ns"' in d and "..." in d
-    assert "RadixCache(page_size=4" in repr(t)
+    assert "RadixTree(page_size=4" in repr(t)
 
 
 def test_key_matching_like_radix_key() -> None:

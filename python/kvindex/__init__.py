@@ -3,7 +3,9 @@
 Two index designs over ref-counted block pools, in one Rust core:
 
 - :class:`HashChainCache` — vLLM's chained block hashes (bit-compatible hash modes),
-- :class:`RadixCache` — SGLang's radix tree (token-exact hits, LRU leaf eviction),
+- :class:`RadixPrefixCache` — the same request-level API over SGLang's radix tree,
+- :class:`RadixTree` — the radix tree alone (token-exact hits, LRU leaf eviction; the
+  caller owns the slots); :class:`RadixCache` is its former name,
 
 plus :func:`block_hashes` for hashing prompts, and Triton paged-attention kernels in
 :mod:`kvindex.kernels` (install ``kvindex[kernels]``). Importing ``kvindex`` never
@@ -24,6 +26,7 @@ from kvindex._core import (
     MatchResult,
     RadixCache,
     RadixPrefixCache,
+    RadixTree,
     __version__,
     block_hashes,
     none_hash,
@@ -64,6 +67,7 @@ __all__ = [
     "PrefixCache",
     "RadixCache",
     "RadixPrefixCache",
+    "RadixTree",
     "StaleHandleError",
     "UnknownRequestError",
     "__version__",

@@ -6,14 +6,30 @@ id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
 for the duration of a call (never kept); returned arrays are new and the caller's.
 Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
-(out of blocks) is a return value (``None`` / ``False``). A constructor whose size
-this machine cannot allocate raises ``CapacityError`` (a ``MemoryError``).
+(out of blocks) is a return value (``None`` / ``False``). A constructor or an output
+array whose size this machine cannot allocate raises ``CapacityError`` (a
+``MemoryError``); the object stays usable.
 
-Threading: cache objects belong to one scheduler thread. Their methods never
-release the GIL (each runs for microseconds); on a free-threaded interpreter a
-concurrent second call raises ``RuntimeError`` ("already borrowed") instead of
-corrupting state. ``block_hashes`` is pure and releases the GIL for prompts of
-4096 tokens or more.
+Integer parameters (sizes, counts, ids, handles, priorities) take ``int`` or any
+object with ``__index__`` (numpy integer scalars); ``bool`` raises ``DTypeError``, a
+value outside the parameter's range raises ``InvalidArgumentError`` (never a bare
+``OverflowError``), and an exception raised by the object's own ``__index__`` reaches
+the caller unchanged. Request-id arrays (``request_ids``) and ``query_lens`` /
+``offsets`` are 1-D C-contiguous ``int64`` arrays; ``block_ids`` takes a token-like
+array (``int32`` or ``int64``) or a list / tuple of ints.
+
+KV events are buffered between two ``take_events`` calls up to ``max_events``
+(default 100,000); when the buffer is full the oldest event is dropped and counted in
+``stats["events_dropped"]`` (``RadixTree.events_dropped``): a consumer that sees a
+non-zero count has missed events.
+
+Threading: cache objects belong to one scheduler thread. A method converts all its
+arguments first (an ``__index__`` or an ``mm_items`` generator may run Python code and
+release the GIL) and only then works on the object, without releasing the GIL (each
+runs for microseconds): on a GIL build, concurrent calls from several threads are
+serialised; on a free-threaded interpreter a concurrent second call raises
+``RuntimeError`` ("already borrowed") instead of corrupting state. ``block_hashes`` is
+pure and releases the GIL for prompts of 4096 tokens or more.
 """
 
 from collections.abc import Iterable, Iterator, Sequence
@@ -28,6 +44,7 @@ HASH_ALGOS: list[str]
 _Tokens = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 _Lora = tuple[str, str] | None
 _MmItems = Sequence[tuple[str, int, int]] | None
+_BlockIds = npt.NDArray[np.int64] | npt.NDArray[np.int32] | list[int] | tuple[int, ...]
 
 def block_hashes(
     tokens: _Tokens,
@@ -190,26 +207,33 @@ class HashChainCache:
         algo: str = "xxh3_128",
         seed: str | None = None,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
     def num_blocks(self) -> int:
-        """Pool size, the null block included."""
+        """Blocks in the pool, the null block 0 included."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block (the radix cache's page size)."""
     @property
-    def algo(self) -> str: ...
+    def algo(self) -> str:
+        """The hash algorithm (one of ``HASH_ALGOS``)."""
     @property
     def num_free_blocks(self) -> int:
-        """Free blocks, cached-but-idle ones included."""
+        """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
+        cached blocks in the free queue, the radix tree's evictable pages).
+        """
     @property
     def usage(self) -> float:
-        """``1 - num_free_blocks / (num_blocks - 1)``."""
+        """Fraction of usable blocks held by running requests:
+        ``1 - num_free_blocks / (num_blocks - 1)``.
+        """
     @property
     def num_requests(self) -> int:
         """Running (admitted, not freed) requests."""
     @property
     def num_cached_blocks(self) -> int:
-        """Distinct cached block hashes."""
+        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
     @property
     def num_common_prefix_blocks(self) -> int:
         """Blocks shared by every running request, counted from block 0 (what cascade
@@ -217,7 +241,8 @@ class HashChainCache:
     @property
     def stats(self) -> dict[str, float]:
         """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
-        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``."""
+        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
+        ``events_dropped`` (KV events the full buffer dropped, oldest first)."""
     def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
     def __contains__(self, request_id: int, /) -> bool: ...
@@ -231,11 +256,17 @@ class HashChainCache:
         mm_items: _MmItems = None,
         skip_reading: bool = False,
     ) -> Admission | None:
-        """Hashes the prompt, pins the longest cached prefix, allocates blocks for the rest
-        and caches every full prompt block. Returns ``None`` with nothing changed when free
-        blocks run short (hit blocks in the free queue count as available). With
-        ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is read from the cache
-        but the prompt is still cached. Raises ``DuplicateRequestError`` for a running id.
+        """Starts a request: pins the longest cached prefix of the prompt (capped at
+        ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
+        computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
+        when free blocks run short (idle cached blocks count as available). The hash chain
+        caches every full prompt block now; the radix cache inserts the sequence at ``free``
+        or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
+        read from the cache but the prompt is still cached. The radix cache keys on
+        ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
+        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
+        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
+        first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -245,10 +276,12 @@ class HashChainCache:
         lora: _Lora = None,
         mm_items: _MmItems = None,
     ) -> int:
-        """Tokens a prompt would hit now. No side effects."""
+        """Tokens a prompt would hit now (as ``admit`` counts them). No side effects."""
     def append(self, request_id: int, tokens: _Tokens) -> bool:
-        """Appends computed decode tokens; allocates a block when one fills and caches every
-        newly full block. ``False`` (nothing changed) when a needed block is not free."""
+        """Appends computed decode tokens; allocates a block when one fills (the hash chain
+        caches every newly full block). ``False`` (nothing changed) when a needed block is
+        not free.
+        """
     def append_batch(
         self,
         request_ids: npt.NDArray[np.int64],
@@ -258,17 +291,27 @@ class HashChainCache:
         """One step's decode tokens for many requests, all or nothing: request ``i`` gets
         ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
         Ids must be distinct. ``False`` (nothing changed) when blocks run short."""
+    def checkpoint(self, request_id: int) -> None:
+        """Makes the running request's full blocks hittable by other requests now
+        (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
+        hash chain caches full blocks as they fill, so only the id is checked).
+        """
     def free(self, request_id: int) -> None:
-        """Finishes a request; its blocks return to the free queue in reverse order."""
+        """Finishes a request. The hash chain returns its blocks to the free queue in reverse
+        order (cached ones stay hittable); the radix cache inserts its full pages into the
+        tree and returns the rest to the pool.
+        """
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
         """Finishes many requests, in order; all ids are checked first."""
-    def evict_blocks(
-        self, block_ids: npt.NDArray[np.int64] | npt.NDArray[np.int32] | Sequence[int]
-    ) -> int:
+    def evict_blocks(self, block_ids: _BlockIds) -> int:
         """Drops the cached hashes of idle blocks (they keep their queue position).
-        Raises ``BlockInUseError`` for a block a request holds. Returns blocks evicted."""
+        ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
+        ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
+        a request holds. Returns blocks evicted."""
     def reset(self) -> None:
-        """Drops every cached hash. Raises ``BlockInUseError`` while requests run."""
+        """Drops every cached block and the refused prompts kept for a retry.
+        Raises ``BlockInUseError`` while requests run.
+        """
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains buffered KV events (empty unless ``enable_events``)."""
     def block_tables(
@@ -278,18 +321,31 @@ class HashChainCache:
         out: npt.NDArray[np.int32] | None = None,
     ) -> npt.NDArray[np.int32]:
         """Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
-        written into ``out`` when given (no allocation in the steady state)."""
+        written into ``out`` when given (no allocation in the steady state). An output this
+        machine cannot allocate raises ``CapacityError``.
+        """
     def slot_mapping(
         self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
     ) -> npt.NDArray[np.int64]:
-        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens."""
-    def num_tokens(self, request_id: int) -> int: ...
-    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
-    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]: ...
+        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
+        concatenated. An output this machine cannot allocate raises ``CapacityError``.
+        """
+    def num_tokens(self, request_id: int) -> int:
+        """Tokens a running request holds."""
+    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
+        """A running request's block table."""
+    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
+        """The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8."""
+    def free_blocks(self) -> npt.NDArray[np.int32]:
+        """Blocks no request or cache entry holds, in the order the pool hands
+        them out (the hash chain's free queue also holds idle cached blocks).
+        """
     def free_queue(self) -> npt.NDArray[np.int32]:
-        """Free blocks from head (next victim) to tail."""
-    def block_hash(self, block_id: int) -> bytes | None: ...
-    def ref_count(self, block_id: int) -> int: ...
+        """Alias of :meth:`free_blocks`."""
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The block's cached hash, or None."""
+    def ref_count(self, block_id: int) -> int:
+        """References on a block (requests holding it, plus the radix tree)."""
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
 
@@ -299,7 +355,7 @@ RADIX_POLICIES: list[str]
 
 @final
 class MatchResult:
-    """Result of :meth:`RadixCache.match_prefix`; unpacks as ``(hit_len, slots, node)``."""
+    """Result of :meth:`RadixTree.match_prefix`; unpacks as ``(hit_len, slots, node)``."""
 
     @property
     def hit_len(self) -> int:
@@ -315,7 +371,7 @@ class MatchResult:
 
 @final
 class InsertResult:
-    """Result of :meth:`RadixCache.insert`; unpacks as ``(prefix_len, to_free)``."""
+    """Result of :meth:`RadixTree.insert`; unpacks as ``(prefix_len, to_free)``."""
 
     @property
     def prefix_len(self) -> int:
@@ -328,15 +384,17 @@ class InsertResult:
     def __len__(self) -> int: ...
 
 @final
-class RadixCache:
-    """Radix tree over token ids with SGLang ``RadixCache`` semantics.
+class RadixTree:
+    """Radix tree over token ids with SGLang ``RadixCache`` semantics (the tree alone:
+    the caller owns the slots; :class:`RadixPrefixCache` is the request-level cache).
 
     Edges hold token runs (a multiple of ``page_size``); values are KV slots. With
     ``page_size > 1`` queries are cut to a page multiple and each page's slots must be
     a page-aligned run. A match ending inside an edge splits it. Recency is a logical
-    clock (one tick per match/insert). Node handles are ints (``generation << 32 |
-    index``); a handle to an evicted node, or any handle after ``reset()``, raises
-    ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
+    clock (one tick per match/insert). Node handles are ints naming the tree that
+    issued them (``tag << 64 | generation << 32 | index``; the root is 0); a handle to
+    an evicted node, any handle after ``reset()``, or a handle from another tree
+    raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
     """
 
     def __new__(
@@ -346,11 +404,14 @@ class RadixCache:
         policy: str = "lru",
         slru_threshold: int = 2,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
-    def page_size(self) -> int: ...
+    def page_size(self) -> int:
+        """Tokens per page (edges and hits are multiples of it)."""
     @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The eviction policy (one of ``RADIX_POLICIES``)."""
     @property
     def total_size(self) -> int:
         """Tokens in the tree (``evictable_size + protected_size``)."""
@@ -361,9 +422,11 @@ class RadixCache:
     def protected_size(self) -> int:
         """Tokens in locked nodes."""
     @property
-    def num_nodes(self) -> int: ...
+    def num_nodes(self) -> int:
+        """Live nodes, the root included."""
     @property
-    def clock(self) -> int: ...
+    def clock(self) -> int:
+        """The logical clock (one tick per match/insert)."""
     def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> MatchResult:
         """Longest cached page-aligned prefix; stamps the path, may split an edge."""
     def probe(self, tokens: _Tokens, namespace: str | None = None) -> int:
@@ -383,18 +446,31 @@ class RadixCache:
         """Protects the path root..node from eviction (the root: no-op)."""
     def unlock(self, node: int) -> None:
         """Releases a lock taken on this node; ``LockError`` if it holds none of its own."""
-    def lock_ref(self, node: int) -> int: ...
-    def path_slots(self, node: int) -> npt.NDArray[np.int32]: ...
-    def all_slots(self) -> npt.NDArray[np.int32]: ...
+    def lock_ref(self, node: int) -> int:
+        """Locks held on the node itself."""
+    def path_slots(self, node: int) -> npt.NDArray[np.int32]:
+        """Slots of the path root..node, in order."""
+    def all_slots(self) -> npt.NDArray[np.int32]:
+        """Every slot the tree holds."""
     def evict(self, num_tokens: int) -> npt.NDArray[np.int32]:
         """Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
-        free more); returns the freed slots."""
+        free more); returns the freed slots (the caller owns the slots, so the tree hands
+        them back)."""
     def reset(self) -> npt.NDArray[np.int32]:
         """Drops every node (handles go stale); returns the slots the tree held."""
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
-    def check_invariants(self) -> None: ...
-    def dump(self) -> str: ...
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drains buffered KV events (empty unless ``enable_events``)."""
+    @property
+    def events_dropped(self) -> int:
+        """KV events the full buffer dropped (oldest first) since the tree was built."""
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if any internal invariant is broken."""
+    def dump(self) -> str:
+        """A human-readable dump, one line per node."""
     def __len__(self) -> int: ...
+
+#: The tree's former name.
+RadixCache = RadixTree
 
 @final
 class RadixPrefixCache:
@@ -415,41 +491,58 @@ class RadixPrefixCache:
         policy: str = "lru",
         slru_threshold: int = 2,
         enable_events: bool = False,
+        max_events: int = 100000,
     ) -> Self: ...
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block 0 included."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block (the radix cache's page size)."""
     @property
-    def page_size(self) -> int: ...
-    @property
-    def policy(self) -> str: ...
+    def policy(self) -> str:
+        """The tree's eviction policy (one of ``RADIX_POLICIES``)."""
     @property
     def num_free_blocks(self) -> int:
-        """Free pages plus pages evictable from the tree."""
+        """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
+        cached blocks in the free queue, the radix tree's evictable pages).
+        """
     @property
     def num_unused_blocks(self) -> int:
         """Pages with no holder at all."""
     @property
-    def usage(self) -> float: ...
+    def usage(self) -> float:
+        """Fraction of usable blocks held by running requests:
+        ``1 - num_free_blocks / (num_blocks - 1)``.
+        """
     @property
-    def num_requests(self) -> int: ...
+    def num_requests(self) -> int:
+        """Running (admitted, not freed) requests."""
     @property
-    def num_cached_blocks(self) -> int: ...
+    def num_cached_blocks(self) -> int:
+        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
     @property
-    def cached_tokens(self) -> int: ...
+    def cached_tokens(self) -> int:
+        """Tokens in the tree."""
     @property
-    def evictable_size(self) -> int: ...
+    def evictable_size(self) -> int:
+        """Tokens in unlocked tree nodes."""
     @property
-    def protected_size(self) -> int: ...
+    def protected_size(self) -> int:
+        """Tokens in locked tree nodes."""
     @property
-    def stats(self) -> dict[str, Any]: ...
-    def take_stats(self) -> dict[str, Any]: ...
+    def stats(self) -> dict[str, float]:
+        """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
+        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
+        ``events_dropped`` (KV events the full buffer dropped, oldest first).
+        """
+    def take_stats(self) -> dict[str, float]:
+        """Returns :attr:`stats` and zeroes the counters."""
     @property
     def num_common_prefix_blocks(self) -> int:
-        """Pages shared by every running request, counted from page 0: the tree path every
-        running request has locked (a single request counts all its pages); 0 when none
-        runs. O(shared pages)."""
+        """Blocks shared by every running request, counted from block 0 (what cascade
+        attention can share); 0 when no request runs. O(shared blocks).
+        """
     def __contains__(self, request_id: int, /) -> bool: ...
     def admit(
         self,
@@ -460,7 +553,19 @@ class RadixPrefixCache:
         lora: _Lora = None,
         mm_items: _MmItems = None,
         skip_reading: bool = False,
-    ) -> Admission | None: ...
+    ) -> Admission | None:
+        """Starts a request: pins the longest cached prefix of the prompt (capped at
+        ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
+        computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
+        when free blocks run short (idle cached blocks count as available). The hash chain
+        caches every full prompt block now; the radix cache inserts the sequence at ``free``
+        or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
+        read from the cache but the prompt is still cached. The radix cache keys on
+        ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
+        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
+        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
+        first; ``reset()`` releases them).
+        """
     def lookup(
         self,
         tokens: _Tokens,
@@ -468,41 +573,81 @@ class RadixPrefixCache:
         cache_salt: str | None = None,
         lora: _Lora = None,
         mm_items: _MmItems = None,
-    ) -> int: ...
-    def append(self, request_id: int, tokens: _Tokens) -> bool: ...
+    ) -> int:
+        """Tokens a prompt would hit now (as ``admit`` counts them). No side effects."""
+    def append(self, request_id: int, tokens: _Tokens) -> bool:
+        """Appends computed decode tokens; allocates a block when one fills (the hash chain
+        caches every newly full block). ``False`` (nothing changed) when a needed block is
+        not free.
+        """
     def append_batch(
         self,
         request_ids: npt.NDArray[np.int64],
         tokens: _Tokens,
         offsets: npt.NDArray[np.int64] | None = None,
-    ) -> bool: ...
+    ) -> bool:
+        """One step's decode tokens for many requests, all or nothing: request ``i`` gets
+        ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
+        Ids must be distinct. ``False`` (nothing changed) when blocks run short.
+        """
     def checkpoint(self, request_id: int) -> None:
-        """Inserts the running request's full pages now (SGLang ``cache_unfinished_req``)."""
-    def free(self, request_id: int) -> None: ...
-    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None: ...
-    def evict(self, num_tokens: int) -> int: ...
-    def reset(self) -> None: ...
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]: ...
+        """Makes the running request's full blocks hittable by other requests now
+        (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
+        hash chain caches full blocks as they fill, so only the id is checked).
+        """
+    def free(self, request_id: int) -> None:
+        """Finishes a request. The hash chain returns its blocks to the free queue in reverse
+        order (cached ones stay hittable); the radix cache inserts its full pages into the
+        tree and returns the rest to the pool.
+        """
+    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
+        """Finishes many requests, in order; all ids are checked first."""
+    def evict(self, num_tokens: int) -> int:
+        """Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
+        returns the tokens evicted (their pages return to the cache's own pool)."""
+    def reset(self) -> None:
+        """Drops every cached block and the refused prompts kept for a retry.
+        Raises ``BlockInUseError`` while requests run.
+        """
+    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
+        """Drains buffered KV events (empty unless ``enable_events``)."""
     def block_tables(
         self,
         request_ids: npt.NDArray[np.int64],
         max_blocks: int | None = None,
         out: npt.NDArray[np.int32] | None = None,
-    ) -> npt.NDArray[np.int32]: ...
+    ) -> npt.NDArray[np.int32]:
+        """Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
+        written into ``out`` when given (no allocation in the steady state). An output this
+        machine cannot allocate raises ``CapacityError``.
+        """
     def slot_mapping(
         self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]: ...
-    def num_tokens(self, request_id: int) -> int: ...
-    def num_cached_tokens(self, request_id: int) -> int: ...
-    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]: ...
-    def free_blocks(self) -> npt.NDArray[np.int32]: ...
-    def cached_blocks(self) -> npt.NDArray[np.int32]: ...
-    def ref_count(self, block_id: int) -> int: ...
-    def check_invariants(self) -> None: ...
-    def dump(self) -> str: ...
+    ) -> npt.NDArray[np.int64]:
+        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
+        concatenated. An output this machine cannot allocate raises ``CapacityError``.
+        """
+    def num_tokens(self, request_id: int) -> int:
+        """Tokens a running request holds."""
+    def num_cached_tokens(self, request_id: int) -> int:
+        """Leading tokens of a running request served by cached tree pages."""
+    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
+        """A running request's block table."""
+    def free_blocks(self) -> npt.NDArray[np.int32]:
+        """Blocks no request or cache entry holds, in the order the pool hands
+        them out (the hash chain's free queue also holds idle cached blocks).
+        """
+    def cached_blocks(self) -> npt.NDArray[np.int32]:
+        """The pages the tree holds."""
+    def ref_count(self, block_id: int) -> int:
+        """References on a block (requests holding it, plus the radix tree)."""
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if any internal invariant is broken."""
+    def dump(self) -> str:
+        """A human-readable dump of the tree, one line per node."""
 
 _Event = BlockStored | BlockRemoved | AllBlocksCleared
-_Cache = HashChainCache | RadixCache | RadixPrefixCache
+_Cache = HashChainCache | RadixTree | RadixPrefixCache
 
 @final
 class EventEncoder:

@@ -28,11 +28,16 @@ Where the two designs differ (same calls, different answers):
   cap; SGLang's scheduler matches at most ``input_len - 1``), so the last
   prompt token is always computed.
 * **Keys.** The radix cache namespaces by ``cache_salt`` / ``lora`` and rejects
-  ``mm_items`` (it keys on token ids only).
+  ``mm_items`` (it keys on token ids only). Different ``(lora, cache_salt)`` keys never
+  share a cached block in either design.
+* **Checkpoint.** ``checkpoint(rid)`` inserts a running request's full pages into the
+  radix tree now; the hash chain caches full blocks as they fill, so there it only
+  checks the id.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 import numpy as np
@@ -42,6 +47,7 @@ __all__ = ["DESIGNS", "AdmissionLike", "PrefixCache", "make_cache"]
 
 Tokens = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 Ids = npt.NDArray[np.int64]
+MmItems = Sequence[tuple[str, int, int]] | None
 
 #: Designs :func:`make_cache` builds.
 DESIGNS: tuple[str, ...] = ("hash_chain", "radix")
@@ -61,6 +67,14 @@ class AdmissionLike(Protocol):
     @property
     def block_ids(self) -> npt.NDArray[np.int32]:
         """The request's block table."""
+        ...
+
+    def __iter__(self) -> Iterator[Any]:
+        """Yields ``num_cached_tokens`` then ``block_ids``."""
+        ...
+
+    def __len__(self) -> int:
+        """2."""
         ...
 
 
@@ -105,11 +119,21 @@ class PrefixCache(Protocol):
         ...
 
     @property
-    def stats(self) -> dict[str, Any]:
-        """``requests``, ``queries`` (prompt tokens), ``hits``, ``hit_rate``."""
+    def num_cached_blocks(self) -> int:
+        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
         ...
 
-    def take_stats(self) -> dict[str, Any]:
+    @property
+    def stats(self) -> dict[str, float]:
+        """``requests``, ``queries`` (prompt tokens), ``hits``, ``evictions``, ``hit_rate``,
+        ``events_dropped``."""
+        ...
+
+    def __contains__(self, request_id: int, /) -> bool:
+        """Whether the request is running."""
+        ...
+
+    def take_stats(self) -> dict[str, float]:
         """Returns :attr:`stats` and zeroes the counters."""
         ...
 
@@ -120,6 +144,7 @@ class PrefixCache(Protocol):
         *,
         cache_salt: str | None = None,
         lora: tuple[str, str] | None = None,
+        mm_items: MmItems = None,
         skip_reading: bool = False,
     ) -> AdmissionLike | None:
         """Starts a request: hit the cache, allocate the rest; ``None`` if out of blocks."""
@@ -131,6 +156,7 @@ class PrefixCache(Protocol):
         *,
         cache_salt: str | None = None,
         lora: tuple[str, str] | None = None,
+        mm_items: MmItems = None,
     ) -> int:
         """Tokens a prompt would hit now, without side effects."""
         ...
@@ -141,6 +167,10 @@ class PrefixCache(Protocol):
 
     def append_batch(self, request_ids: Ids, tokens: Tokens, offsets: Ids | None = None) -> bool:
         """All-or-nothing :meth:`append` over a CSR batch."""
+        ...
+
+    def checkpoint(self, request_id: int) -> None:
+        """Makes the running request's full blocks hittable by other requests now."""
         ...
 
     def free(self, request_id: int) -> None:
@@ -172,6 +202,14 @@ class PrefixCache(Protocol):
         """A running request's block table."""
         ...
 
+    def free_blocks(self) -> npt.NDArray[np.int32]:
+        """Blocks no request or cache entry holds, in the order the pool hands them out."""
+        ...
+
+    def ref_count(self, block_id: int) -> int:
+        """References on a block."""
+        ...
+
     def check_invariants(self) -> None:
         """Raises :class:`kvindex.InvariantViolation` if internal state is inconsistent."""
         ...
@@ -181,7 +219,8 @@ class PrefixCache(Protocol):
         ...
 
     def reset(self) -> None:
-        """Drops every cached block (refused while requests run)."""
+        """Drops every cached block and the refused prompts kept for a retry (refused
+        while requests run)."""
         ...
 
 
@@ -194,9 +233,9 @@ def make_cache(
     """Builds a :class:`PrefixCache` of the given design.
 
     ``design="hash_chain"`` gives :class:`kvindex.HashChainCache` (keywords
-    ``algo``, ``seed``, ``enable_events``); ``design="radix"`` gives
+    ``algo``, ``seed``, ``enable_events``, ``max_events``); ``design="radix"`` gives
     :class:`kvindex.RadixPrefixCache` (keywords ``policy``, ``slru_threshold``,
-    ``enable_events``). Unknown designs raise :class:`kvindex.InvalidArgumentError`.
+    ``enable_events``, ``max_events``). Unknown designs raise :class:`kvindex.InvalidArgumentError`.
     """
     from kvindex._core import HashChainCache, RadixPrefixCache
     from kvindex.exceptions import InvalidArgumentError

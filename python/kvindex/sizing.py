@@ -39,6 +39,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+from kvindex.exceptions import KvIndexError
+
 __all__ = [
     "BUDGET_RULES",
     "DTYPE_BYTES",
@@ -90,12 +92,12 @@ _UNITS: dict[str, int] = {
 _BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
-class SizingError(ValueError):
-    """A bad model shape, dtype, memory size or budget."""
+class SizingError(KvIndexError, ValueError):
+    """A bad model shape, dtype, memory size or budget (a :class:`kvindex.KvIndexError`)."""
 
 
 def _dtype_bytes(dtype: str | int) -> int:
-    if isinstance(dtype, bool):
+    if isinstance(dtype, bool) or not isinstance(dtype, (str, int)):
         raise SizingError(f"dtype must be a name or a byte count, got {dtype!r}")
     if isinstance(dtype, int):
         if dtype not in (1, 2, 4, 8):
@@ -106,6 +108,15 @@ def _dtype_bytes(dtype: str | int) -> int:
         known = ", ".join(sorted(DTYPE_BYTES))
         raise SizingError(f"unknown KV dtype {dtype!r}; known: {known}")
     return DTYPE_BYTES[key]
+
+
+def _byte_count(name: str, value: int) -> int:
+    """A byte count: an ``int`` (not a float, bool, nan or inf) >= 0."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise SizingError(f"{name} must be an integer byte count, got {value!r}")
+    if value < 0:
+        raise SizingError(f"{name} must be >= 0, got {value}")
+    return value
 
 
 def _positive(name: str, value: int) -> int:
@@ -223,15 +234,17 @@ def kv_budget_bytes(
     ``"bytes"`` needs ``budget_bytes``; ``"sglang"`` needs ``gpu_memory_bytes`` and
     ``fraction`` (``mem_fraction_static``) and subtracts ``weight_bytes``; ``"vllm"`` needs
     ``gpu_memory_bytes``, takes ``fraction`` (``gpu_memory_utilization``, default 0.9) and
-    subtracts weights, ``activation_bytes`` (profiled peak) and ``other_bytes``. Raises
-    :class:`SizingError` for a missing input, an unknown rule, or a budget below zero.
+    subtracts weights, ``activation_bytes`` (profiled peak) and ``other_bytes``. Byte
+    counts are ``int`` (a float, nan or inf raises :class:`SizingError`); the result is
+    an ``int``. Raises :class:`SizingError` for a missing input, an unknown rule, or a
+    budget below zero.
     """
     if rule == "bytes":
         if budget_bytes is None:
             raise SizingError("rule 'bytes' needs budget_bytes")
-        budget = budget_bytes
+        budget = _byte_count("budget_bytes", budget_bytes)
     elif rule in ("sglang", "vllm"):
-        if gpu_memory_bytes is None or gpu_memory_bytes <= 0:
+        if gpu_memory_bytes is None or (_byte_count("gpu_memory_bytes", gpu_memory_bytes) == 0):
             raise SizingError(f"rule {rule!r} needs a positive gpu_memory_bytes")
         if fraction is None:
             if rule == "sglang":
@@ -240,6 +253,8 @@ def kv_budget_bytes(
                     "default from the GPU size, so pass the value the server uses)"
                 )
             fraction = 0.9
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)):
+            raise SizingError(f"fraction must be a number in (0, 1], got {fraction!r}")
         if not 0.0 < fraction <= 1.0:
             raise SizingError(f"fraction must be in (0, 1], got {fraction}")
         for name, v in (
@@ -247,8 +262,7 @@ def kv_budget_bytes(
             ("activation_bytes", activation_bytes),
             ("other_bytes", other_bytes),
         ):
-            if v < 0:
-                raise SizingError(f"{name} must be >= 0, got {v}")
+            _byte_count(name, v)
         budget = int(fraction * gpu_memory_bytes) - weight_bytes
         if rule == "vllm":
             budget -= activation_bytes + other_bytes

@@ -23,12 +23,14 @@
 //! list). The index stores only 4-byte block ids, keyed by the digest's first
 //! 8 bytes and compared in full against the block's own hash, so it stays
 //! small enough to live in cache: memory is about 50 bytes per block, plus
-//! ~5 bytes per cached hash.
+//! ~5 bytes per cached hash. KV events (when enabled) are held in a bounded
+//! [`EventBuffer`] between drains (drop-oldest, counted).
 
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{pool_size, try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::event_buffer::{self, EventBuffer};
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
@@ -58,7 +60,7 @@ pub struct BlockPool {
     /// Later copies of a hash, oldest first (vLLM allows duplicate physical
     /// copies; lookups return the first). Rare: empty in most workloads.
     dups: FxHashMap<BlockHash, Vec<BlockId>>,
-    events: Option<Vec<KvEvent>>,
+    events: Option<EventBuffer>,
     /// Blocks that lost their hash since the owner last drained this log
     /// (kept only when `log_evictions` is on).
     evicted: Vec<BlockId>,
@@ -86,7 +88,7 @@ impl BlockPool {
             queue,
             index: HashTable::new(),
             dups: FxHashMap::default(),
-            events: enable_events.then(Vec::new),
+            events: enable_events.then(EventBuffer::default),
             evicted: Vec::new(),
             log_evictions: false,
         })
@@ -386,9 +388,29 @@ impl BlockPool {
         self.events.is_some()
     }
 
+    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        event_buffer::set_max_events(&mut self.events, max_events)
+    }
+
+    /// Events dropped from the full buffer since the last
+    /// [`Self::take_events_dropped`].
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        event_buffer::events_dropped(self.events.as_ref())
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        event_buffer::take_events_dropped(self.events.as_mut())
+    }
+
     /// Drains the buffered events (empty when disabled).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
     }
 
     /// Checks invariants 1-4 of the module header. O(n + map).

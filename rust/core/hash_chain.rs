@@ -39,8 +39,8 @@
 //! only.
 //!
 //! A refused admission (out of blocks) keeps its prompt's hashes, for up to
-//! 32 prompts, so the scheduler's retry of the same request id and prompt is
-//! not hashed again.
+//! 32 prompts (oldest dropped first), so the scheduler's retry of the same
+//! request id and prompt is not hashed again; `reset` releases them.
 //!
 //! # Invariants (checked by [`HashChainCache::check_invariants`])
 //! The request layer's and the pool's (see [`crate::core::block_pool`]), plus:
@@ -184,6 +184,13 @@ impl HashChainIndex {
             parent = h;
         }
         self.scratch_cand = cand;
+    }
+
+    /// Refused prompts kept (with their hashes) for the scheduler's retry:
+    /// at most 32, oldest dropped first; `reset` releases them.
+    #[must_use]
+    pub fn num_pending_prompts(&self) -> usize {
+        self.pending.len()
     }
 
     /// Hashes of the full blocks of `tokens` (no memo: a pure function). O(tokens).
@@ -422,11 +429,25 @@ impl PrefixIndex for HashChainIndex {
     fn reset(&mut self) -> KvResult<()> {
         self.pool.reset()?;
         self.memo.clear();
+        // Refused prompts kept for a retry are released too.
+        self.pending = std::collections::VecDeque::new();
         Ok(())
     }
 
     fn take_events(&mut self) -> Vec<KvEvent> {
         self.pool.take_events()
+    }
+
+    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        self.pool.set_max_events(max_events)
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.pool.events_dropped()
+    }
+
+    fn take_events_dropped(&mut self) -> u64 {
+        self.pool.take_events_dropped()
     }
 
     fn evictions(&self) -> u64 {
@@ -562,6 +583,12 @@ impl HashChainCache {
     #[must_use]
     pub fn algo(&self) -> HashAlgo {
         self.design().hasher.algo()
+    }
+
+    /// Refused prompts kept for a retry ([`HashChainIndex::num_pending_prompts`]).
+    #[must_use]
+    pub fn num_pending_prompts(&self) -> usize {
+        self.design().num_pending_prompts()
     }
 
     /// Number of memoised blocks (at most the number of cached blocks).

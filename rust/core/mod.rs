@@ -6,6 +6,7 @@
 //! | [`error`] | caller errors (`KvError`) and invariant violations |
 //! | [`hash`] | chained block hashing: kvindex's own encodings and bit-exact vLLM modes |
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
+//! | [`event_buffer`] | bounded drop-oldest KV event buffer (counts what it drops) |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
 //! | [`memo`] | prefix memo: cached blocks by (parent hash, tokens), skips re-hashing |
 //! | [`request`] | the request lifecycle (admit/append/free, tables, stats), generic over a design |
@@ -19,6 +20,7 @@
 
 pub mod block_pool;
 pub mod error;
+pub mod event_buffer;
 pub mod events;
 pub mod free_queue;
 pub mod hash;

@@ -96,8 +96,11 @@ pub struct RadixPlan {
     lockable: usize,
 }
 
-/// The tree namespace of a key spec: `None` without LoRA and salt, else
-/// `"lora=<name>\x1f<path>\x1esalt=<salt>"` (absent parts empty).
+/// The tree namespace of a key spec: `None` without LoRA and salt, else a
+/// length-prefixed encoding of both parts, so distinct `(lora, salt)` pairs
+/// always give distinct namespaces (no separator a value could contain):
+/// `L<len>:<name><len>:<path>` or `-` (no LoRA), then `S<len>:<salt>` or `-`
+/// (no salt), lengths in bytes.
 ///
 /// # Errors
 /// `InvalidArgument` if the spec has multimodal items.
@@ -111,8 +114,23 @@ pub fn namespace(spec: &KeySpec) -> KvResult<Option<String>> {
     Ok(match (&spec.lora, &spec.cache_salt) {
         (None, None) => None,
         (lora, salt) => {
-            let (n, p) = lora.as_ref().map_or(("", ""), |(n, p)| (n.as_str(), p.as_str()));
-            Some(format!("lora={n}\x1f{p}\x1esalt={}", salt.as_deref().unwrap_or("")))
+            use std::fmt::Write;
+            let mut ns = String::new();
+            let part = |ns: &mut String, tag: &str, s: &str| {
+                let _ = write!(ns, "{tag}{}:{s}", s.len());
+            };
+            match lora {
+                Some((n, p)) => {
+                    part(&mut ns, "L", n);
+                    part(&mut ns, "", p);
+                }
+                None => ns.push('-'),
+            }
+            match salt {
+                Some(s) => part(&mut ns, "S", s),
+                None => ns.push('-'),
+            }
+            Some(ns)
         }
     })
 }
@@ -374,6 +392,18 @@ impl PrefixIndex for RadixIndex {
 
     fn take_events(&mut self) -> Vec<KvEvent> {
         self.tree.take_events()
+    }
+
+    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        self.tree.set_max_events(max_events)
+    }
+
+    fn events_dropped(&self) -> u64 {
+        self.tree.events_dropped()
+    }
+
+    fn take_events_dropped(&mut self) -> u64 {
+        self.tree.take_events_dropped()
     }
 
     fn evictions(&self) -> u64 {

@@ -6,7 +6,7 @@
 //! with the null block 0, and `int64` slots `block * block_size + offset`.
 //! Every method validates the whole batch before writing anything.
 
-use crate::core::error::{KvError, KvResult};
+use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::ids::{RequestId, TableEntry};
 
 /// A cache whose running requests have block tables.
@@ -89,7 +89,8 @@ pub trait TableSource {
     ///
     /// # Errors
     /// `UnknownRequest`; `InvalidArgument` for mismatched lengths or a query
-    /// longer than the request.
+    /// longer than the request; `Capacity` when the output cannot be
+    /// allocated (nothing changes).
     fn slot_mapping(&self, ids: &[u64], query_lens: &[i64]) -> KvResult<Vec<i64>> {
         if ids.len() != query_lens.len() {
             return Err(KvError::invalid("request_ids and query_lens differ in length"));
@@ -100,10 +101,13 @@ pub trait TableSource {
             let q = usize::try_from(q).ok().filter(|&q| q <= n).ok_or_else(|| {
                 KvError::invalid(format!("query length {q} for request {id} with {n} tokens"))
             })?;
-            total += q;
+            total = total.saturating_add(q);
         }
         let bs = self.table_block_size();
-        let mut out = Vec::with_capacity(total);
+        let mut out = Vec::new();
+        out.try_reserve_exact(total).map_err(|_| {
+            KvError::new(ErrorKind::Capacity, format!("cannot allocate a slot mapping of {total} slots"))
+        })?;
         for (&id, &q) in ids.iter().zip(query_lens) {
             let (blocks, n) = self.table(RequestId(id))?;
             #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]

@@ -29,12 +29,18 @@
 
 use std::mem::MaybeUninit;
 
+use std::os::raw::c_int;
+
+use numpy::ndarray::Dimension;
+use numpy::npyffi::{get_type_object, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{
-    PyArray1, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1, PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1,
+    PyUntypedArray, PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use pyo3::types::{PyList, PyTuple};
 
-use super::errors::{dtype, invalid};
+use super::errors::{capacity, dtype, invalid};
 
 /// A token (or slot) array: an int32 or int64 view of a numpy buffer.
 pub enum TokenArray<'a> {
@@ -139,9 +145,76 @@ unsafe fn raw_slice<'a, T>(ptr: *const T, len: usize) -> &'a [T] {
     unsafe { std::slice::from_raw_parts(ptr, len) }
 }
 
+/// A new, uninitialised numpy array of shape `dims`.
+///
+/// # Errors
+/// `CapacityError` (a `MemoryError`) when numpy cannot allocate it (a size
+/// past `isize::MAX` bytes, or the machine is out of memory); nothing leaks.
+///
+/// # Safety
+/// The caller must initialise every element before the array is exposed.
+unsafe fn try_uninit<'py, T: Element, D: Dimension, const N: usize>(
+    py: Python<'py>,
+    dims: [usize; N],
+    zeroed: bool,
+) -> PyResult<Bound<'py, PyArray<T, D>>> {
+    let mut d = [0 as npy_intp; N];
+    for (o, &n) in d.iter_mut().zip(&dims) {
+        *o = npy_intp::try_from(n).map_err(|_| too_big(&dims))?;
+    }
+    #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
+    let nd = N as c_int;
+    // SAFETY: `d` holds `N` dimensions; the dtype reference is stolen by the
+    // call, as numpy documents; NULL (with an exception set) on failure.
+    let ptr = unsafe {
+        let descr = T::get_dtype(py).into_dtype_ptr();
+        if zeroed {
+            PY_ARRAY_API.PyArray_Zeros(py, nd, d.as_mut_ptr(), descr, 0)
+        } else {
+            PY_ARRAY_API.PyArray_NewFromDescr(
+                py,
+                get_type_object(py, NpyTypes::PyArray_Type),
+                descr,
+                nd,
+                d.as_mut_ptr(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                0,
+                std::ptr::null_mut(),
+            )
+        }
+    };
+    if ptr.is_null() {
+        // numpy's own MemoryError / ValueError ("array is too big") is
+        // replaced by kvindex's CapacityError.
+        drop(PyErr::take(py));
+        return Err(too_big(&dims));
+    }
+    // SAFETY: a new reference to an ndarray of element type `T` and rank `N`.
+    Ok(unsafe { Bound::from_owned_ptr(py, ptr).cast_into_unchecked() })
+}
+
+#[cold]
+fn too_big(dims: &[usize]) -> PyErr {
+    capacity(format!("cannot allocate an output array of shape {dims:?} on this machine"))
+}
+
+/// A new zero-filled C-contiguous int32 array `[rows, cols]`.
+///
+/// # Errors
+/// `CapacityError` when it cannot be allocated (see [`try_uninit`]).
+pub fn zeros_i32_2d(py: Python<'_>, rows: usize, cols: usize) -> PyResult<Bound<'_, PyArray2<i32>>> {
+    rows.checked_mul(cols).and_then(|n| n.checked_mul(4)).ok_or_else(|| too_big(&[rows, cols]))?;
+    // SAFETY: numpy zero-fills the array.
+    unsafe { try_uninit(py, [rows, cols], true) }
+}
+
 /// A new int32 array of `len` elements written by `fill`, which gets the
 /// uninitialised buffer and returns how many leading elements it wrote.
 /// No zeroing pass and no intermediate `Vec`: numpy owns the buffer.
+///
+/// # Errors
+/// `CapacityError` when the array cannot be allocated (nothing is called).
 ///
 /// # Panics
 /// If `fill` does not write exactly `len` elements (the array is then dropped
@@ -150,10 +223,9 @@ pub fn filled_i32<'py>(
     py: Python<'py>,
     len: usize,
     fill: impl FnOnce(&mut [MaybeUninit<i32>]) -> usize,
-) -> Bound<'py, PyArray1<i32>> {
-    // SAFETY: `new` allocates an uninitialised array that nothing else can
-    // see yet; it is exposed only after every element is written (checked).
-    let arr = unsafe { PyArray1::<i32>::new(py, len, false) };
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    // SAFETY: the array is exposed only after every element is written (checked).
+    let arr: Bound<'py, PyArray1<i32>> = unsafe { try_uninit(py, [len], false) }?;
     let buf: &mut [MaybeUninit<i32>] = if len == 0 {
         &mut []
     } else {
@@ -164,7 +236,26 @@ pub fn filled_i32<'py>(
     };
     let written = fill(buf);
     assert_eq!(written, len, "filled_i32: fill wrote {written} of {len} elements");
-    arr
+    Ok(arr)
+}
+
+/// Copies `vals` into a new int32 array.
+///
+/// # Errors
+/// `CapacityError` when the array cannot be allocated.
+pub fn i32_array<'py>(
+    py: Python<'py>,
+    vals: impl ExactSizeIterator<Item = i32>,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let len = vals.len();
+    filled_i32(py, len, |dst| {
+        let mut n = 0;
+        for (d, v) in dst.iter_mut().zip(vals) {
+            d.write(v);
+            n += 1;
+        }
+        n
+    })
 }
 
 /// Reads a 1-D contiguous int64 array.
@@ -176,35 +267,64 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
     a.try_readonly().map_err(|_| busy(what))
 }
 
-/// Reads a 1-D contiguous int64 array of non-negative ids as `u64`s.
-///
-/// The ids are copied out (`to_vec`, no borrow registration): id arrays are
-/// one entry per request, and the copy is cheaper than numpy borrow tracking.
-pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+/// Copies a 1-D contiguous int64 array out, without numpy's borrow registry
+/// (see the module documentation): id and length arrays are one entry per
+/// request, and the copy is cheaper than borrow tracking. A copy that cannot
+/// be allocated raises `CapacityError`.
+pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     let arr = untyped(obj, what)?;
-    let a = arr
-        .cast::<PyArray1<i64>>()
-        .map_err(|_| dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))))?;
-    let v = a.to_vec().map_err(|_| dtype(format!("{what} must be C-contiguous")))?;
-    v.into_iter()
-        .map(|x| u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}"))))
-        .collect()
+    if arr.cast::<PyArray1<i64>>().is_err() {
+        return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
+    }
+    // SAFETY: the view is copied out at once; no Python code runs meanwhile
+    // (errors are built lazily).
+    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
+        return Err(dtype(format!("{what} must have dtype int64")));
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
+    v.extend_from_slice(src);
+    Ok(v)
 }
 
-/// Reads one non-negative int (a request id).
-pub fn id(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<u64> {
-    if obj.is_instance_of::<pyo3::types::PyBool>() {
-        return Err(dtype(format!("{what} must be an int, got bool")));
+/// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s
+/// (copied, as [`int64_vec`]).
+pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let arr = untyped(obj, what)?;
+    if arr.cast::<PyArray1<i64>>().is_err() {
+        return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
     }
-    if !obj.is_instance_of::<pyo3::types::PyInt>() && obj.cast::<PyUntypedArray>().is_err() {
-        if let Err(_) | Ok(false) = obj.hasattr("__index__") {
-            return Err(dtype(format!("{what} must be an int, got {}", describe(obj))));
+    // SAFETY: as in `int64_vec`.
+    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
+        return Err(dtype(format!("{what} must have dtype int64")));
+    };
+    let mut v = Vec::new();
+    v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
+    for &x in src {
+        v.push(u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}")))?);
+    }
+    Ok(v)
+}
+
+/// Reads block ids: a 1-D C-contiguous int32 or int64 array (as token arrays
+/// are read), or a list or tuple of ints (each read as every int parameter is,
+/// see [`super::args`]). Anything else raises `DTypeError`. The ids are copied.
+pub fn block_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        let n = obj.len()?;
+        let mut v = Vec::new();
+        v.try_reserve_exact(n).map_err(|_| too_big(&[n]))?;
+        for x in obj.try_iter()? {
+            v.push(super::args::i64_arg(&x?, what)?);
         }
+        return Ok(v);
     }
-    obj.extract::<u64>().map_err(|_| {
-        invalid(format!(
-            "{what} must be an int in 0..2**64, got {}",
-            obj.repr().map(|r| r.to_string()).unwrap_or_default()
-        ))
-    })
+    // SAFETY: the view is copied out at once; no Python code runs meanwhile.
+    let arr = unsafe { tokens(obj, what) }?;
+    let mut v = Vec::new();
+    with_tokens!(arr, s => {
+        v.try_reserve_exact(s.len()).map_err(|_| too_big(&[s.len()]))?;
+        v.extend(s.iter().map(|&x| crate::core::hash::Token::get(x)));
+    });
+    Ok(v)
 }

@@ -1,39 +1,80 @@
 //! Core errors -> Python exceptions, in one place.
 //!
-//! The exception classes live in `kvindex/exceptions.py` (they derive from
-//! both `KvIndexError` and the closest builtin, which `create_exception!`
-//! cannot express); they are looked up when an error is raised (a cold path).
+//! The exception classes are defined once, in `kvindex/exceptions.py` (each
+//! derives from both `KvIndexError` and the closest builtin, which
+//! `create_exception!` cannot express). They are imported once, when the
+//! native module initialises, and kept in a [`PyOnceLock`]: raising one is a
+//! table lookup, never a module attribute lookup.
 
 use pyo3::exceptions::{PyAssertionError, PyValueError};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::PyType;
 
 use crate::core::error::{ErrorKind, InvariantViolation, KvError};
 
-fn class_name(kind: ErrorKind) -> &'static str {
-    match kind {
-        ErrorKind::InvalidArgument => "InvalidArgumentError",
-        ErrorKind::DType => "DTypeError",
-        ErrorKind::UnknownRequest => "UnknownRequestError",
-        ErrorKind::DuplicateRequest => "DuplicateRequestError",
-        ErrorKind::BlockInUse => "BlockInUseError",
-        ErrorKind::StaleHandle => "StaleHandleError",
-        ErrorKind::Lock => "LockError",
-        ErrorKind::Capacity => "CapacityError",
-    }
+/// Every [`ErrorKind`], in the order of [`CLASS_NAMES`].
+const KINDS: [ErrorKind; 8] = [
+    ErrorKind::InvalidArgument,
+    ErrorKind::DType,
+    ErrorKind::UnknownRequest,
+    ErrorKind::DuplicateRequest,
+    ErrorKind::BlockInUse,
+    ErrorKind::StaleHandle,
+    ErrorKind::Lock,
+    ErrorKind::Capacity,
+];
+
+/// The Python class of each kind in [`KINDS`].
+const CLASS_NAMES: [&str; 8] = [
+    "InvalidArgumentError",
+    "DTypeError",
+    "UnknownRequestError",
+    "DuplicateRequestError",
+    "BlockInUseError",
+    "StaleHandleError",
+    "LockError",
+    "CapacityError",
+];
+
+/// The imported exception classes.
+struct Classes {
+    /// One class per [`KINDS`] entry.
+    kinds: Vec<Py<PyType>>,
+    /// `InvariantViolation`.
+    invariant: Py<PyType>,
 }
 
-fn lookup<'py>(py: Python<'py>, name: &str) -> Option<Bound<'py, PyType>> {
-    let m = py.import("kvindex.exceptions").ok()?;
-    m.getattr(name).ok()?.cast_into::<PyType>().ok()
+static CLASSES: PyOnceLock<Classes> = PyOnceLock::new();
+
+fn import(py: Python<'_>) -> PyResult<Classes> {
+    let m = py.import("kvindex.exceptions")?;
+    let get = |name: &str| -> PyResult<Py<PyType>> { Ok(m.getattr(name)?.cast_into::<PyType>()?.unbind()) };
+    let kinds = CLASS_NAMES.iter().map(|n| get(n)).collect::<PyResult<Vec<_>>>()?;
+    Ok(Classes { kinds, invariant: get("InvariantViolation")? })
+}
+
+/// Imports and caches the exception classes (called once, at module init).
+///
+/// # Errors
+/// If `kvindex.exceptions` cannot be imported.
+pub fn init(py: Python<'_>) -> PyResult<()> {
+    CLASSES.get_or_try_init(py, || import(py)).map(|_| ())
+}
+
+fn classes(py: Python<'_>) -> Option<&Classes> {
+    CLASSES.get_or_try_init(py, || import(py)).ok()
 }
 
 /// Converts a caller error into its `KvIndexError` subclass.
 #[cold]
 pub fn to_py(e: KvError) -> PyErr {
-    Python::attach(|py| match lookup(py, class_name(e.kind)) {
-        Some(cls) => PyErr::from_type(cls, e.msg),
-        None => PyValueError::new_err(e.msg),
+    Python::attach(|py| {
+        let i = KINDS.iter().position(|&k| k == e.kind);
+        match (classes(py), i) {
+            (Some(c), Some(i)) => PyErr::from_type(c.kinds[i].bind(py).clone(), e.msg),
+            _ => PyValueError::new_err(e.msg),
+        }
     })
 }
 
@@ -41,8 +82,8 @@ pub fn to_py(e: KvError) -> PyErr {
 #[cold]
 pub fn inv_to_py(e: InvariantViolation) -> PyErr {
     let msg = e.to_string();
-    Python::attach(|py| match lookup(py, "InvariantViolation") {
-        Some(cls) => PyErr::from_type(cls, msg),
+    Python::attach(|py| match classes(py) {
+        Some(c) => PyErr::from_type(c.invariant.bind(py).clone(), msg),
         None => PyAssertionError::new_err(msg),
     })
 }
@@ -69,4 +110,16 @@ pub fn invalid(msg: impl Into<String>) -> PyErr {
 #[cold]
 pub fn dtype(msg: impl Into<String>) -> PyErr {
     to_py(KvError::new(ErrorKind::DType, msg))
+}
+
+/// Shorthand: a `CapacityError` (a `MemoryError`).
+#[cold]
+pub fn capacity(msg: impl Into<String>) -> PyErr {
+    to_py(KvError::new(ErrorKind::Capacity, msg))
+}
+
+/// Shorthand: a `StaleHandleError` (a `KeyError`).
+#[cold]
+pub fn stale(msg: impl Into<String>) -> PyErr {
+    to_py(KvError::new(ErrorKind::StaleHandle, msg))
 }

@@ -1,267 +1,113 @@
 //! `HashChainCache`: the Python face of [`core::hash_chain::HashChainCache`].
+//! The methods it shares with `RadixPrefixCache` are written once, in
+//! [`super::request_cache`]; this file holds the constructor and the
+//! hash-chain-only methods.
 //!
-//! Threading: the class is owned by one scheduler thread. Methods take
-//! `&mut self` and never release the GIL (they run for microseconds), so on a
-//! GIL build concurrent callers are serialised; on a free-threaded build a
-//! second concurrent caller gets `RuntimeError` (already borrowed), never
-//! corruption.
+//! Threading: the class is owned by one scheduler thread. Methods never
+//! release the GIL while they hold the cache (they run for microseconds) and
+//! convert their arguments before borrowing it, so on a GIL build concurrent
+//! callers are serialised; on a free-threaded build a second concurrent
+//! caller gets `RuntimeError` (already borrowed), never corruption.
 // `unsafe` here only reads token arrays in place (`arrays::tokens`); each
 // use states why no Python code runs while the view lives.
 #![allow(unsafe_code)]
 
-use numpy::{PyArray1, PyArray2, PyArrayMethods};
+use numpy::PyArrayMethods;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::PyBytes;
 
-use super::arrays::{self, with_tokens};
-use super::common;
-use super::errors::{inv_to_py, invalid, IntoPyResult};
-use super::{events, keys};
-use crate::core::hash::{HashAlgo, Token};
+use super::args::named;
+use super::errors::IntoPyResult;
+use super::request_cache::{check_block_id, request_cache_class};
+use super::{args, arrays, common};
+use crate::core::hash::HashAlgo;
 use crate::core::hash_chain as core;
-use crate::core::ids::{BlockId, RequestId};
-use crate::core::tables::TableSource;
+use crate::core::ids::RequestId;
 
-fn check_block_id(inner: &core::HashChainCache, block_id: i64) -> PyResult<BlockId> {
-    if block_id < 0 || block_id >= inner.pool().num_blocks() as i64 {
-        return Err(invalid(format!("block id {block_id} out of range 0..{}", inner.pool().num_blocks())));
-    }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    Ok(BlockId(block_id as u32))
-}
-
-/// Block-hash-chain prefix cache over a ref-counted block pool (vLLM semantics).
+/// Prefix cache over chained block hashes and a ref-counted block pool (vLLM 0.33 semantics).
+///
+/// Block 0 is the null block (never allocated; pads block tables). Free blocks form
+/// an LRU queue: new blocks come from its head; a finished request's blocks return in
+/// reverse table order, unhashed ones to the head and cached ones to the tail; a
+/// cached block keeps its hash until it is handed out again. A lookup hits the
+/// longest run of cached block hashes from block 0, capped at ``num_tokens - 1``
+/// (the last prompt token is always recomputed) and aligned to the block size.
 #[pyclass(module = "kvindex._core", name = "HashChainCache")]
 pub struct PyHashChainCache {
     inner: core::HashChainCache,
 }
 
-#[pymethods]
-impl PyHashChainCache {
+request_cache_class!(PyHashChainCache {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, algo = "xxh3_128", seed = None, enable_events = false))]
+    #[pyo3(signature = (num_blocks, block_size, *, algo = "xxh3_128", seed = None, enable_events = false, max_events = 100000))]
     fn new(
-        num_blocks: i64,
-        block_size: i64,
+        #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = named::block_size)] block_size: usize,
         algo: &str,
         seed: Option<String>,
         enable_events: bool,
+        #[pyo3(from_py_with = named::max_events)] max_events: usize,
     ) -> PyResult<Self> {
         let algo = HashAlgo::parse(algo).py()?;
-        let nb = usize::try_from(num_blocks)
-            .map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
-        let bs = usize::try_from(block_size)
-            .map_err(|_| invalid(format!("block_size must be >= 1, got {block_size}")))?;
-        Ok(PyHashChainCache {
-            inner: core::HashChainCache::new(nb, bs, algo, seed.as_deref(), enable_events).py()?,
-        })
+        let mut inner = core::HashChainCache::new(num_blocks, block_size, algo, seed.as_deref(), enable_events).py()?;
+        inner.set_max_events(max_events).py()?;
+        Ok(PyHashChainCache { inner })
     }
 
-    #[getter]
-    fn num_blocks(&self) -> usize {
-        self.inner.pool().num_blocks()
-    }
-
-    #[getter]
-    fn block_size(&self) -> usize {
-        self.inner.block_size()
-    }
-
+    /// The hash algorithm (one of ``HASH_ALGOS``).
     #[getter]
     fn algo(&self) -> &'static str {
         self.inner.algo().name()
     }
 
-    #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.pool().num_free()
+    /// Drops the cached hashes of idle blocks (they keep their queue position).
+    /// ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
+    /// ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
+    /// a request holds. Returns blocks evicted.
+    fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let ids = arrays::block_ids(block_ids, "block_ids")?;
+        let mut me = slf.try_borrow_mut()?;
+        me.inner.evict_blocks(&ids).py()
     }
 
-    #[getter]
-    fn usage(&self) -> f64 {
-        self.inner.pool().usage()
-    }
-
-    #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.num_requests()
-    }
-
-    #[getter]
-    fn num_cached_blocks(&self) -> usize {
-        self.inner.pool().num_cached_hashes()
-    }
-
-    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let id = arrays::id(request_id, "request_id")?;
-        Ok(self.inner.num_tokens(RequestId(id)).is_ok())
-    }
-
-    #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn admit<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: &Bound<'py, PyAny>,
-        tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
-        lora: Option<&Bound<'py, PyAny>>,
-        mm_items: Option<&Bound<'py, PyAny>>,
-        skip_reading: bool,
-    ) -> PyResult<Option<common::Admission>> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        let spec = keys::spec(cache_salt, lora, mm_items)?;
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        let hit = with_tokens!(arr, s => self.inner.admit(id, s, spec, skip_reading)).py()?;
-        let Some(hit) = hit else { return Ok(None) };
-        let blocks = self.inner.blocks(id).py()?;
-        Ok(Some(common::Admission::new(py, hit, blocks)))
-    }
-
-    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
-    fn lookup<'py>(
-        &mut self,
-        tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
-        lora: Option<&Bound<'py, PyAny>>,
-        mm_items: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<usize> {
-        let spec = keys::spec(cache_salt, lora, mm_items)?;
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        with_tokens!(arr, s => self.inner.lookup(s, &spec)).py()
-    }
-
-    fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        with_tokens!(arr, s => self.inner.append(id, s)).py()
-    }
-
-    #[pyo3(signature = (request_ids, tokens, offsets = None))]
-    fn append_batch(
-        &mut self,
-        request_ids: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
-        offsets: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
-        let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        with_tokens!(arr, s => self.inner.append_batch(&ids, s, off_slice)).py()
-    }
-
-    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        self.inner.free(id).py()
-    }
-
-    fn free_batch(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        self.inner.free_batch(&ids).py()
-    }
-
-    fn evict_blocks(&mut self, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
-        // SAFETY: the view is copied out at once; the fallback runs Python
-        // code only after the view is gone (the read failed).
-        let ids: Vec<i64> = match unsafe { arrays::tokens(block_ids, "block_ids") } {
-            Ok(arr) => with_tokens!(arr, s => s.iter().map(|&x| x.get()).collect()),
-            Err(e) => block_ids.extract::<Vec<i64>>().map_err(|_| e)?,
-        };
-        self.inner.evict_blocks(&ids).py()
-    }
-
-    fn reset(&mut self) -> PyResult<()> {
-        self.inner.reset().py()
-    }
-
-    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        events::to_list(py, self.inner.take_events())
-    }
-
-    #[getter]
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        common::stats_dict(py, self.inner.stats())
-    }
-
-    fn take_stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        common::stats_dict(py, self.inner.take_stats())
-    }
-
-    #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
-    fn block_tables<'py>(
-        &self,
-        py: Python<'py>,
-        request_ids: &Bound<'py, PyAny>,
-        max_blocks: Option<i64>,
-        out: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        common::block_tables(py, &self.inner, self.inner.pool().num_blocks(), request_ids, max_blocks, out)
-    }
-
-    fn slot_mapping<'py>(
-        &self,
-        py: Python<'py>,
-        request_ids: &Bound<'py, PyAny>,
-        query_lens: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        common::slot_mapping(py, &self.inner, request_ids, query_lens)
-    }
-
-    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.num_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
-    }
-
-    fn request_blocks<'py>(
-        &self,
-        py: Python<'py>,
-        request_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
-        Ok(common::block_ids_array(py, blocks))
-    }
-
+    /// The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8.
     fn request_block_hashes<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         request_id: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let hs = self.inner.request_hashes(RequestId(arrays::id(request_id, "request_id")?)).py()?;
-        let d = self.inner.algo().digest_len();
-        let bytes: Vec<u8> = hs.iter().flat_map(|h| h.as_bytes().iter().copied()).collect();
-        Ok(PyArray1::from_vec(py, bytes).reshape([hs.len(), d])?.into_any())
+        let id = RequestId(args::u64_arg(request_id, "request_id")?);
+        let (bytes, n, d) = {
+            let me = slf.try_borrow()?;
+            let hs = me.inner.request_hashes(id).py()?;
+            let d = me.inner.algo().digest_len();
+            let mut bytes = Vec::new();
+            bytes
+                .try_reserve_exact(hs.len() * d)
+                .map_err(|_| super::errors::capacity("cannot allocate the request's block hashes"))?;
+            bytes.extend(hs.iter().flat_map(|h| h.as_bytes().iter().copied()));
+            (bytes, hs.len(), d)
+        };
+        Ok(numpy::PyArray1::from_vec(slf.py(), bytes).reshape([n, d])?.into_any())
     }
 
-    fn free_queue<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let v: Vec<BlockId> = self.inner.pool().free_queue().collect();
-        common::block_ids_array(py, &v)
+    /// Alias of :meth:`free_blocks`.
+    fn free_queue<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
+        let v: Vec<_> = {
+            let me = slf.try_borrow()?;
+            me.inner.pool().free_queue().collect()
+        };
+        common::block_ids_array(slf.py(), &v)
     }
 
-    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
-        let b = check_block_id(&self.inner, block_id)?;
-        Ok(self.inner.pool().block_hash(b).map(|h| PyBytes::new(py, h.as_bytes())))
-    }
-
-    fn ref_count(&self, block_id: i64) -> PyResult<u32> {
-        let b = check_block_id(&self.inner, block_id)?;
-        Ok(self.inner.pool().ref_count(b))
-    }
-
-    #[getter]
-    fn num_common_prefix_blocks(&self) -> usize {
-        self.inner.num_common_prefix_blocks()
-    }
-
-    fn check_invariants(&self) -> PyResult<()> {
-        self.inner.check_invariants().map_err(inv_to_py)
+    /// The block's cached hash, or None.
+    fn block_hash<'py>(slf: &Bound<'py, Self>, block_id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let b = args::i64_arg(block_id, "block_id")?;
+        let h = {
+            let me = slf.try_borrow()?;
+            let b = check_block_id(&me.inner, b)?;
+            me.inner.pool().block_hash(b)
+        };
+        Ok(h.map(|h| PyBytes::new(slf.py(), h.as_bytes())))
     }
 
     fn __repr__(&self) -> String {
@@ -274,9 +120,9 @@ impl PyHashChainCache {
             self.inner.num_requests()
         )
     }
-}
+});
 
-impl events::EventSource for PyHashChainCache {
+impl super::events::EventSource for PyHashChainCache {
     fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
         self.inner.take_events()
     }

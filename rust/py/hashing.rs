@@ -7,7 +7,7 @@ use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
 use super::arrays::{self, with_tokens};
-use super::errors::{invalid, IntoPyResult};
+use super::errors::{capacity, invalid, IntoPyResult};
 use super::keys;
 use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
 use crate::core::ids::BlockHash;
@@ -15,25 +15,53 @@ use crate::core::ids::BlockHash;
 /// Prompts with at least this many tokens are hashed with the GIL released.
 const DETACH_MIN_TOKENS: usize = 4096;
 
-fn chain<T: Token>(algo: HashAlgo, seed: Option<&str>, tokens: &[T], bs: usize, spec: &KeySpec) -> Vec<u8> {
+/// The hash and byte buffers of `n` blocks, reserved up front so that an
+/// output this machine cannot hold raises `CapacityError` before any work.
+fn buffers(n: usize, d: usize) -> PyResult<(Vec<BlockHash>, Vec<u8>)> {
+    let fail = || capacity(format!("cannot allocate the hashes of {n} blocks on this machine"));
+    let mut out = Vec::new();
+    out.try_reserve_exact(n).map_err(|_| fail())?;
+    let mut bytes = Vec::new();
+    bytes.try_reserve_exact(n.checked_mul(d).ok_or_else(fail)?).map_err(|_| fail())?;
+    Ok((out, bytes))
+}
+
+/// Hashes into the reserved buffers (no allocation).
+fn chain<T: Token>(
+    algo: HashAlgo,
+    seed: Option<&str>,
+    tokens: &[T],
+    bs: usize,
+    spec: &KeySpec,
+    (mut out, mut bytes): (Vec<BlockHash>, Vec<u8>),
+) -> Vec<u8> {
     let mut h = BlockHasher::new(algo, seed);
-    let mut out: Vec<BlockHash> = Vec::with_capacity(tokens.len() / bs);
     h.extend_chain(tokens, bs, spec, &mut out);
-    let mut bytes = Vec::with_capacity(out.len() * algo.digest_len());
     for x in &out {
         bytes.extend_from_slice(x.as_bytes());
     }
     bytes
 }
 
-/// Chained hashes of the full blocks of `tokens`: uint8 array `[n_full, digest_len]`.
+/// Chained hashes of the full blocks of ``tokens``, shape ``[len(tokens) // block_size, d]``.
+///
+/// ``h_i = H(serialize(h_{i-1} or NONE_HASH, tokens of block i, extra keys of block i))``
+/// with ``NONE_HASH = H(serialize(seed))``. ``algo`` is one of :data:`HASH_ALGOS`:
+/// ``xxh3_128`` (default, fastest) and ``sha256`` use kvindex's compact encoding;
+/// ``vllm_sha256_cbor``, ``vllm_xxhash_cbor``, ``vllm_sha256`` (pickle, vLLM's default)
+/// and ``vllm_xxhash`` are bit-exact with vLLM 0.33. Extra keys as vLLM tags them:
+/// ``("lora", name, path)`` on every block, ``("mm", identifier, offset - block_start)``
+/// per overlapping multimodal item ``(identifier, offset, length)``, and
+/// ``("cache_salt", salt)`` on block 0 for a non-empty salt. ``seed`` defaults to
+/// ``"kvindex"`` (compact modes) or ``"vllm-none-hash"`` (vLLM modes).
+/// Releases the GIL for 4096 tokens or more.
 #[pyfunction]
 #[pyo3(signature = (tokens, block_size, *, algo = "xxh3_128", seed = None, cache_salt = None, lora = None, mm_items = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn block_hashes<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
-    block_size: i64,
+    #[pyo3(from_py_with = super::args::named::block_size)] block_size: usize,
     algo: &str,
     seed: Option<String>,
     cache_salt: Option<String>,
@@ -44,30 +72,32 @@ pub fn block_hashes<'py>(
     if !(1..=1 << 20).contains(&block_size) {
         return Err(invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
-    let bs = block_size as usize;
+    let bs = block_size;
     let spec = keys::spec(cache_salt, lora, mm_items)?;
     // SAFETY: read after every argument that may run Python code; only Rust
     // runs while the view lives (it is dropped before the output is made),
     // and before the GIL is released the tokens are copied out of it.
     let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
     let seed = seed.as_deref();
+    let d = algo.digest_len();
     let bytes = with_tokens!(arr, s => {
+        let bufs = buffers(s.len() / bs, d)?;
         if s.len() >= DETACH_MIN_TOKENS {
             // Other threads run while detached: hash a private copy.
-            let own = s.to_vec();
-            py.detach(|| chain(algo, seed, &own, bs, &spec))
+            let mut own = Vec::new();
+            own.try_reserve_exact(s.len()).map_err(|_| capacity("cannot copy the tokens on this machine"))?;
+            own.extend_from_slice(s);
+            py.detach(|| chain(algo, seed, &own, bs, &spec, bufs))
         } else {
-            chain(algo, seed, s, bs, &spec)
+            chain(algo, seed, s, bs, &spec, bufs)
         }
     });
-    let d = algo.digest_len();
     let n = bytes.len() / d;
     let a = PyArray1::from_vec(py, bytes);
     Ok(a.reshape([n, d])?.into_any())
 }
 
-/// NONE_HASH (the chain's root parent) for `algo` and `seed`, as bytes.
+/// The chain's root parent ``H(serialize(seed))`` for ``algo``.
 #[pyfunction]
 #[pyo3(signature = (*, algo = "xxh3_128", seed = None))]
 pub fn none_hash(algo: &str, seed: Option<String>) -> PyResult<Vec<u8>> {

@@ -2,6 +2,7 @@
 
 use pyo3::prelude::*;
 
+use super::args;
 use super::errors::{invalid, IntoPyResult};
 use crate::core::hash::{KeySpec, MmItem};
 
@@ -25,9 +26,18 @@ pub fn spec(
     if let Some(m) = mm_items {
         if !m.is_none() {
             for it in m.try_iter().map_err(|_| invalid("mm_items must be a sequence"))? {
-                let (identifier, offset, length) = it?.extract::<(String, i64, i64)>().map_err(|_| {
-                    invalid("each mm item must be an (identifier: str, offset: int, length: int) tuple")
-                })?;
+                let bad =
+                    || invalid("each mm item must be an (identifier: str, offset: int, length: int) tuple");
+                let it = it?;
+                let (identifier, offset, length) =
+                    it.extract::<(String, Bound<'_, PyAny>, Bound<'_, PyAny>)>().map_err(|_| bad())?;
+                // Offsets and lengths follow the rule of every int parameter, except
+                // that a non-int (bool included) is a malformed item.
+                if !args::is_int_like(&offset) || !args::is_int_like(&length) {
+                    return Err(bad());
+                }
+                let offset = args::i64_arg(&offset, "mm item offset")?;
+                let length = args::i64_arg(&length, "mm item length")?;
                 items.push(MmItem { identifier, offset, length });
             }
         }

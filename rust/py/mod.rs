@@ -4,6 +4,7 @@
 
 use pyo3::prelude::*;
 
+pub mod args;
 pub mod arrays;
 pub mod common;
 pub mod errors;
@@ -12,10 +13,9 @@ pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
 pub mod radix;
+pub mod request_cache;
 
-/// Test-only hook (issue 6 §4): panics as a broken internal invariant would,
-/// so a test can show that the panic reaches Python as an exception rather
-/// than aborting the process.
+/// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
 #[pyfunction]
 fn _force_panic_for_tests() {
     panic!("forced panic: kvindex test hook for the panic policy");
@@ -26,6 +26,7 @@ fn _force_panic_for_tests() {
 #[pymodule]
 #[pyo3(name = "_core")]
 fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    errors::init(m.py())?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     m.add("HASH_ALGOS", crate::core::hash::ALGO_NAMES.to_vec())?;
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
@@ -39,6 +40,8 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::EventEncoder>()?;
     m.add_function(wrap_pyfunction!(events::decode_event_batch, m)?)?;
     m.add_class::<radix::PyRadixCache>()?;
+    // The tree's former name, kept as an alias.
+    m.add("RadixCache", m.getattr("RadixTree")?)?;
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<radix::PyRadixPrefixCache>()?;

@@ -1,11 +1,17 @@
-//! `RadixCache` (the tree) and `RadixPrefixCache` (the request-level cache):
+//! `RadixTree` (the tree; `RadixCache` is its alias) and `RadixPrefixCache`
+//! (the request-level cache):
 //! the Python faces of [`crate::core::radix::RadixTree`] and
 //! [`crate::core::radix_cache::RadixPrefixCache`].
 //!
-//! Threading: both classes are owned by one scheduler thread. Methods take
-//! `&mut self` and never release the GIL (they run for microseconds); on a
-//! free-threaded build a concurrent second caller gets `RuntimeError`
-//! (already borrowed), never corruption.
+//! Threading: both classes are owned by one scheduler thread. Methods convert
+//! their arguments before borrowing the object and never release the GIL
+//! while they hold it (they run for microseconds); on a free-threaded build a
+//! concurrent second caller gets `RuntimeError` (already borrowed), never
+//! corruption.
+//!
+//! Node handles: `tag << 64 | generation << 32 | index`, where `tag` names
+//! the tree that issued the handle (the root is always 0), so a handle from
+//! another tree raises `StaleHandleError` instead of naming an unrelated node.
 //!
 //! Slots and pages: the core tree stores one value per page (the slot when
 //! `page_size == 1`, else the page id `slot // page_size`). This layer turns
@@ -17,20 +23,22 @@
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use numpy::{PyArray1, PyArray2};
+use numpy::PyArray1;
+use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyDict, PyList};
+use pyo3::types::{PyInt, PyList};
 
+use super::args::named;
 use super::arrays::{self, TokenArray};
-use super::common;
-use super::errors::{inv_to_py, invalid, IntoPyResult};
-use super::{events, keys};
+use super::errors::{capacity, inv_to_py, invalid, stale, IntoPyResult};
+use super::request_cache::request_cache_class;
+use super::{args, common, events};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
-use crate::core::tables::TableSource;
 
 /// Reads a token array as int32 (int64 input is narrowed, with a range check).
 ///
@@ -60,37 +68,66 @@ unsafe fn slots_i32<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [i32]>> {
 }
 
 /// The per-token slots of `pages` as a new int32 array.
-fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> Bound<'py, PyArray1<i32>> {
-    arrays::filled_i32(py, pages.len() * ps, |dst| pages_to_slots(pages, ps, dst))
+///
+/// # Errors
+/// `CapacityError` when the array cannot be allocated.
+fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    let len = pages.len().checked_mul(ps).ok_or_else(|| capacity("slot array too large"))?;
+    arrays::filled_i32(py, len, |dst| pages_to_slots(pages, ps, dst))
 }
 
-fn parse_policy(policy: &str, slru_threshold: i64) -> PyResult<Policy> {
-    let th = u64::try_from(slru_threshold)
-        .map_err(|_| invalid(format!("slru_threshold must be >= 0, got {slru_threshold}")))?;
-    Policy::parse(policy, th).py()
+fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
+    Policy::parse(policy, slru_threshold as u64).py()
 }
 
-fn page_size_arg(page_size: i64, what: &str) -> PyResult<usize> {
-    usize::try_from(page_size).map_err(|_| invalid(format!("{what} must be >= 1, got {page_size}")))
+/// The Python handle of a core handle: `tag << 64 | handle` (the root is 0),
+/// built with two C-API calls from the tree's cached `base = tag << 64`.
+fn encode_handle<'py>(py: Python<'py>, base: &Py<PyInt>, h: NodeHandle) -> PyResult<Bound<'py, PyAny>> {
+    if h.0 == 0 {
+        return Ok(0u64.into_pyobject(py)?.into_any());
+    }
+    // SAFETY: both calls return a new reference or NULL with an exception set.
+    unsafe {
+        let low = Bound::from_owned_ptr_or_err(py, ffi::PyLong_FromUnsignedLongLong(h.0))?;
+        Bound::from_owned_ptr_or_err(py, ffi::PyNumber_Or(low.as_ptr(), base.as_ptr()))
+    }
 }
 
-/// Result of `RadixCache.match_prefix`: iterable as `(hit_len, slots, node)`.
-#[pyclass(module = "kvindex._core", frozen, get_all)]
+/// Result of :meth:`RadixTree.match_prefix`; unpacks as ``(hit_len, slots, node)``.
+#[pyclass(module = "kvindex._core", frozen)]
 pub struct MatchResult {
-    /// Matched tokens (a multiple of the page size).
     hit_len: usize,
-    /// KV slots of the matched tokens (int32, one per token).
     slots: Py<PyArray1<i32>>,
-    /// Handle of the last matched node (0, the root, on a miss): lock it.
-    node: u64,
+    /// The core handle; the Python int is built when asked for.
+    node: NodeHandle,
+    /// The issuing tree's `tag << 64`.
+    base: Py<PyInt>,
 }
 
 #[pymethods]
 impl MatchResult {
+    /// Matched tokens (a multiple of the page size).
+    #[getter]
+    fn hit_len(&self) -> usize {
+        self.hit_len
+    }
+
+    /// KV slots of the matched tokens, one per token.
+    #[getter]
+    fn slots(&self, py: Python<'_>) -> Py<PyArray1<i32>> {
+        self.slots.clone_ref(py)
+    }
+
+    /// Handle of the last matched node (0, the root, on a miss); lock it to protect the hit.
+    #[getter]
+    fn node<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        encode_handle(py, &self.base, self.node)
+    }
+
     fn __iter__<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyAny>> {
         let py = slf.py();
         let me = slf.get();
-        let t = (me.hit_len, me.slots.clone_ref(py), me.node).into_pyobject(py)?;
+        let t = (me.hit_len, me.slots.clone_ref(py), me.node(py)?).into_pyobject(py)?;
         Ok(t.into_any().try_iter()?.into_any())
     }
 
@@ -98,18 +135,18 @@ impl MatchResult {
         3
     }
 
-    fn __repr__(&self) -> String {
-        format!("MatchResult(hit_len={}, node={})", self.hit_len, self.node)
+    fn __repr__(&self, py: Python<'_>) -> PyResult<String> {
+        Ok(format!("MatchResult(hit_len={}, node={})", self.hit_len, self.node(py)?))
     }
 }
 
-/// Result of `RadixCache.insert`: iterable as `(prefix_len, to_free)`.
+/// Result of :meth:`RadixTree.insert`; unpacks as ``(prefix_len, to_free)``.
 #[pyclass(module = "kvindex._core", frozen, get_all)]
 pub struct InsertResult {
     /// Leading tokens that were already in the tree (a multiple of the page size).
     prefix_len: usize,
-    /// Slots passed in that the tree did not take (duplicates of its prefix,
-    /// and the unaligned tail when page_size > 1): the caller frees exactly these.
+    /// Slots passed in that the tree did not take (duplicates of its prefix, and the
+    /// unaligned tail when page_size > 1): the caller frees exactly these.
     to_free: Py<PyArray1<i32>>,
 }
 
@@ -131,65 +168,137 @@ impl InsertResult {
     }
 }
 
-/// Radix tree over token ids with SGLang `RadixCache` semantics.
-#[pyclass(module = "kvindex._core", name = "RadixCache")]
+/// Source of per-instance handle tags (0 is never a tag: the root handle).
+static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
+
+/// Radix tree over token ids with SGLang ``RadixCache`` semantics (the tree alone:
+/// the caller owns the slots; :class:`RadixPrefixCache` is the request-level cache).
+///
+/// Edges hold token runs (a multiple of ``page_size``); values are KV slots. With
+/// ``page_size > 1`` queries are cut to a page multiple and each page's slots must be
+/// a page-aligned run. A match ending inside an edge splits it. Recency is a logical
+/// clock (one tick per match/insert). Node handles are ints naming the tree that
+/// issued them (``tag << 64 | generation << 32 | index``; the root is 0); a handle to
+/// an evicted node, any handle after ``reset()``, or a handle from another tree
+/// raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
+#[pyclass(module = "kvindex._core", name = "RadixTree")]
 pub struct PyRadixCache {
     inner: RadixTree,
+    /// `tag << 64`, where `tag` is this tree's identity: the top bits of
+    /// every non-root handle.
+    base: Py<PyInt>,
+    /// `(tag + 1) << 64`: the end of this tree's handle range.
+    next: Py<PyInt>,
     /// Scratch: pages out of the core (matches, duplicates, evictions).
     pages: Vec<PageId>,
     /// Scratch: the caller's slots as pages.
     in_pages: Vec<PageId>,
 }
 
+impl PyRadixCache {
+    /// The core handle of a Python handle. A handle of another tree (or one
+    /// never issued) raises `StaleHandleError`; a negative one
+    /// `InvalidArgumentError`.
+    fn decode(&self, v: &Bound<'_, PyInt>) -> PyResult<NodeHandle> {
+        // SAFETY: `v` is an int, for which the mask conversion cannot fail.
+        let low = unsafe { ffi::PyLong_AsUnsignedLongLongMask(v.as_ptr()) };
+        if low == 0 {
+            // Only the root handle, 0, has no low bits.
+            return match v.extract::<u64>() {
+                Ok(0) => Ok(NodeHandle(0)),
+                _ => Err(foreign(v)),
+            };
+        }
+        // An issued handle lies in `tag << 64 .. (tag + 1) << 64`; its low 64
+        // bits are the core handle. Two comparisons, no new object.
+        // SAFETY: both are ints; the call returns 1, 0, or -1 with an exception set.
+        let (ge, lt) = unsafe {
+            (
+                ffi::PyObject_RichCompareBool(v.as_ptr(), self.base.as_ptr(), ffi::Py_GE),
+                ffi::PyObject_RichCompareBool(v.as_ptr(), self.next.as_ptr(), ffi::Py_LT),
+            )
+        };
+        match (ge, lt) {
+            (1, 1) => Ok(NodeHandle(low)),
+            (-1, _) | (_, -1) => Err(PyErr::fetch(v.py())),
+            _ => Err(foreign(v)),
+        }
+    }
+}
+
+#[cold]
+fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
+    if v.lt(0).unwrap_or(false) {
+        return invalid(format!("node must be an int in 0..2**128, got {v}"));
+    }
+    stale(format!("node handle {v} belongs to another RadixTree (or was never issued)"))
+}
+
 #[pymethods]
 impl PyRadixCache {
     #[new]
-    #[pyo3(signature = (page_size = 1, *, policy = "lru", slru_threshold = 2, enable_events = false))]
-    fn new(page_size: i64, policy: &str, slru_threshold: i64, enable_events: bool) -> PyResult<Self> {
-        let ps = page_size_arg(page_size, "page_size")?;
+    #[pyo3(signature = (page_size = 1, *, policy = "lru", slru_threshold = 2, enable_events = false, max_events = 100000))]
+    fn new(
+        py: Python<'_>,
+        #[pyo3(from_py_with = named::page_size)] page_size: usize,
+        policy: &str,
+        #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
+        enable_events: bool,
+        #[pyo3(from_py_with = named::max_events)] max_events: usize,
+    ) -> PyResult<Self> {
         let policy = parse_policy(policy, slru_threshold)?;
-        Ok(PyRadixCache {
-            inner: RadixTree::new(ps, policy, enable_events).py()?,
-            pages: Vec::new(),
-            in_pages: Vec::new(),
-        })
+        let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
+        inner.set_max_events(max_events).py()?;
+        let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
+        let int =
+            |x: u128| -> PyResult<Py<PyInt>> { Ok(x.into_pyobject(py)?.cast_into::<PyInt>()?.unbind()) };
+        let (base, next) = (int(u128::from(tag) << 64)?, int((u128::from(tag) + 1) << 64)?);
+        Ok(PyRadixCache { inner, base, next, pages: Vec::new(), in_pages: Vec::new() })
     }
 
+    /// Tokens per page (edges and hits are multiples of it).
     #[getter]
     fn page_size(&self) -> usize {
         self.inner.page_size()
     }
 
+    /// The eviction policy (one of ``RADIX_POLICIES``).
     #[getter]
     fn policy(&self) -> &'static str {
         self.inner.policy().name()
     }
 
+    /// Tokens in the tree (``evictable_size + protected_size``).
     #[getter]
     fn total_size(&self) -> usize {
         self.inner.total_size()
     }
 
+    /// Tokens in unlocked nodes.
     #[getter]
     fn evictable_size(&self) -> usize {
         self.inner.evictable_size()
     }
 
+    /// Tokens in locked nodes.
     #[getter]
     fn protected_size(&self) -> usize {
         self.inner.protected_size()
     }
 
+    /// Live nodes, the root included.
     #[getter]
     fn num_nodes(&self) -> usize {
         self.inner.num_nodes()
     }
 
+    /// The logical clock (one tick per match/insert).
     #[getter]
     fn clock(&self) -> u64 {
         self.inner.clock()
     }
 
+    /// Longest cached page-aligned prefix; stamps the path, may split an edge.
     #[pyo3(signature = (tokens, namespace = None))]
     fn match_prefix(
         &mut self,
@@ -208,11 +317,12 @@ impl PyRadixCache {
         let (hit_len, node) = (m.len, m.node);
         let slots = arrays::filled_i32(py, hit_len, |dst| {
             m.values().fold(0, |off, vals| off + pages_to_slots(vals, ps, &mut dst[off..]))
-        });
-        let node = self.inner.handle(node).0;
-        Ok(MatchResult { hit_len, slots: slots.unbind(), node })
+        })?;
+        let node = self.inner.handle(node);
+        Ok(MatchResult { hit_len, slots: slots.unbind(), node, base: self.base.clone_ref(py) })
     }
 
+    /// Hit length a match would report now; changes nothing.
     #[pyo3(signature = (tokens, namespace = None))]
     fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
         // SAFETY: the view is used by Rust code only and dropped on return.
@@ -220,16 +330,21 @@ impl PyRadixCache {
         Ok(self.inner.probe(&toks, namespace).len)
     }
 
+    /// Inserts a sequence with one slot per token; returns the present prefix and the
+    /// slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
+    /// or one passed twice.
     #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0))]
     fn insert(
-        &mut self,
-        py: Python<'_>,
+        slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
         slots: &Bound<'_, PyAny>,
         namespace: Option<&str>,
-        priority: i64,
+        #[pyo3(from_py_with = named::priority)] priority: i64,
     ) -> PyResult<InsertResult> {
-        let ps = self.inner.page_size();
+        let py = slf.py();
+        let mut guard = slf.try_borrow_mut()?;
+        let me = &mut *guard;
+        let ps = me.inner.page_size();
         let (prefix, tail_page, tail_len) = {
             // SAFETY: the views live to the end of this block, where only
             // Rust code runs (errors are built lazily, running no Python).
@@ -243,22 +358,23 @@ impl PyRadixCache {
                 )));
             }
             let full = toks.len() / ps * ps;
-            let mut pages = std::mem::take(&mut self.in_pages);
+            let mut pages = std::mem::take(&mut me.in_pages);
             pages.clear();
-            self.pages.clear();
+            me.pages.clear();
             let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
-                self.inner
-                    .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut self.pages)
+                me.inner
+                    .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut me.pages)
                     .py()
                     .map(|prefix| (prefix, tail_page, toks.len() - full))
             });
-            self.in_pages = pages;
+            me.in_pages = pages;
             res?
         };
         // To free: the duplicates, then the unaligned tail, which was checked
         // to be the run from its page's first slot (so it is rebuilt here).
-        let to_free = arrays::filled_i32(py, self.pages.len() * ps + tail_len, |dst| {
-            let n = pages_to_slots(&self.pages, ps, dst);
+        let pages = &me.pages;
+        let to_free = arrays::filled_i32(py, pages.len() * ps + tail_len, |dst| {
+            let n = pages_to_slots(pages, ps, dst);
             if let Some(p) = tail_page {
                 #[allow(clippy::cast_possible_wrap, clippy::cast_possible_truncation)]
                 let base = (p.0 as usize * ps) as i32;
@@ -267,64 +383,94 @@ impl PyRadixCache {
                 }
             }
             n + tail_len
-        });
+        })?;
         Ok(InsertResult { prefix_len: prefix, to_free: to_free.unbind() })
     }
 
-    fn lock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
-        let h = NodeHandle(arrays::id(node, "node")?);
-        self.inner.lock_handle(h).py()
+    /// Protects the path root..node from eviction (the root: no-op).
+    fn lock(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = args::int(node, "node")?;
+        let mut me = slf.try_borrow_mut()?;
+        let h = me.decode(&v)?;
+        me.inner.lock_handle(h).py()
     }
 
-    fn unlock(&mut self, node: &Bound<'_, PyAny>) -> PyResult<()> {
-        let h = NodeHandle(arrays::id(node, "node")?);
-        self.inner.unlock_handle(h).py()
+    /// Releases a lock taken on this node; ``LockError`` if it holds none of its own.
+    fn unlock(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<()> {
+        let v = args::int(node, "node")?;
+        let mut me = slf.try_borrow_mut()?;
+        let h = me.decode(&v)?;
+        me.inner.unlock_handle(h).py()
     }
 
-    fn lock_ref(&self, node: &Bound<'_, PyAny>) -> PyResult<u32> {
-        let id = self.inner.resolve(NodeHandle(arrays::id(node, "node")?)).py()?;
-        Ok(self.inner.lock_ref(id))
+    /// Locks held on the node itself.
+    fn lock_ref(slf: &Bound<'_, Self>, node: &Bound<'_, PyAny>) -> PyResult<u32> {
+        let v = args::int(node, "node")?;
+        let me = slf.try_borrow()?;
+        let id = me.inner.resolve(me.decode(&v)?).py()?;
+        Ok(me.inner.lock_ref(id))
     }
 
+    /// Slots of the path root..node, in order.
     fn path_slots<'py>(
-        &self,
-        py: Python<'py>,
+        slf: &Bound<'py, Self>,
         node: &Bound<'py, PyAny>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let id = self.inner.resolve(NodeHandle(arrays::id(node, "node")?)).py()?;
+        let v = args::int(node, "node")?;
+        let me = slf.try_borrow()?;
+        let id = me.inner.resolve(me.decode(&v)?).py()?;
         let mut pages = Vec::new();
-        self.inner.path_values(id, &mut pages);
-        Ok(slot_array(py, &pages, self.inner.page_size()))
+        me.inner.path_values(id, &mut pages);
+        slot_array(slf.py(), &pages, me.inner.page_size())
     }
 
-    fn all_slots<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+    /// Every slot the tree holds.
+    fn all_slots<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let mut pages = Vec::new();
         self.inner.all_values(&mut pages);
         slot_array(py, &pages, self.inner.page_size())
     }
 
-    fn evict<'py>(&mut self, py: Python<'py>, num_tokens: i64) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let n = usize::try_from(num_tokens)
-            .map_err(|_| invalid(format!("num_tokens must be >= 0, got {num_tokens}")))?;
-        self.pages.clear();
-        self.inner.evict(n, &mut self.pages);
-        Ok(slot_array(py, &self.pages, self.inner.page_size()))
+    /// Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
+    /// free more); returns the freed slots (the caller owns the slots, so the tree hands
+    /// them back).
+    fn evict<'py>(
+        slf: &Bound<'py, Self>,
+        num_tokens: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let n = args::usize_arg(num_tokens, "num_tokens", usize::MAX)?;
+        let mut guard = slf.try_borrow_mut()?;
+        let me = &mut *guard;
+        me.pages.clear();
+        me.inner.evict(n, &mut me.pages);
+        slot_array(slf.py(), &me.pages, me.inner.page_size())
     }
 
-    fn reset<'py>(&mut self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+    /// Drops every node (handles go stale); returns the slots the tree held.
+    fn reset<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         self.pages.clear();
         self.inner.reset(&mut self.pages);
         slot_array(py, &self.pages, self.inner.page_size())
     }
 
-    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        events::to_list(py, self.inner.take_events())
+    /// Drains buffered KV events (empty unless ``enable_events``).
+    fn take_events<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
+        let ev = slf.try_borrow_mut()?.inner.take_events();
+        events::to_list(slf.py(), ev)
     }
 
+    /// KV events the full buffer dropped (oldest first) since the tree was built.
+    #[getter]
+    fn events_dropped(&self) -> u64 {
+        self.inner.events_dropped()
+    }
+
+    /// Raises ``InvariantViolation`` if any internal invariant is broken.
     fn check_invariants(&self) -> PyResult<()> {
         self.inner.check_invariants().map_err(inv_to_py)
     }
 
+    /// A human-readable dump, one line per node.
     fn dump(&self) -> String {
         self.inner.dump()
     }
@@ -335,7 +481,7 @@ impl PyRadixCache {
 
     fn __repr__(&self) -> String {
         format!(
-            "RadixCache(page_size={}, policy={:?}, total_size={}, evictable_size={}, protected_size={}, nodes={})",
+            "RadixTree(page_size={}, policy={:?}, total_size={}, evictable_size={}, protected_size={}, nodes={})",
             self.inner.page_size(),
             self.inner.policy().name(),
             self.inner.total_size(),
@@ -346,263 +492,86 @@ impl PyRadixCache {
     }
 }
 
-/// Request-level prefix cache over the radix tree, driven like `HashChainCache`.
+/// Request-level prefix cache over the radix tree, driven like :class:`HashChainCache`.
+///
+/// ``num_blocks`` pages of ``block_size`` slots (page 0 is the null page; tables pad
+/// with 0); block ids are page ids, so ``block_size=1`` gives token-level tables.
+/// Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
+/// ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
+/// pool runs short.
 #[pyclass(module = "kvindex._core", name = "RadixPrefixCache")]
 pub struct PyRadixPrefixCache {
     inner: RadixPrefixCache,
 }
 
-#[pymethods]
-impl PyRadixPrefixCache {
+request_cache_class!(PyRadixPrefixCache {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, policy = "lru", slru_threshold = 2, enable_events = false))]
+    #[pyo3(signature = (num_blocks, block_size, *, policy = "lru", slru_threshold = 2, enable_events = false, max_events = 100000))]
     fn new(
-        num_blocks: i64,
-        block_size: i64,
+        #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
+        #[pyo3(from_py_with = named::block_size)] block_size: usize,
         policy: &str,
-        slru_threshold: i64,
+        #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
+        #[pyo3(from_py_with = named::max_events)] max_events: usize,
     ) -> PyResult<Self> {
-        let nb = usize::try_from(num_blocks)
-            .map_err(|_| invalid(format!("num_blocks must be >= 2, got {num_blocks}")))?;
-        let bs = page_size_arg(block_size, "block_size")?;
         let policy = parse_policy(policy, slru_threshold)?;
-        Ok(PyRadixPrefixCache { inner: RadixPrefixCache::new(nb, bs, policy, enable_events).py()? })
+        let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
+        inner.set_max_events(max_events).py()?;
+        Ok(PyRadixPrefixCache { inner })
     }
 
-    #[getter]
-    fn num_blocks(&self) -> usize {
-        self.inner.pool().num_pages()
-    }
-
-    #[getter]
-    fn block_size(&self) -> usize {
-        self.inner.page_size()
-    }
-
-    #[getter]
-    fn page_size(&self) -> usize {
-        self.inner.page_size()
-    }
-
+    /// The tree's eviction policy (one of ``RADIX_POLICIES``).
     #[getter]
     fn policy(&self) -> &'static str {
         self.inner.tree().policy().name()
     }
 
-    #[getter]
-    fn num_free_blocks(&self) -> usize {
-        self.inner.num_free_blocks()
-    }
-
+    /// Pages with no holder at all.
     #[getter]
     fn num_unused_blocks(&self) -> usize {
         self.inner.pool().num_free()
     }
 
-    #[getter]
-    fn usage(&self) -> f64 {
-        self.inner.usage()
-    }
-
-    #[getter]
-    fn num_requests(&self) -> usize {
-        self.inner.num_requests()
-    }
-
-    #[getter]
-    fn num_common_prefix_blocks(&self) -> usize {
-        self.inner.num_common_prefix_blocks()
-    }
-
-    #[getter]
-    fn num_cached_blocks(&self) -> usize {
-        self.inner.tree().total_size() / self.inner.page_size()
-    }
-
+    /// Tokens in the tree.
     #[getter]
     fn cached_tokens(&self) -> usize {
         self.inner.tree().total_size()
     }
 
+    /// Tokens in unlocked tree nodes.
     #[getter]
     fn evictable_size(&self) -> usize {
         self.inner.tree().evictable_size()
     }
 
+    /// Tokens in locked tree nodes.
     #[getter]
     fn protected_size(&self) -> usize {
         self.inner.tree().protected_size()
     }
 
-    fn __contains__(&self, request_id: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let id = arrays::id(request_id, "request_id")?;
-        Ok(self.inner.num_tokens(RequestId(id)).is_ok())
+    /// Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
+    /// returns the tokens evicted (their pages return to the cache's own pool).
+    fn evict(slf: &Bound<'_, Self>, num_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let n = args::usize_arg(num_tokens, "num_tokens", usize::MAX)?;
+        Ok(slf.try_borrow_mut()?.inner.evict(n))
     }
 
-    #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
-    #[allow(clippy::too_many_arguments)]
-    fn admit<'py>(
-        &mut self,
-        py: Python<'py>,
-        request_id: &Bound<'py, PyAny>,
-        tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
-        lora: Option<&Bound<'py, PyAny>>,
-        mm_items: Option<&Bound<'py, PyAny>>,
-        skip_reading: bool,
-    ) -> PyResult<Option<common::Admission>> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        let spec = keys::spec(cache_salt, lora, mm_items)?;
-        let hit = {
-            // SAFETY: read after every argument that may run Python code; only
-            // Rust runs while the view lives.
-            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-            self.inner.admit(id, &toks, &spec, skip_reading).py()?
-        };
-        let Some(hit) = hit else { return Ok(None) };
-        let blocks = self.inner.blocks(id).py()?;
-        Ok(Some(common::Admission::new(py, hit, blocks)))
+    /// Leading tokens of a running request served by cached tree pages.
+    fn num_cached_tokens(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
+        let id = RequestId(args::u64_arg(request_id, "request_id")?);
+        slf.try_borrow()?.inner.num_cached_tokens(id).py()
     }
 
-    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
-    fn lookup<'py>(
-        &mut self,
-        tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
-        lora: Option<&Bound<'py, PyAny>>,
-        mm_items: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<usize> {
-        let spec = keys::spec(cache_salt, lora, mm_items)?;
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives.
-        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-        self.inner.lookup(&toks, &spec).py()
-    }
-
-    fn append(&mut self, request_id: &Bound<'_, PyAny>, tokens: &Bound<'_, PyAny>) -> PyResult<bool> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        // SAFETY: read after the id (whose `__index__` may run Python code);
-        // only Rust runs while the view lives.
-        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-        self.inner.append(id, &toks).py()
-    }
-
-    #[pyo3(signature = (request_ids, tokens, offsets = None))]
-    fn append_batch(
-        &mut self,
-        request_ids: &Bound<'_, PyAny>,
-        tokens: &Bound<'_, PyAny>,
-        offsets: Option<&Bound<'_, PyAny>>,
-    ) -> PyResult<bool> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        let off = offsets.filter(|o| !o.is_none()).map(|o| arrays::int64(o, "offsets")).transpose()?;
-        let off_slice = off.as_ref().map(|o| o.as_slice().expect("contiguity checked"));
-        // SAFETY: read after the other arguments; only Rust runs while the
-        // view lives.
-        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-        self.inner.append_batch(&ids, &toks, off_slice).py()
-    }
-
-    fn checkpoint(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        self.inner.checkpoint(id).py()
-    }
-
-    fn free(&mut self, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
-        let id = RequestId(arrays::id(request_id, "request_id")?);
-        self.inner.free(id).py()
-    }
-
-    fn free_batch(&mut self, request_ids: &Bound<'_, PyAny>) -> PyResult<()> {
-        let ids = arrays::ids(request_ids, "request_ids")?;
-        self.inner.free_batch(&ids).py()
-    }
-
-    fn evict(&mut self, num_tokens: i64) -> PyResult<usize> {
-        let n = usize::try_from(num_tokens)
-            .map_err(|_| invalid(format!("num_tokens must be >= 0, got {num_tokens}")))?;
-        Ok(self.inner.evict(n))
-    }
-
-    fn reset(&mut self) -> PyResult<()> {
-        self.inner.reset().py()
-    }
-
-    fn take_events<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
-        events::to_list(py, self.inner.take_events())
-    }
-
-    #[getter]
-    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        common::stats_dict(py, self.inner.stats())
-    }
-
-    fn take_stats<'py>(&mut self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        common::stats_dict(py, self.inner.take_stats())
-    }
-
-    #[pyo3(signature = (request_ids, max_blocks = None, out = None))]
-    fn block_tables<'py>(
-        &self,
-        py: Python<'py>,
-        request_ids: &Bound<'py, PyAny>,
-        max_blocks: Option<i64>,
-        out: Option<&Bound<'py, PyAny>>,
-    ) -> PyResult<Bound<'py, PyArray2<i32>>> {
-        common::block_tables(py, &self.inner, self.inner.pool().num_pages(), request_ids, max_blocks, out)
-    }
-
-    fn slot_mapping<'py>(
-        &self,
-        py: Python<'py>,
-        request_ids: &Bound<'py, PyAny>,
-        query_lens: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i64>>> {
-        common::slot_mapping(py, &self.inner, request_ids, query_lens)
-    }
-
-    fn num_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.num_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
-    }
-
-    fn num_cached_tokens(&self, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
-        self.inner.num_cached_tokens(RequestId(arrays::id(request_id, "request_id")?)).py()
-    }
-
-    fn request_blocks<'py>(
-        &self,
-        py: Python<'py>,
-        request_id: &Bound<'py, PyAny>,
-    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
-        let blocks = self.inner.blocks(RequestId(arrays::id(request_id, "request_id")?)).py()?;
-        Ok(common::block_ids_array(py, blocks))
-    }
-
-    fn free_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
-        let v: Vec<PageId> = self.inner.pool().free_pages().collect();
-        common::block_ids_array(py, &v)
-    }
-
-    fn cached_blocks<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray1<i32>> {
+    /// The pages the tree holds.
+    fn cached_blocks<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let mut v = Vec::new();
-        self.inner.tree().all_values(&mut v);
-        common::block_ids_array(py, &v)
+        slf.try_borrow()?.inner.tree().all_values(&mut v);
+        common::block_ids_array(slf.py(), &v)
     }
 
-    fn ref_count(&self, block_id: i64) -> PyResult<u32> {
-        let n = self.inner.pool().num_pages();
-        let b = u32::try_from(block_id)
-            .ok()
-            .filter(|&b| (b as usize) < n)
-            .ok_or_else(|| invalid(format!("block id {block_id} out of range 0..{n}")))?;
-        Ok(self.inner.pool().ref_count(PageId(b)))
-    }
-
-    fn check_invariants(&self) -> PyResult<()> {
-        self.inner.check_invariants().map_err(inv_to_py)
-    }
-
+    /// A human-readable dump of the tree, one line per node.
     fn dump(&self) -> String {
         self.inner.tree().dump()
     }
@@ -618,7 +587,7 @@ impl PyRadixPrefixCache {
             self.inner.num_requests()
         )
     }
-}
+});
 
 impl events::EventSource for PyRadixCache {
     fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {

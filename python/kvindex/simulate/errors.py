@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from kvindex.exceptions import KvIndexError
+
 __all__ = ["SimulationError", "TraceFormatError"]
 
 
-class SimulationError(ValueError):
-    """A bad simulator input: unknown design, bad capacity, a request that cannot fit."""
+class SimulationError(KvIndexError, ValueError):
+    """A bad simulator input: unknown design, bad capacity, a request that cannot fit
+    (a :class:`kvindex.KvIndexError`)."""
 
 
 class TraceFormatError(SimulationError):

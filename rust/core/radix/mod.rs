@@ -84,7 +84,9 @@
 //! emits one `BlockStored` covering its pages (parent = the last page hash
 //! of its parent node, `None` under the root; each page's `extra_keys` is
 //! `[namespace]` when namespaced); an evicted leaf emits one `BlockRemoved`
-//! with all its page hashes; `reset` emits `AllBlocksCleared`.
+//! with all its page hashes; `reset` emits `AllBlocksCleared`. Events wait
+//! for the caller in a bounded [`crate::core::event_buffer::EventBuffer`]
+//! (drop-oldest, counted).
 //!
 //! # Costs
 //! `n` = query tokens, `d` = depth of the walk, `L` = evictable leaves.
@@ -112,6 +114,7 @@ use std::collections::BTreeSet;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
+use crate::core::event_buffer::{self, EventBuffer};
 use crate::core::events::KvEvent;
 use crate::core::ids::PageId;
 
@@ -209,7 +212,7 @@ pub struct RadixTree {
     /// Bitmap over values: bit v set iff value v is in the tree.
     in_tree: Vec<u64>,
     ns: Namespaces,
-    events: Option<Vec<KvEvent>>,
+    events: Option<EventBuffer>,
     /// Scratch: the path of the last walk, `(child, matched tokens)`.
     path: Vec<(NodeId, usize)>,
     scratch_bytes: Vec<u8>,
@@ -242,7 +245,7 @@ impl RadixTree {
             num_nodes: 0,
             in_tree: Vec::new(),
             ns: Namespaces::new(),
-            events: enable_events.then(Vec::new),
+            events: enable_events.then(EventBuffer::default),
             path: Vec::new(),
             scratch_bytes: Vec::new(),
         })
@@ -449,8 +452,28 @@ impl RadixTree {
         self.events.is_some()
     }
 
+    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        event_buffer::set_max_events(&mut self.events, max_events)
+    }
+
+    /// Events dropped from the full buffer since the last
+    /// [`Self::take_events_dropped`].
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        event_buffer::events_dropped(self.events.as_ref())
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        event_buffer::take_events_dropped(self.events.as_mut())
+    }
+
     /// Drains buffered KV events (empty when disabled). O(events).
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(std::mem::take).unwrap_or_default()
+        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
     }
 }

@@ -382,6 +382,28 @@ impl<D: PrefixIndex> PrefixCache<D> {
         self.design.take_events()
     }
 
+    /// Bounds the KV event buffer: at most `max_events` events wait for
+    /// [`Self::take_events`]; when full, the oldest is dropped and counted
+    /// (see [`crate::core::event_buffer`]).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        self.design.set_max_events(max_events)
+    }
+
+    /// Events dropped from the full buffer since the last
+    /// [`Self::take_events_dropped`].
+    #[must_use]
+    pub fn events_dropped(&self) -> u64 {
+        self.design.events_dropped()
+    }
+
+    /// Returns [`Self::events_dropped`] and zeroes it.
+    pub fn take_events_dropped(&mut self) -> u64 {
+        self.design.take_events_dropped()
+    }
+
     /// Blocks shared by every running request: counting from block 0 of any
     /// running request's table, the blocks every running request holds (the
     /// prefix cascade attention can share): their count is the number of

@@ -17,7 +17,8 @@
 //! ([`TableSource`]), and the ref-count tally of `check_invariants`. A
 //! design ([`PrefixIndex`]) answers only what differs: looking a prompt up,
 //! pinning and unpinning hits, allocating (evicting if it must), caching
-//! computed blocks up to a token count, and its events. The hash chain
+//! computed blocks up to a token count, and its events (drained, bounded
+//! and counted when dropped through the layer). The hash chain
 //! ([`crate::core::hash_chain`]) and the radix tree
 //! ([`crate::core::radix_cache`]) are two implementations; another design (a
 //! hybrid of block groups, an offload tier) is a third `impl PrefixIndex`,
@@ -225,6 +226,27 @@ pub trait PrefixIndex {
 
     /// Drains buffered KV events.
     fn take_events(&mut self) -> Vec<KvEvent>;
+
+    /// Bounds the design's KV event buffer (drop-oldest, see
+    /// [`crate::core::event_buffer`]). A design without events (the
+    /// default) only checks the value.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for 0.
+    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
+        crate::core::event_buffer::set_max_events(&mut None, max_events)
+    }
+
+    /// Events the full buffer dropped since the last
+    /// [`PrefixIndex::take_events_dropped`] (0 for a design without events).
+    fn events_dropped(&self) -> u64 {
+        0
+    }
+
+    /// Returns [`PrefixIndex::events_dropped`] and zeroes it.
+    fn take_events_dropped(&mut self) -> u64 {
+        0
+    }
 
     /// Cached blocks that lost their cache entry since the last
     /// [`PrefixIndex::clear_evictions`].
