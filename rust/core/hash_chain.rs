@@ -396,7 +396,7 @@ impl PrefixIndex for HashChainIndex {
     fn tokens_added(&mut self, req: &mut RecordOf<Self>) {
         let bs = self.block_size;
         let st = &mut req.ext;
-        if req.tokens.len() / bs > st.hashes.len() {
+        if req.tokens.len() >= (st.hashes.len() + 1) * bs {
             self.hasher.extend_chain(&req.tokens, bs, &st.spec, &mut st.hashes);
             if self.use_memo {
                 extend_prefix_keys(&req.tokens, bs, &mut st.keys);
@@ -407,7 +407,12 @@ impl PrefixIndex for HashChainIndex {
     /// Caches table entries `num_cached..min(upto / block_size, hashed, table)`.
     #[inline]
     fn cache_to(&mut self, req: &mut RecordOf<Self>, upto: usize) {
-        let full = (upto / self.block_size).min(req.ext.hashes.len()).min(req.blocks.len());
+        let bs = self.block_size;
+        // Most steps complete no block: no division then.
+        if upto < (req.ext.num_cached + 1) * bs {
+            return;
+        }
+        let full = (upto / bs).min(req.ext.hashes.len()).min(req.blocks.len());
         if full > req.ext.num_cached {
             let nh = self.hasher.none_hash();
             let memo = self.use_memo.then_some(&mut self.memo);

@@ -220,7 +220,23 @@ impl RadixIndex {
     /// Inserts a running request's full pages (of its first `upto` tokens)
     /// now; see [`RadixPrefixCache::checkpoint`].
     fn checkpoint(&mut self, req: &mut RecordOf<Self>, upto: usize) {
-        if upto.min(req.tokens.len()) / self.page_size * self.page_size <= req.ext.cached {
+        let ps = self.page_size;
+        let cached = req.ext.cached;
+        // Most steps complete no page: no division then.
+        if upto.min(req.tokens.len()) < cached + ps {
+            return;
+        }
+        let n = (upto.min(req.tokens.len()) / ps).min(req.blocks.len()) * ps;
+        if n <= cached {
+            return;
+        }
+        // The common case (a chunk or decode pages past the request's own
+        // locked leaf): one new leaf under it, the lock moved down, O(new).
+        let pages = &req.blocks[cached / ps..n / ps];
+        if let Some(leaf) = self.tree.extend_locked(req.ext.node, &req.tokens[cached..n], pages) {
+            self.pool.incref(pages);
+            req.ext.node = leaf;
+            req.ext.cached = n;
             return;
         }
         let full_tokens = self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref(), upto);

@@ -106,13 +106,12 @@ pub fn scheduled_batch<'py, B: TableEntry>(
     py: Python<'py>,
     done: usize,
     blocks: &[B],
-    offsets: Vec<i64>,
+    offsets: &[i64],
 ) -> PyResult<Bound<'py, PyTuple>> {
     let b = super::common::block_ids_array(py, blocks)?;
-    PyTuple::new(
-        py,
-        [done.into_pyobject(py)?.into_any(), b.into_any(), PyArray1::from_vec(py, offsets).into_any()],
-    )
+    // numpy-owned (a copy of a few entries), not a Vec kept alive by a capsule object
+    let o = PyArray1::from_slice(py, offsets);
+    PyTuple::new(py, [done.into_pyobject(py)?.into_any(), b.into_any(), o.into_any()])
 }
 
 /// A request's lifecycle counters as the dict `request_state` returns.
@@ -271,7 +270,7 @@ macro_rules! lifecycle_methods {
                     let done = me.inner.schedule_batch(&ids, &n, &drafts, off.as_deref(), la, &mut blocks, &mut offsets).py()?;
                     (done, blocks, offsets)
                 };
-                $crate::py::lifecycle::scheduled_batch(slf.py(), done, &blocks, offsets)
+                $crate::py::lifecycle::scheduled_batch(slf.py(), done, &blocks, &offsets)
             }
 
             /// Commits the ids sampled for a running request's step in flight: the accepted

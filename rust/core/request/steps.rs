@@ -331,7 +331,9 @@ impl<D: PrefixIndex> PrefixCache<D> {
         let bs = self.design.block_size();
         let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         let held = req.blocks.len();
-        let need = (req.life.num_computed + num_new + lookahead).div_ceil(bs).saturating_sub(held);
+        let slots = req.life.num_computed + num_new + lookahead;
+        // A decode step usually fits the table it has: no division then.
+        let need = if slots <= held * bs { 0 } else { slots.div_ceil(bs) - held };
         if need + reserved > self.design.num_available() {
             return None;
         }
