@@ -549,7 +549,9 @@ class RadixTree:
     def clock(self) -> int:
         """The logical clock (one tick per match/insert)."""
     def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> MatchResult:
-        """Longest cached page-aligned prefix; stamps the path, may split an edge."""
+        """Longest cached page-aligned prefix; stamps the path, may split an edge. int64 tokens
+        are read in place (a token outside the int32 range matches nothing).
+        """
     def probe(self, tokens: _Tokens, namespace: str | None = None) -> int:
         """Hit length a match would report now; changes nothing."""
     def insert(

@@ -271,7 +271,14 @@ impl BlockHasher {
         out: &mut Vec<BlockHash>,
     ) {
         let nfull = tokens.len() / block_size;
-        if self.algo.serial() == Serial::Compact && spec.is_empty() && T::ALWAYS_NARROW {
+        // int64 ids that all fit in int32 (the usual case) serialise as int32
+        // ones do: one branch-free range pass, then the same fast path.
+        let narrow = || {
+            tokens[out.len().min(nfull) * block_size..nfull * block_size]
+                .iter()
+                .fold(true, |acc, t| acc & (i64::from(t.get() as i32) == t.get()))
+        };
+        if self.algo.serial() == Serial::Compact && spec.is_empty() && (T::ALWAYS_NARROW || narrow()) {
             self.extend_compact_narrow(tokens, block_size, nfull, out);
             return;
         }

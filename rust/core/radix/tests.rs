@@ -782,11 +782,11 @@ fn wide_queries_match_as_their_narrow_copies() {
     use super::common_prefix_of;
     for ps in [1usize, 4] {
         let mut t = RadixTree::new(ps, Policy::Lru, false).expect("valid");
-        let key: Vec<i32> = (0..64).map(|i| i * 7 - 100).collect();
-        let vals: Vec<PageId> = (1..=64 / ps as u32).map(PageId).collect();
+        let key: Vec<i32> = (0..200).map(|i| i * 7 - 100).collect();
+        let vals: Vec<PageId> = (1..=200 / ps as u32).map(PageId).collect();
         t.insert(&key, &vals, None, 0, &[], &mut Vec::new()).expect("fresh");
         let wide: Vec<i64> = key.iter().map(|&x| i64::from(x)).collect();
-        for cut in [0, 1, 5, 17, 40, 64] {
+        for cut in [0, 1, 5, 17, 40, 63, 64, 71, 100, 128, 135, 199, 200] {
             let mut q = wide.clone();
             if cut < q.len() {
                 q[cut] += 1 << 40; // out of i32 range: equals no key token

@@ -57,25 +57,37 @@ pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 }
 
 /// [`common_prefix`] of a key and a query of any token type, without a copy:
-/// an i32 query is compared with memcmp, a wider one token by token (chunks
-/// of 16 compared branch-free, so the loop vectorises). A query token that
-/// does not fit in i32 equals no key token. O(common prefix).
+/// an i32 query is compared with memcmp, a wider one in chunks (64, then 8
+/// tokens) whose differences are OR-ed branch-free, so the loop vectorises;
+/// the first differing chunk is then scanned. A query token that does not
+/// fit in i32 equals no key token. O(common prefix).
 #[must_use]
 pub fn common_prefix_of<T: Token>(a: &[i32], b: &[T]) -> usize {
+    #[inline]
+    fn differs<T: Token, const N: usize>(x: &[i32; N], y: &[T; N]) -> bool {
+        x.iter().zip(y).fold(0i64, |acc, (&p, &q)| acc | (i64::from(p) ^ q.get())) != 0
+    }
     if let Some(b) = T::as_i32(b) {
         return common_prefix(a, b);
     }
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut i = 0;
-    while i + 16 <= n {
-        let x: &[i32; 16] = a[i..i + 16].try_into().expect("16 tokens");
-        let y: &[T; 16] = b[i..i + 16].try_into().expect("16 tokens");
-        let same = x.iter().zip(y).fold(true, |acc, (&p, &q)| acc & (i64::from(p) == q.get()));
-        if !same {
+    while i + 64 <= n {
+        let x: &[i32; 64] = a[i..i + 64].try_into().expect("64 tokens");
+        let y: &[T; 64] = b[i..i + 64].try_into().expect("64 tokens");
+        if differs(x, y) {
             break;
         }
-        i += 16;
+        i += 64;
+    }
+    while i + 8 <= n {
+        let x: &[i32; 8] = a[i..i + 8].try_into().expect("8 tokens");
+        let y: &[T; 8] = b[i..i + 8].try_into().expect("8 tokens");
+        if differs(x, y) {
+            break;
+        }
+        i += 8;
     }
     while i < n && i64::from(a[i]) == b[i].get() {
         i += 1;
