@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -630,3 +631,19 @@ class RustVsModelMachine(RuleBasedStateMachine):
 
 TestRustVsModelMachine = RustVsModelMachine.TestCase
 TestRustVsModelMachine.settings = settings(max_examples=150, stateful_step_count=40)
+
+
+def test_bench_lifecycle_runs_small() -> None:
+    """The lifecycle benchmark's measurements run end to end (tiny sizes, figures unchecked)."""
+    bench_dir = Path(__file__).resolve().parents[1] / "benches"
+    sys.path.insert(0, str(bench_dir))
+    try:
+        import bench_lifecycle
+    finally:
+        sys.path.remove(str(bench_dir))
+    for design in ("xxh3_128", "radix"):
+        assert bench_lifecycle.decode_steps(design, 20, 4) > 0
+        assert bench_lifecycle.async_steps(design, 20) > 0
+        assert bench_lifecycle.append_steps(design, 20) > 0
+        assert bench_lifecycle.prefill(design, True, 1) > 0
+    assert set(bench_lifecycle.int_width(2)) >= {"radix_match_i64", "hash_chain_admit_i32"}
