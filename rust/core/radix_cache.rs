@@ -233,7 +233,8 @@ impl RadixIndex {
         // The common case (a chunk or decode pages past the request's own
         // locked leaf): one new leaf under it, the lock moved down, O(new).
         let pages = &req.blocks[cached / ps..n / ps];
-        if let Some(leaf) = self.tree.extend_locked(req.ext.node, &req.tokens[cached..n], pages) {
+        let ns = req.ext.ns.as_deref();
+        if let Some(leaf) = self.tree.extend_locked(req.ext.node, ns, &req.tokens[cached..n], pages) {
             self.pool.incref(pages);
             req.ext.node = leaf;
             req.ext.cached = n;

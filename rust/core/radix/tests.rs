@@ -819,7 +819,8 @@ fn extend_locked_is_insert_match_relock() {
         a.lock(node);
         a.take_events();
         let mut b = a.clone();
-        let leaf = a.extend_locked(node, &toks[4 * ps..9 * ps], &pages[4..9]).expect("fast path applies");
+        let leaf =
+            a.extend_locked(node, None, &toks[4 * ps..9 * ps], &pages[4..9]).expect("fast path applies");
         b.insert(&toks[..9 * ps], &pages[..9], None, 0, &[], &mut Vec::new()).expect("general path");
         let m = b.match_prefix(&toks[..9 * ps], None, &mut Vec::new());
         b.lock(m.node);
@@ -830,10 +831,36 @@ fn extend_locked_is_insert_match_relock() {
         a.check_invariants().expect("consistent");
         // refused (nothing changed): an existing child with that first page, the root, no lock
         let before = a.dump();
-        assert!(a.extend_locked(node, &toks[4 * ps..5 * ps], &pages[9..10]).is_none());
-        assert!(a.extend_locked(NodeId::ROOT, &toks[..ps], &pages[9..10]).is_none());
-        assert!(a.extend_locked(node, &[99; 1].repeat(ps), &pages[9..10]).is_none(), "lock moved away");
-        assert!(a.extend_locked(leaf, &toks[9 * ps..10 * ps], &pages[0..1]).is_none(), "value in the tree");
+        assert!(a.extend_locked(node, None, &toks[4 * ps..5 * ps], &pages[9..10]).is_none());
+        assert!(a.extend_locked(NodeId::ROOT, None, &toks[..ps], &pages[9..10]).is_none(), "a root child");
+        assert!(a.extend_locked(NodeId::ROOT, Some("new"), &toks[..ps], &pages[9..10]).is_none());
+        assert!(a.extend_locked(node, None, &[99; 1].repeat(ps), &pages[9..10]).is_none(), "lock moved away");
+        assert!(
+            a.extend_locked(leaf, None, &toks[9 * ps..10 * ps], &pages[0..1]).is_none(),
+            "value in the tree"
+        );
         assert_eq!(a.dump(), before);
+    }
+}
+
+/// At the root (a request that holds no lock yet) `extend_locked` is insert + match + lock.
+#[test]
+fn extend_locked_at_the_root_is_insert_match_lock() {
+    for (ps, ns) in [(1usize, None), (4, Some("salt"))] {
+        let mut a = RadixTree::new(ps, Policy::Lru, true).expect("valid");
+        a.insert(&[5; 8], &(1..=8 / ps as u32).map(PageId).collect::<Vec<_>>(), ns, 0, &[], &mut Vec::new())
+            .expect("ns interned");
+        a.take_events();
+        let mut b = a.clone();
+        let toks: Vec<i32> = (0..8).collect();
+        let pages: Vec<PageId> = (20..20 + 8 / ps as u32).map(PageId).collect();
+        let leaf = a.extend_locked(NodeId::ROOT, ns, &toks, &pages).expect("fast path applies");
+        b.insert(&toks, &pages, ns, 0, &[], &mut Vec::new()).expect("general path");
+        let m = b.match_prefix(&toks, ns, &mut Vec::new());
+        b.lock(m.node);
+        assert_eq!(m.node, leaf);
+        assert_eq!(a.dump(), b.dump());
+        assert_eq!(a.take_events(), b.take_events());
+        a.check_invariants().expect("consistent");
     }
 }

@@ -352,28 +352,35 @@ impl RadixTree {
 
     /// Appends a leaf holding `key` / `values` (page-aligned, one value per
     /// page, none in the tree) under `node`, the deepest node of a path the
-    /// caller holds an own lock on, and moves that lock down to the new leaf.
+    /// caller holds an own lock on (or the root, when it holds none; `ns` is
+    /// then the leaf's namespace), and moves that lock down to the new leaf.
     /// The tree, its clock, stamps, counts, sizes and events end up exactly
     /// as after `insert` of the whole path + `key` (which would walk to
     /// `node` and add the same leaf), `match_prefix` of it, `lock(leaf)` and
     /// `unlock(node)`, without walking from the root or re-locking the path:
-    /// O(key + depth) cheap writes. Returns `None`, with nothing changed, when `node` is the
-    /// root, holds no own lock, already has a child starting with `key`'s
-    /// first page, `key` is empty or misaligned, or a value is in the tree
-    /// (the caller then takes the general path).
-    pub fn extend_locked(&mut self, node: NodeId, key: &[i32], values: &[PageId]) -> Option<NodeId> {
+    /// O(key + depth) cheap writes. Returns `None`, with nothing changed, when `node`
+    /// holds no own lock, already has a child starting with `key`'s first
+    /// page, `key` is empty or misaligned, `ns` is new to the tree, or a
+    /// value is in the tree (the caller then takes the general path).
+    pub fn extend_locked(
+        &mut self,
+        node: NodeId,
+        ns: Option<&str>,
+        key: &[i32],
+        values: &[PageId],
+    ) -> Option<NodeId> {
         let ps = self.page_size;
+        let root = node == NodeId::ROOT;
         let n = &self.nodes[node.idx()];
-        if node == NodeId::ROOT
-            || n.own_locks == 0
+        let ns = if root { self.ns.lookup(ns)? } else { n.ns };
+        if (!root && n.own_locks == 0)
             || key.is_empty()
             || !key.len().is_multiple_of(ps)
             || values.len() != key.len() / ps
-            || n.children.contains_key(&child_key(n.ns, &key[..ps]))
+            || n.children.contains_key(&child_key(ns, &key[..ps]))
         {
             return None;
         }
-        let ns = n.ns;
         self.check_values([&[], values, &[]]).ok()?;
         // insert: one tick; every path node counted, the leaf created at it.
         self.clock += 1;
@@ -400,7 +407,9 @@ impl RadixTree {
         self.evictable_size -= key.len();
         self.protected_size += key.len();
         self.update_leaf_status(leaf);
-        self.nodes[node.idx()].own_locks -= 1;
+        if !root {
+            self.nodes[node.idx()].own_locks -= 1;
+        }
         // The caller's match of the new path: a second tick on root, path and leaf.
         self.clock += 1;
         let tick = self.clock;
