@@ -647,3 +647,24 @@ def test_bench_lifecycle_runs_small() -> None:
         assert bench_lifecycle.append_steps(design, 20) > 0
         assert bench_lifecycle.prefill(design, True, 1) > 0
     assert set(bench_lifecycle.int_width(2)) >= {"radix_match_i64", "hash_chain_admit_i32"}
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_huge_counts_are_refused_not_wrapped(kind: str) -> None:
+    """Lookahead, reservations and watermarks near 2**63 are a shortfall (``None``, nothing
+    changed), never an overflow; a huge chunk is just the whole prompt."""
+    c = _setup(kind)
+    big = 2**63 - 1
+    before = _snapshot(c, [1, 2, 3, 4, 5])
+    assert c.admit_chunk(9, _arr(range(8)), lookahead=big) is None
+    assert c.admit_chunk(9, _arr(range(8)), reserved_blocks=big, watermark_blocks=big) is None
+    assert c.admit_chunk(9, _arr(range(8)), must_fit=True, watermark_blocks=big) is None
+    assert c.schedule(1, 2, lookahead=big) is None
+    assert c.schedule(1, 2, reserved_blocks=big) is None
+    assert c.schedule_batch(_arr([1]), _arr([2]), lookahead=big)[0] == 0
+    with pytest.raises(kvindex.KvIndexError):
+        c.schedule(1, big)
+    assert _snapshot(c, [1, 2, 3, 4, 5]) == before
+    res = c.admit_chunk(9, _arr(range(8)), chunk=big)
+    assert res is not None and res[0] + res[1] == 8
+    c.check_invariants()

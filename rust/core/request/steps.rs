@@ -102,7 +102,7 @@ fn check_schedule(l: &Life, known: usize, num_new: usize, num_drafts: usize) -> 
     if num_drafts >= num_new {
         return Err(bad(format!("{num_drafts} drafts must leave a non-draft token of {num_new}")));
     }
-    let end = l.num_computed + num_new - num_drafts;
+    let end = l.num_computed.saturating_add(num_new) - num_drafts;
     let last = known + l.pending;
     if end > last {
         return Err(bad(format!(
@@ -161,16 +161,18 @@ impl<D: PrefixIndex> PrefixCache<D> {
         if let Some(c) = o.chunk {
             n = n.min(c);
         }
-        let refused =
-            (o.must_fit && n_tok.div_ceil(bs).saturating_sub(hit_blocks) + o.watermark_blocks > avail) || {
-                let need = (hit + external + n + o.lookahead).div_ceil(bs) - hit_blocks;
-                need + o.watermark_blocks + o.reserved_blocks > avail
+        let refused = (o.must_fit
+            && n_tok.div_ceil(bs).saturating_sub(hit_blocks).saturating_add(o.watermark_blocks) > avail)
+            || {
+                // Saturating: a huge lookahead or reservation is refused, never wraps.
+                let need = (hit + external + n).saturating_add(o.lookahead).div_ceil(bs) - hit_blocks;
+                need.saturating_add(o.watermark_blocks).saturating_add(o.reserved_blocks) > avail
             };
         if refused {
             self.design.refuse(plan);
             return None;
         }
-        let new = (hit + external + n + o.lookahead).div_ceil(bs) - hit_blocks;
+        let new = (hit + external + n + o.lookahead).div_ceil(bs) - hit_blocks; // fits: checked above
         let admitted = self.design.commit(plan, new);
         Some(Placed {
             admitted,
@@ -331,10 +333,10 @@ impl<D: PrefixIndex> PrefixCache<D> {
         let bs = self.design.block_size();
         let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         let held = req.blocks.len();
-        let slots = req.life.num_computed + num_new + lookahead;
+        let slots = (req.life.num_computed + num_new).saturating_add(lookahead);
         // A decode step usually fits the table it has: no division then.
         let need = if slots <= held * bs { 0 } else { slots.div_ceil(bs) - held };
-        if need + reserved > self.design.num_available() {
+        if need.saturating_add(reserved) > self.design.num_available() {
             return None;
         }
         if need > 0 {
