@@ -303,6 +303,127 @@ class HashChainCache:
         """
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
         """Finishes many requests, in order; all ids are checked first."""
+    def admit_chunk(
+        self,
+        request_id: int,
+        tokens: _Tokens,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+        skip_reading: bool = False,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Admits a new request the way vLLM's scheduler admits a waiting one: looks the
+        prompt up (hit capped at ``num_tokens - 1``, block aligned), takes the
+        ``external_prefix`` tokens beyond the hit as computed elsewhere (an offload tier,
+        a prefill worker), then allocates ``min(rest, chunk)`` tokens plus ``lookahead``
+        slots and caches the full blocks of the scheduled tokens now (other requests hit
+        them from this step on). With ``delay_cache`` and external tokens nothing is
+        scheduled or cached until ``finish_transfer``. ``must_fit``: the whole sequence
+        must fit in the free blocks; ``reserved_blocks`` must stay free;
+        ``watermark_blocks`` (vLLM's watermark, 0 when nothing else is scheduled) counts
+        as used. Returns ``(hit_tokens, scheduled_tokens, new_block_ids)``, or ``None``
+        with nothing changed. ``admit(rid, prompt)`` is ``admit_chunk`` without a chunk.
+        """
+    def resume(
+        self,
+        request_id: int,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Resumes a preempted request with its prompt and outputs so far, as ``admit_chunk``
+        admits a new one (its hits count in :attr:`resumed_stats`). Same answer.
+        """
+    def schedule(
+        self,
+        request_id: int,
+        num_new_tokens: int,
+        *,
+        lookahead: int = 0,
+        draft_tokens: _Tokens | None = None,
+        reserved_blocks: int = 0,
+    ) -> npt.NDArray[np.int32] | None:
+        """Schedules a running request's next prefill chunk or decode step:
+        ``num_new_tokens`` positions (the last ``len(draft_tokens)`` of them speculative
+        drafts) plus ``lookahead`` slots that are never cached. Positions may run ahead of
+        the known ids by the sampled placeholders (async scheduling); full blocks of known
+        ids up to the scheduled positions are cached now. Returns the new block ids, or
+        ``None`` (nothing changed) when blocks, less ``reserved_blocks``, run short.
+        """
+    def schedule_batch(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        num_new_tokens: npt.NDArray[np.int64],
+        *,
+        lookahead: int = 0,
+        draft_tokens: _Tokens | None = None,
+        draft_offsets: npt.NDArray[np.int64] | None = None,
+    ) -> tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """``schedule`` for many running requests in order, one call per step: request ``i``
+        gets ``num_new_tokens[i]`` positions and the drafts
+        ``draft_tokens[draft_offsets[i]:draft_offsets[i+1]]``. Stops at the first request
+        the blocks do not cover (preempt and call again with the rest). Returns
+        ``(num_scheduled, block_ids, block_offsets)``: request ``i``'s new blocks are
+        ``block_ids[block_offsets[i]:block_offsets[i+1]]``. Caller errors are checked for
+        every request before any is scheduled.
+        """
+    def commit_tokens(self, request_id: int, tokens: _Tokens, num_rejected: int = 0) -> None:
+        """Commits the ids sampled for a running request's step in flight: the accepted
+        drafts first, then sampled ids filling the placeholders ``schedule`` reserved;
+        ``num_rejected`` trailing drafts are rolled back (their slots stay in the table,
+        the next step reuses them). A block whose last id is now known is cached at the
+        request's next ``schedule``. Raises ``KvIndexError`` (nothing changed) for ids
+        that do not fit the reserved placeholders.
+        """
+    def commit_batch(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        tokens: _Tokens,
+        offsets: npt.NDArray[np.int64] | None = None,
+        num_rejected: npt.NDArray[np.int64] | None = None,
+    ) -> None:
+        """``commit_tokens`` for many requests, all or nothing: request ``i`` gets
+        ``tokens[offsets[i]:offsets[i+1]]`` (one id each when ``offsets`` is None) and
+        ``num_rejected[i]`` rejected drafts (none when None).
+        """
+    def preempt(self, request_id: int) -> None:
+        """Preempts a request (vLLM's ``_preempt_request``): its blocks return to the pool,
+        its computed positions, drafts and placeholders are dropped; its tokens stay for
+        ``resume``.
+        """
+    def finish(self, request_id: int) -> None:
+        """Finishes (or aborts) a request in any state: its blocks return to the pool and
+        nothing more is cached (``free`` lets the radix cache insert the whole sequence).
+        """
+    def finish_transfer(self, request_id: int) -> None:
+        """The external KV of a ``delay_cache`` admission landed: its computed positions are
+        capped at ``num_tokens - 1``, the blocks up to there are cached, and the request
+        continues with ``schedule``.
+        """
+    def request_state(self, request_id: int) -> dict[str, Any]:
+        """A request's lifecycle counters: ``status`` (``running``, ``preempted``,
+        ``waiting_for_remote_kvs``), ``num_computed`` (positions computed or scheduled),
+        ``num_tokens`` (known ids), ``pending`` (sampled placeholders), ``drafts`` (of the
+        step in flight), ``num_preemptions``.
+        """
+    @property
+    def resumed_stats(self) -> dict[str, float]:
+        """:attr:`stats` of admissions that resumed a preempted request (vLLM's
+        ``preempted_*`` prefix-cache stats), counted apart; ``take_stats`` zeroes them too.
+        """
     def evict_blocks(self, block_ids: _BlockIds) -> int:
         """Drops the cached hashes of idle blocks (they keep their queue position).
         ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
@@ -331,7 +452,9 @@ class HashChainCache:
         concatenated. An output this machine cannot allocate raises ``CapacityError``.
         """
     def num_tokens(self, request_id: int) -> int:
-        """Tokens a running request holds."""
+        """Tokens a running request holds KV positions for (prompt + appended tokens; with
+        the lifecycle calls, the positions computed or scheduled, drafts included).
+        """
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
         """A running request's block table."""
     def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
@@ -428,7 +551,9 @@ class RadixTree:
     def clock(self) -> int:
         """The logical clock (one tick per match/insert)."""
     def match_prefix(self, tokens: _Tokens, namespace: str | None = None) -> MatchResult:
-        """Longest cached page-aligned prefix; stamps the path, may split an edge."""
+        """Longest cached page-aligned prefix; stamps the path, may split an edge. int64 tokens
+        are read in place (a token outside the int32 range matches nothing).
+        """
     def probe(self, tokens: _Tokens, namespace: str | None = None) -> int:
         """Hit length a match would report now; changes nothing."""
     def insert(
@@ -602,6 +727,127 @@ class RadixPrefixCache:
         """
     def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
         """Finishes many requests, in order; all ids are checked first."""
+    def admit_chunk(
+        self,
+        request_id: int,
+        tokens: _Tokens,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+        skip_reading: bool = False,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Admits a new request the way vLLM's scheduler admits a waiting one: looks the
+        prompt up (hit capped at ``num_tokens - 1``, block aligned), takes the
+        ``external_prefix`` tokens beyond the hit as computed elsewhere (an offload tier,
+        a prefill worker), then allocates ``min(rest, chunk)`` tokens plus ``lookahead``
+        slots and caches the full blocks of the scheduled tokens now (other requests hit
+        them from this step on). With ``delay_cache`` and external tokens nothing is
+        scheduled or cached until ``finish_transfer``. ``must_fit``: the whole sequence
+        must fit in the free blocks; ``reserved_blocks`` must stay free;
+        ``watermark_blocks`` (vLLM's watermark, 0 when nothing else is scheduled) counts
+        as used. Returns ``(hit_tokens, scheduled_tokens, new_block_ids)``, or ``None``
+        with nothing changed. ``admit(rid, prompt)`` is ``admit_chunk`` without a chunk.
+        """
+    def resume(
+        self,
+        request_id: int,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Resumes a preempted request with its prompt and outputs so far, as ``admit_chunk``
+        admits a new one (its hits count in :attr:`resumed_stats`). Same answer.
+        """
+    def schedule(
+        self,
+        request_id: int,
+        num_new_tokens: int,
+        *,
+        lookahead: int = 0,
+        draft_tokens: _Tokens | None = None,
+        reserved_blocks: int = 0,
+    ) -> npt.NDArray[np.int32] | None:
+        """Schedules a running request's next prefill chunk or decode step:
+        ``num_new_tokens`` positions (the last ``len(draft_tokens)`` of them speculative
+        drafts) plus ``lookahead`` slots that are never cached. Positions may run ahead of
+        the known ids by the sampled placeholders (async scheduling); full blocks of known
+        ids up to the scheduled positions are cached now. Returns the new block ids, or
+        ``None`` (nothing changed) when blocks, less ``reserved_blocks``, run short.
+        """
+    def schedule_batch(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        num_new_tokens: npt.NDArray[np.int64],
+        *,
+        lookahead: int = 0,
+        draft_tokens: _Tokens | None = None,
+        draft_offsets: npt.NDArray[np.int64] | None = None,
+    ) -> tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int64]]:
+        """``schedule`` for many running requests in order, one call per step: request ``i``
+        gets ``num_new_tokens[i]`` positions and the drafts
+        ``draft_tokens[draft_offsets[i]:draft_offsets[i+1]]``. Stops at the first request
+        the blocks do not cover (preempt and call again with the rest). Returns
+        ``(num_scheduled, block_ids, block_offsets)``: request ``i``'s new blocks are
+        ``block_ids[block_offsets[i]:block_offsets[i+1]]``. Caller errors are checked for
+        every request before any is scheduled.
+        """
+    def commit_tokens(self, request_id: int, tokens: _Tokens, num_rejected: int = 0) -> None:
+        """Commits the ids sampled for a running request's step in flight: the accepted
+        drafts first, then sampled ids filling the placeholders ``schedule`` reserved;
+        ``num_rejected`` trailing drafts are rolled back (their slots stay in the table,
+        the next step reuses them). A block whose last id is now known is cached at the
+        request's next ``schedule``. Raises ``KvIndexError`` (nothing changed) for ids
+        that do not fit the reserved placeholders.
+        """
+    def commit_batch(
+        self,
+        request_ids: npt.NDArray[np.int64],
+        tokens: _Tokens,
+        offsets: npt.NDArray[np.int64] | None = None,
+        num_rejected: npt.NDArray[np.int64] | None = None,
+    ) -> None:
+        """``commit_tokens`` for many requests, all or nothing: request ``i`` gets
+        ``tokens[offsets[i]:offsets[i+1]]`` (one id each when ``offsets`` is None) and
+        ``num_rejected[i]`` rejected drafts (none when None).
+        """
+    def preempt(self, request_id: int) -> None:
+        """Preempts a request (vLLM's ``_preempt_request``): its blocks return to the pool,
+        its computed positions, drafts and placeholders are dropped; its tokens stay for
+        ``resume``.
+        """
+    def finish(self, request_id: int) -> None:
+        """Finishes (or aborts) a request in any state: its blocks return to the pool and
+        nothing more is cached (``free`` lets the radix cache insert the whole sequence).
+        """
+    def finish_transfer(self, request_id: int) -> None:
+        """The external KV of a ``delay_cache`` admission landed: its computed positions are
+        capped at ``num_tokens - 1``, the blocks up to there are cached, and the request
+        continues with ``schedule``.
+        """
+    def request_state(self, request_id: int) -> dict[str, Any]:
+        """A request's lifecycle counters: ``status`` (``running``, ``preempted``,
+        ``waiting_for_remote_kvs``), ``num_computed`` (positions computed or scheduled),
+        ``num_tokens`` (known ids), ``pending`` (sampled placeholders), ``drafts`` (of the
+        step in flight), ``num_preemptions``.
+        """
+    @property
+    def resumed_stats(self) -> dict[str, float]:
+        """:attr:`stats` of admissions that resumed a preempted request (vLLM's
+        ``preempted_*`` prefix-cache stats), counted apart; ``take_stats`` zeroes them too.
+        """
     def evict(self, num_tokens: int) -> int:
         """Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
         returns the tokens evicted (their pages return to the cache's own pool)."""
@@ -628,7 +874,9 @@ class RadixPrefixCache:
         concatenated. An output this machine cannot allocate raises ``CapacityError``.
         """
     def num_tokens(self, request_id: int) -> int:
-        """Tokens a running request holds."""
+        """Tokens a running request holds KV positions for (prompt + appended tokens; with
+        the lifecycle calls, the positions computed or scheduled, drafts included).
+        """
     def num_cached_tokens(self, request_id: int) -> int:
         """Leading tokens of a running request served by cached tree pages."""
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:

@@ -181,6 +181,100 @@ class PrefixCache(Protocol):
         """Finishes several requests (all ids checked first)."""
         ...
 
+    def admit_chunk(
+        self,
+        request_id: int,
+        tokens: Tokens,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+        cache_salt: str | None = None,
+        lora: tuple[str, str] | None = None,
+        mm_items: MmItems = None,
+        skip_reading: bool = False,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Admits a request's first chunk: ``(hit, scheduled, new_block_ids)`` or ``None``."""
+        ...
+
+    def resume(
+        self,
+        request_id: int,
+        *,
+        chunk: int | None = None,
+        lookahead: int = 0,
+        must_fit: bool = False,
+        external_prefix: int = 0,
+        delay_cache: bool = False,
+        reserved_blocks: int = 0,
+        watermark_blocks: int = 0,
+    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
+        """Resumes a preempted request as :meth:`admit_chunk` admits a new one."""
+        ...
+
+    def schedule(
+        self,
+        request_id: int,
+        num_new_tokens: int,
+        *,
+        lookahead: int = 0,
+        draft_tokens: Tokens | None = None,
+        reserved_blocks: int = 0,
+    ) -> npt.NDArray[np.int32] | None:
+        """A running request's next chunk or decode step: new block ids or ``None``."""
+        ...
+
+    def schedule_batch(
+        self,
+        request_ids: Ids,
+        num_new_tokens: Ids,
+        *,
+        lookahead: int = 0,
+        draft_tokens: Tokens | None = None,
+        draft_offsets: Ids | None = None,
+    ) -> tuple[int, npt.NDArray[np.int32], Ids]:
+        """:meth:`schedule` over a CSR batch, stopping at the first refusal."""
+        ...
+
+    def commit_tokens(self, request_id: int, tokens: Tokens, num_rejected: int = 0) -> None:
+        """Sampled ids (accepted drafts first) for the step in flight."""
+        ...
+
+    def commit_batch(
+        self,
+        request_ids: Ids,
+        tokens: Tokens,
+        offsets: Ids | None = None,
+        num_rejected: Ids | None = None,
+    ) -> None:
+        """All-or-nothing :meth:`commit_tokens` over a CSR batch."""
+        ...
+
+    def preempt(self, request_id: int) -> None:
+        """Releases a request's blocks; its tokens stay for :meth:`resume`."""
+        ...
+
+    def finish(self, request_id: int) -> None:
+        """Finishes a request in any state; nothing more is cached."""
+        ...
+
+    def finish_transfer(self, request_id: int) -> None:
+        """The external KV of a ``delay_cache`` admission landed: cache it, run."""
+        ...
+
+    def request_state(self, request_id: int) -> dict[str, Any]:
+        """A request's lifecycle counters."""
+        ...
+
+    @property
+    def resumed_stats(self) -> dict[str, float]:
+        """Statistics of resumed admissions, counted apart."""
+        ...
+
     def block_tables(
         self,
         request_ids: Ids,

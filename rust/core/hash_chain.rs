@@ -17,6 +17,11 @@
 //!   hash, so the next turn of a conversation hits its own generated text.
 //! - [`HashChainCache::free`]: release the request's blocks in reverse table
 //!   order (tails leave the cache first).
+//! - The engine lifecycle (`admit_chunk`, `schedule`, `commit_tokens`, ...,
+//!   see [`crate::core::request`]): the same pool operations in vLLM 0.33's
+//!   order; a block is cached when the step that schedules its tokens is
+//!   (`min(num_computed + num_new, num_tokens)`), so block ids, hits,
+//!   free-queue order and cached hashes equal vLLM's for every chunking.
 //!
 //! # Prefix memo (no re-hashing of cached prefixes)
 //! A scheduler sees the same system prompt in thousands of requests; vLLM
@@ -41,10 +46,11 @@
 //! The request layer's and the pool's (see [`crate::core::block_pool`]), plus:
 //! - the design holds no reference: `ref_cnt(b) == number of request tables
 //!   holding b` for every block;
-//! - for every request, `hashes == chain of the request's tokens`
+//! - for every request, `hashes == chain of the request's known tokens`
 //!   (`num_tokens / block_size` entries);
-//! - table entries `0..num_tokens / block_size` are cached under the
-//!   request's hash for that index; the last, partial block is unhashed;
+//! - table entries `0..num_cached` (at most the hashed blocks and the table)
+//!   are cached under the request's hash for that index; the rest (blocks
+//!   of scheduled-but-uncached tokens, lookahead slots) are unhashed;
 //! - every memo entry names a cached block whose key is that entry's key and
 //!   whose hash is `H(parent, its stored tokens, None)`.
 //!
@@ -89,8 +95,11 @@ pub struct ChainPlan {
     prefix_keys: Vec<u64>,
     /// The hit blocks (the table's first entries), with room for the rest.
     blocks: Vec<BlockId>,
-    /// Blocks to allocate.
-    new: usize,
+    /// Hit blocks sitting in the free queue (pinning them consumes them).
+    free_hits: usize,
+    /// The plan resumes a preempted request (a refusal keeps nothing).
+    resume: bool,
+    id: RequestId,
 }
 
 /// A prompt whose admission ran short of blocks, kept (with its hashes) so the
@@ -254,7 +263,7 @@ impl<T: Token> Reads<T> for HashChainIndex {
         tokens: &[T],
         spec: Cow<'_, KeySpec>,
         skip_reading: bool,
-    ) -> KvResult<Option<ChainPlan>> {
+    ) -> KvResult<ChainPlan> {
         let spec = spec.into_owned();
         let bs = self.block_size;
         let n = tokens.len();
@@ -276,17 +285,8 @@ impl<T: Token> Reads<T> for HashChainIndex {
         if !skip_reading {
             self.hit_blocks(&hashes, self.hit_cap(n), &mut blocks);
         }
-        let new = n.div_ceil(bs) - blocks.len();
         let free_hits = blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
-        if new + free_hits > self.pool.num_free() {
-            // Keep the hashes for the scheduler's retry of the same request.
-            if self.pending.len() == MAX_PENDING {
-                self.pending.pop_front();
-            }
-            self.pending.push_back(Pending { id, tokens: owned, spec, hashes });
-            return Ok(None);
-        }
-        Ok(Some(ChainPlan { tokens: owned, spec, hashes, prefix_keys, blocks, new }))
+        Ok(ChainPlan { tokens: owned, spec, hashes, prefix_keys, blocks, free_hits, resume: false, id })
     }
 }
 
@@ -312,25 +312,55 @@ impl PrefixIndex for HashChainIndex {
         self.pool.num_free()
     }
 
-    /// Pins the hit blocks, allocates the rest from the free-queue head and
-    /// registers every full prompt block.
-    fn commit(&mut self, plan: ChainPlan) -> Admitted<i64, BlockId, ChainState> {
-        let ChainPlan { tokens, spec, hashes, prefix_keys, mut blocks, new } = plan;
+    fn plan_hit(&self, plan: &ChainPlan) -> usize {
+        plan.blocks.len() * self.block_size
+    }
+
+    fn available_after(&self, plan: &ChainPlan) -> usize {
+        self.pool.num_free() - plan.free_hits
+    }
+
+    /// Keeps a new prompt's hashes for the scheduler's retry of the same request.
+    fn refuse(&mut self, plan: ChainPlan) {
+        if plan.resume {
+            return;
+        }
+        if self.pending.len() == MAX_PENDING {
+            self.pending.pop_front();
+        }
+        let ChainPlan { id, tokens, spec, hashes, .. } = plan;
+        self.pending.push_back(Pending { id, tokens, spec, hashes });
+    }
+
+    /// The request's hashes are its token chain already: only the hit run is looked up.
+    fn plan_resume(&mut self, req: &RecordOf<Self>) -> ChainPlan {
+        let st = &req.ext;
+        let n = req.tokens.len();
+        let mut blocks = Vec::with_capacity(n.div_ceil(self.block_size) + 1);
+        if !req.life.skip_reading {
+            self.hit_blocks(&st.hashes, self.hit_cap(n), &mut blocks);
+        }
+        let free_hits = blocks.iter().filter(|&&b| self.pool.is_free(b)).count();
+        ChainPlan {
+            tokens: req.tokens.clone(),
+            spec: (*st.spec).clone(),
+            hashes: st.hashes.clone(),
+            prefix_keys: st.keys.clone(),
+            blocks,
+            free_hits,
+            resume: true,
+            id: req.id,
+        }
+    }
+
+    /// Pins the hit blocks and allocates `new` blocks from the free-queue head.
+    fn commit(&mut self, plan: ChainPlan, new: usize) -> Admitted<i64, BlockId, ChainState> {
+        let ChainPlan { tokens, spec, hashes, prefix_keys, mut blocks, .. } = plan;
         let k = blocks.len();
         self.pool.touch(&blocks);
         self.pool.allocate(new, &mut blocks);
         self.forget_evicted();
-        let mut ext = ChainState { num_cached: k, hashes, spec: Box::new(spec), keys: prefix_keys };
-        let memo = self.use_memo.then_some(&mut self.memo);
-        cache_new_full_blocks(
-            &mut self.pool,
-            memo,
-            self.hasher.none_hash(),
-            self.block_size,
-            &tokens,
-            &blocks,
-            &mut ext,
-        );
+        let ext = ChainState { num_cached: k, hashes, spec: Box::new(spec), keys: prefix_keys };
         Admitted { tokens, blocks, ext, hit_tokens: k * self.block_size }
     }
 
@@ -355,15 +385,50 @@ impl PrefixIndex for HashChainIndex {
             }
             let nh = self.hasher.none_hash();
             let memo = self.use_memo.then_some(&mut self.memo);
-            cache_new_full_blocks(&mut self.pool, memo, nh, bs, &req.tokens, &req.blocks, st);
+            let full = st.hashes.len().min(req.blocks.len());
+            cache_new_full_blocks(&mut self.pool, memo, nh, bs, &req.tokens, &req.blocks, st, full);
         }
     }
 
-    /// Releases the blocks in reverse table order (tails leave the cache first).
-    fn release(&mut self, req: RecordOf<Self>) {
+    /// Hashes the full blocks the committed ids complete (vLLM's request
+    /// block hasher runs when output ids are appended).
+    #[inline]
+    fn tokens_added(&mut self, req: &mut RecordOf<Self>) {
+        let bs = self.block_size;
+        let st = &mut req.ext;
+        if req.tokens.len() >= (st.hashes.len() + 1) * bs {
+            self.hasher.extend_chain(&req.tokens, bs, &st.spec, &mut st.hashes);
+            if self.use_memo {
+                extend_prefix_keys(&req.tokens, bs, &mut st.keys);
+            }
+        }
+    }
+
+    /// Caches table entries `num_cached..min(upto / block_size, hashed, table)`.
+    #[inline]
+    fn cache_to(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        let bs = self.block_size;
+        // Most steps complete no block: no division then.
+        if upto < (req.ext.num_cached + 1) * bs {
+            return;
+        }
+        let full = (upto / bs).min(req.ext.hashes.len()).min(req.blocks.len());
+        if full > req.ext.num_cached {
+            let nh = self.hasher.none_hash();
+            let memo = self.use_memo.then_some(&mut self.memo);
+            let bs = self.block_size;
+            cache_new_full_blocks(&mut self.pool, memo, nh, bs, &req.tokens, &req.blocks, &mut req.ext, full);
+        }
+    }
+
+    /// Releases the blocks in reverse table order (tails leave the cache
+    /// first); their hashes stay cached.
+    fn release(&mut self, req: &mut RecordOf<Self>, _insert: bool) {
         let mut scratch = std::mem::take(&mut self.scratch_blocks);
         self.pool.free(req.blocks.iter().rev().copied(), &mut scratch);
         self.scratch_blocks = scratch;
+        req.blocks.clear();
+        req.ext.num_cached = 0;
     }
 
     fn reset(&mut self) -> KvResult<()> {
@@ -416,13 +481,14 @@ impl PrefixIndex for HashChainIndex {
         let bs = self.block_size;
         let mut hasher = self.hasher.clone();
         for r in reqs {
-            let (id, st, n) = (r.id, &r.ext, r.tokens.len());
+            let (id, st) = (r.id, &r.ext);
             ensure_inv!(
-                st.num_cached == n / bs,
-                "request {}: {} cached of {} full",
+                st.num_cached <= st.hashes.len() && st.num_cached <= r.blocks.len(),
+                "request {}: {} cached of {} hashed, {} held",
                 id.0,
                 st.num_cached,
-                n / bs
+                st.hashes.len(),
+                r.blocks.len()
             );
             let mut chain = Vec::new();
             hasher.extend_chain(&r.tokens, bs, &st.spec, &mut chain);
@@ -573,9 +639,11 @@ fn event_key(k: &ExtraKey<'_>) -> EventKey {
     }
 }
 
-/// Registers table entries `num_cached..num_full` of a request (`tokens`,
-/// table `blocks`, state `req`) under their hashes, memoises those without
-/// extra keys, and emits one `BlockStored` for the run. O(new full blocks).
+/// Registers table entries `num_cached..full` of a request (`tokens`,
+/// table `blocks`, state `req`; `full` at most its hashed blocks and its
+/// table) under their hashes, memoises those without extra keys, and emits
+/// one `BlockStored` for the run. O(new full blocks).
+#[allow(clippy::too_many_arguments)]
 fn cache_new_full_blocks(
     pool: &mut BlockPool,
     mut memo: Option<&mut Memo>,
@@ -584,8 +652,8 @@ fn cache_new_full_blocks(
     tokens: &[i64],
     blocks: &[BlockId],
     req: &mut ChainState,
+    full: usize,
 ) {
-    let full = tokens.len() / bs;
     let start = req.num_cached;
     if start >= full {
         return;

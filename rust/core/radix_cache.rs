@@ -19,6 +19,12 @@
 //!   `cache_unfinished_req`): insert the request's full pages now, so other
 //!   requests can hit them while it runs; its duplicates switch to the
 //!   tree's pages and its lock moves down to the new node.
+//! - The engine lifecycle (`admit_chunk`, `schedule`, `commit_tokens`, ...,
+//!   see [`crate::core::request`]): a chunk's full pages enter the tree as
+//!   SGLang's per-chunk `cache_unfinished_req` inserts them, at the moment
+//!   the hash chain caches the same blocks (the step that schedules them),
+//!   so both designs see the same cacheable tokens at the same moments;
+//!   `finish` inserts nothing more.
 //! - [`RadixPrefixCache::free`] (finish; SGLang `cache_finished_req`):
 //!   insert the whole sequence's full pages, unlock, and drop the request's
 //!   references: duplicates of pages the tree already had and the partial
@@ -60,7 +66,7 @@ use std::borrow::Cow;
 
 use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
-use crate::core::hash::KeySpec;
+use crate::core::hash::{KeySpec, Token};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::page_pool::PagePool;
 use crate::core::radix::{NodeId, Policy, RadixTree};
@@ -86,8 +92,8 @@ pub struct RadixPlan {
     cap: usize,
     /// Tokens the probe hit.
     hit: usize,
-    /// Pages to allocate.
-    need: usize,
+    /// Evictable tokens the hit would lock.
+    lockable: usize,
 }
 
 /// The tree namespace of a key spec: `None` without LoRA and salt, else a
@@ -194,11 +200,12 @@ impl RadixIndex {
         assert!(self.pool.num_free() >= need, "evictable tree pages are held by the tree alone");
     }
 
-    /// Inserts the full pages of a request into the tree; the tree takes a
-    /// reference on the pages it adopts. Returns the full-page token count.
-    fn insert_request(&mut self, tokens: &[i32], pages: &[PageId], ns: Option<&str>) -> usize {
+    /// Inserts the full pages of a request (of its first `upto` tokens, at
+    /// most its table) into the tree; the tree takes a reference on the
+    /// pages it adopts. Returns the full-page token count.
+    fn insert_request(&mut self, tokens: &[i32], pages: &[PageId], ns: Option<&str>, upto: usize) -> usize {
         let ps = self.page_size;
-        let full = tokens.len() / ps;
+        let full = (upto.min(tokens.len()) / ps).min(pages.len());
         let mut dups = std::mem::take(&mut self.scratch);
         dups.clear();
         let prefix = self
@@ -210,10 +217,30 @@ impl RadixIndex {
         full * ps
     }
 
-    /// Inserts a running request's full pages now; see
-    /// [`RadixPrefixCache::checkpoint`].
-    fn checkpoint(&mut self, req: &mut RecordOf<Self>) {
-        let full_tokens = self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref());
+    /// Inserts a running request's full pages (of its first `upto` tokens)
+    /// now; see [`RadixPrefixCache::checkpoint`].
+    fn checkpoint(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        let ps = self.page_size;
+        let cached = req.ext.cached;
+        // Most steps complete no page: no division then.
+        if upto.min(req.tokens.len()) < cached + ps {
+            return;
+        }
+        let n = (upto.min(req.tokens.len()) / ps).min(req.blocks.len()) * ps;
+        if n <= cached {
+            return;
+        }
+        // The common case (a chunk or decode pages past the request's own
+        // locked leaf): one new leaf under it, the lock moved down, O(new).
+        let pages = &req.blocks[cached / ps..n / ps];
+        let ns = req.ext.ns.as_deref();
+        if let Some(leaf) = self.tree.extend_locked(req.ext.node, ns, &req.tokens[cached..n], pages) {
+            self.pool.incref(pages);
+            req.ext.node = leaf;
+            req.ext.cached = n;
+            return;
+        }
+        let full_tokens = self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref(), upto);
         if full_tokens > req.ext.cached {
             let mut tree_pages = std::mem::take(&mut self.scratch);
             tree_pages.clear();
@@ -233,6 +260,14 @@ impl RadixIndex {
             req.ext.node = m.node;
             req.ext.cached = full_tokens;
         }
+    }
+
+    /// Probes `tokens` (cut to `num_tokens - 1`, page-aligned; nothing with
+    /// `skip_reading`). Changes nothing, not even recency.
+    fn plan(&mut self, tokens: Vec<i32>, ns: Option<String>, skip_reading: bool) -> RadixPlan {
+        let cap = if skip_reading { 0 } else { self.hit_cap(tokens.len()) };
+        let probe = self.tree.probe(&tokens[..cap], ns.as_deref());
+        RadixPlan { tokens, ns, cap, hit: probe.len, lockable: probe.lockable }
     }
 
     /// Evicts unlocked tree leaves; see [`RadixPrefixCache::evict`].
@@ -269,17 +304,9 @@ impl Reads<i32> for RadixIndex {
         tokens: &[i32],
         spec: Cow<'_, KeySpec>,
         skip_reading: bool,
-    ) -> KvResult<Option<RadixPlan>> {
+    ) -> KvResult<RadixPlan> {
         let ns = namespace(&spec)?;
-        let ps = self.page_size;
-        let n = tokens.len();
-        let cap = if skip_reading { 0 } else { self.hit_cap(n) };
-        let probe = self.tree.probe(&tokens[..cap], ns.as_deref());
-        let need = n.div_ceil(ps) - probe.len / ps;
-        if need > self.pool.num_free() + (self.tree.evictable_size() - probe.lockable) / ps {
-            return Ok(None);
-        }
-        Ok(Some(RadixPlan { tokens: tokens.to_vec(), ns, cap, hit: probe.len, need }))
+        Ok(self.plan(tokens.to_vec(), ns, skip_reading))
     }
 }
 
@@ -305,10 +332,23 @@ impl PrefixIndex for RadixIndex {
         self.num_free_blocks()
     }
 
+    fn plan_hit(&self, plan: &RadixPlan) -> usize {
+        plan.hit
+    }
+
+    /// Free plus evictable pages, less the evictable pages the hit would lock.
+    fn available_after(&self, plan: &RadixPlan) -> usize {
+        self.pool.num_free() + (self.tree.evictable_size() - plan.lockable) / self.page_size
+    }
+
+    fn plan_resume(&mut self, req: &RecordOf<Self>) -> RadixPlan {
+        self.plan(req.tokens.clone(), req.ext.ns.as_deref().map(String::from), req.life.skip_reading)
+    }
+
     /// Matches and locks the hit path, references its pages and allocates
-    /// the rest (evicting unlocked leaves for the shortfall).
-    fn commit(&mut self, plan: RadixPlan) -> Admitted<i32, PageId, RadixState> {
-        let RadixPlan { tokens, ns, cap, hit, need } = plan;
+    /// `need` more (evicting unlocked leaves for the shortfall).
+    fn commit(&mut self, plan: RadixPlan, need: usize) -> Admitted<i32, PageId, RadixState> {
+        let RadixPlan { tokens, ns, cap, hit, .. } = plan;
         let mut pages = Vec::with_capacity(tokens.len().div_ceil(self.page_size) + 1);
         let m = self.tree.match_prefix(&tokens[..cap], ns.as_deref(), &mut pages);
         assert_eq!(m.len, hit, "match hits what the probe saw");
@@ -326,17 +366,36 @@ impl PrefixIndex for RadixIndex {
         self.pool.alloc(n, table);
     }
 
-    /// Nothing enters the tree while a request runs (unless checkpointed).
+    /// Today's calls: nothing enters the tree while a request runs (unless
+    /// checkpointed).
     #[inline]
     fn appended(&mut self, _req: &mut RecordOf<Self>, _had_full: usize) {}
 
-    /// Inserts the whole sequence's full pages, unlocks the request's path
-    /// and drops its page references: duplicates of pages the tree already
-    /// had and the partial last page return to the pool.
-    fn release(&mut self, req: RecordOf<Self>) {
-        self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref());
+    #[inline]
+    fn tokens_added(&mut self, _req: &mut RecordOf<Self>) {}
+
+    /// SGLang's per-chunk `cache_unfinished_req`, at the moment vLLM caches:
+    /// the full pages of the first `upto` tokens enter the tree, the
+    /// request's duplicates switch to the tree's pages, its lock moves down.
+    #[inline]
+    fn cache_to(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        self.checkpoint(req, upto);
+    }
+
+    /// With `insert` (today's `free`), inserts the sequence's full pages
+    /// first; then unlocks the request's path and drops its page
+    /// references: duplicates of pages the tree already had and pages it
+    /// never adopted return to the pool.
+    fn release(&mut self, req: &mut RecordOf<Self>, insert: bool) {
+        if insert {
+            let upto = req.life.num_computed;
+            self.insert_request(&req.tokens, &req.blocks, req.ext.ns.as_deref(), upto);
+        }
         self.tree.unlock(req.ext.node).expect("a request holds its lock");
         self.pool.decref(&req.blocks);
+        req.blocks.clear();
+        req.ext.node = NodeId::ROOT;
+        req.ext.cached = 0;
     }
 
     /// Drops the whole tree (its pages return to the pool, in id order).
@@ -482,7 +541,8 @@ impl RadixPrefixCache {
     /// `UnknownRequest`.
     pub fn checkpoint(&mut self, id: RequestId) -> KvResult<()> {
         let (design, req) = self.get_mut(id)?;
-        design.checkpoint(req);
+        let upto = req.life.num_computed;
+        design.checkpoint(req, upto);
         Ok(())
     }
 
@@ -491,6 +551,19 @@ impl RadixPrefixCache {
     /// Returns the tokens evicted. O(log L + pages) per leaf.
     pub fn evict(&mut self, num_tokens: usize) -> usize {
         self.design_mut().evict(num_tokens)
+    }
+
+    /// Tokens a prompt would hit now, for token ids of any integer type (an
+    /// int64 query is compared in place, no narrowed copy; a token outside
+    /// the int32 range hits nothing from there on). O(prompt tokens).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for a key spec with multimodal items.
+    pub fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
+        let ns = namespace(spec)?;
+        let d = self.design_mut();
+        let cap = d.hit_cap(tokens.len());
+        Ok(d.tree.probe(&tokens[..cap], ns.as_deref()).len)
     }
 
     /// Leading tokens of request `id` served by (locked) tree pages.

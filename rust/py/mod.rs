@@ -13,6 +13,7 @@ pub mod events;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
+pub mod lifecycle;
 pub mod radix;
 pub mod request_cache;
 

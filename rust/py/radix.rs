@@ -298,7 +298,8 @@ impl PyRadixCache {
         self.inner.clock()
     }
 
-    /// Longest cached page-aligned prefix; stamps the path, may split an edge.
+    /// Longest cached page-aligned prefix; stamps the path, may split an edge. int64 tokens
+    /// are read in place (a token outside the int32 range matches nothing).
     #[pyo3(signature = (tokens, namespace = None))]
     fn match_prefix(
         &mut self,
@@ -309,8 +310,9 @@ impl PyRadixCache {
         let ps = self.inner.page_size();
         let m = {
             // SAFETY: the view lives to the end of this block; only Rust runs there.
-            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-            self.inner.match_nodes(&toks, namespace)
+            let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+            // int64 tokens are compared in place (no narrowed copy).
+            arrays::with_tokens!(arr, s => self.inner.match_nodes(s, namespace))
         };
         // The output is sized by the match, then filled from the tree's
         // values in place (no intermediate buffer, no zeroing).
@@ -326,8 +328,8 @@ impl PyRadixCache {
     #[pyo3(signature = (tokens, namespace = None))]
     fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
         // SAFETY: the view is used by Rust code only and dropped on return.
-        let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-        Ok(self.inner.probe(&toks, namespace).len)
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+        Ok(arrays::with_tokens!(arr, s => self.inner.probe(s, namespace).len))
     }
 
     /// Inserts a sequence with one slot per token; returns the present prefix and the

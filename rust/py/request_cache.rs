@@ -19,7 +19,7 @@ use crate::core::hash::KeySpec;
 use crate::core::hash_chain::HashChainCache;
 use crate::core::ids::{RequestId, TableEntry};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
-use crate::core::request::Stats;
+use crate::core::request::{Scheduled, Stats, StepOpts};
 use crate::core::tables::TableSource;
 
 use super::arrays::{with_tokens, TokenArray};
@@ -52,6 +52,34 @@ pub trait Design: TableSource {
     /// # Errors
     /// As the core cache's `append_batch`.
     fn append_batch(&mut self, ids: &[u64], toks: TokenArray<'_>, offsets: Option<&[i64]>) -> KvResult<bool>;
+    /// Admits a request's first chunk (see the core's `admit_chunk`).
+    ///
+    /// # Errors
+    /// As the core cache's `admit_chunk`.
+    fn admit_chunk(
+        &mut self,
+        id: RequestId,
+        toks: TokenArray<'_>,
+        spec: KeySpec,
+        skip: bool,
+        opts: &StepOpts,
+    ) -> KvResult<Option<Scheduled>>;
+    /// Commits sampled ids (see the core's `commit_tokens`).
+    ///
+    /// # Errors
+    /// As the core cache's `commit_tokens`.
+    fn commit_tokens(&mut self, id: RequestId, toks: TokenArray<'_>, num_rejected: usize) -> KvResult<()>;
+    /// Commits a CSR batch of sampled ids, all or nothing.
+    ///
+    /// # Errors
+    /// As the core cache's `commit_batch`.
+    fn commit_batch(
+        &mut self,
+        ids: &[u64],
+        toks: TokenArray<'_>,
+        offsets: Option<&[i64]>,
+        num_rejected: Option<&[i64]>,
+    ) -> KvResult<()>;
     /// Makes the request's full blocks hittable now.
     ///
     /// # Errors
@@ -153,6 +181,28 @@ impl Design for HashChainCache {
     fn append_batch(&mut self, ids: &[u64], toks: TokenArray<'_>, offsets: Option<&[i64]>) -> KvResult<bool> {
         with_tokens!(toks, s => HashChainCache::append_batch(self, ids, s, offsets))
     }
+    fn admit_chunk(
+        &mut self,
+        id: RequestId,
+        toks: TokenArray<'_>,
+        spec: KeySpec,
+        skip: bool,
+        opts: &StepOpts,
+    ) -> KvResult<Option<Scheduled>> {
+        with_tokens!(toks, s => HashChainCache::admit_chunk(self, id, s, spec, skip, opts))
+    }
+    fn commit_tokens(&mut self, id: RequestId, toks: TokenArray<'_>, num_rejected: usize) -> KvResult<()> {
+        with_tokens!(toks, s => HashChainCache::commit_tokens(self, id, s, num_rejected))
+    }
+    fn commit_batch(
+        &mut self,
+        ids: &[u64],
+        toks: TokenArray<'_>,
+        offsets: Option<&[i64]>,
+        num_rejected: Option<&[i64]>,
+    ) -> KvResult<()> {
+        with_tokens!(toks, s => HashChainCache::commit_batch(self, ids, s, offsets, num_rejected))
+    }
     fn checkpoint(&mut self, id: RequestId) -> KvResult<()> {
         // Full blocks are cached as they fill: only the id is checked.
         self.num_tokens(id).map(|_| ())
@@ -215,8 +265,31 @@ impl Design for RadixPrefixCache {
     ) -> KvResult<Option<usize>> {
         as_i32(toks, |s| RadixPrefixCache::admit(self, id, s, &spec, skip))
     }
+    /// An int64 prompt is compared in place (no narrowed copy).
     fn lookup(&mut self, toks: TokenArray<'_>, spec: &KeySpec) -> KvResult<usize> {
-        as_i32(toks, |s| RadixPrefixCache::lookup(self, s, spec))
+        with_tokens!(toks, s => RadixPrefixCache::lookup_tokens(self, s, spec))
+    }
+    fn admit_chunk(
+        &mut self,
+        id: RequestId,
+        toks: TokenArray<'_>,
+        spec: KeySpec,
+        skip: bool,
+        opts: &StepOpts,
+    ) -> KvResult<Option<Scheduled>> {
+        as_i32(toks, |s| RadixPrefixCache::admit_chunk(self, id, s, &spec, skip, opts))
+    }
+    fn commit_tokens(&mut self, id: RequestId, toks: TokenArray<'_>, num_rejected: usize) -> KvResult<()> {
+        as_i32(toks, |s| RadixPrefixCache::commit_tokens(self, id, s, num_rejected))
+    }
+    fn commit_batch(
+        &mut self,
+        ids: &[u64],
+        toks: TokenArray<'_>,
+        offsets: Option<&[i64]>,
+        num_rejected: Option<&[i64]>,
+    ) -> KvResult<()> {
+        as_i32(toks, |s| RadixPrefixCache::commit_batch(self, ids, s, offsets, num_rejected))
     }
     fn append(&mut self, id: RequestId, toks: TokenArray<'_>) -> KvResult<bool> {
         as_i32(toks, |s| RadixPrefixCache::append(self, id, s))
@@ -239,9 +312,15 @@ impl Design for RadixPrefixCache {
 }
 
 /// Writes the `#[pymethods]` block of a request-level cache class: the
-/// methods every such class shares, then the class's own (`$own`).
+/// methods every such class shares, the engine-lifecycle methods
+/// ([`super::lifecycle::lifecycle_methods!`], passed back to the `@emit` arm
+/// so that one `#[pymethods]` block sees them all), then the class's own
+/// (`$own`).
 macro_rules! request_cache_class {
     ($cls:ident { $($own:tt)* }) => {
+        $crate::py::lifecycle::lifecycle_methods!($cls { $($own)* });
+    };
+    (@emit $cls:ident { $($own:tt)* }) => {
         #[pymethods]
         impl $cls {
             /// Blocks in the pool, the null block 0 included.
@@ -490,7 +569,8 @@ macro_rules! request_cache_class {
                 a.run(slf.py(), &me.inner)
             }
 
-            /// Tokens a running request holds.
+            /// Tokens a running request holds KV positions for (prompt + appended tokens; with
+            /// the lifecycle calls, the positions computed or scheduled, drafts included).
             fn num_tokens(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);

@@ -166,12 +166,30 @@ pub trait Token: Copy + Send + Sync {
     const ALWAYS_NARROW: bool = false;
     /// The token as i64.
     fn get(self) -> i64;
+    /// The token as i32, `None` when out of range.
+    #[inline]
+    fn narrow(self) -> Option<i32> {
+        i32::try_from(self.get()).ok()
+    }
+    /// The slice itself when the type is i32 (a free view), else `None`.
+    #[inline]
+    fn as_i32(_s: &[Self]) -> Option<&[i32]> {
+        None
+    }
 }
 impl Token for i32 {
     const ALWAYS_NARROW: bool = true;
     #[inline]
     fn get(self) -> i64 {
         i64::from(self)
+    }
+    #[inline]
+    fn narrow(self) -> Option<i32> {
+        Some(self)
+    }
+    #[inline]
+    fn as_i32(s: &[Self]) -> Option<&[i32]> {
+        Some(s)
     }
 }
 impl Token for i64 {
@@ -253,7 +271,14 @@ impl BlockHasher {
         out: &mut Vec<BlockHash>,
     ) {
         let nfull = tokens.len() / block_size;
-        if self.algo.serial() == Serial::Compact && spec.is_empty() && T::ALWAYS_NARROW {
+        // int64 ids that all fit in int32 (the usual case) serialise as int32
+        // ones do: one branch-free range pass, then the same fast path.
+        let narrow = || {
+            tokens[out.len().min(nfull) * block_size..nfull * block_size]
+                .iter()
+                .fold(true, |acc, t| acc & (i64::from(t.get() as i32) == t.get()))
+        };
+        if self.algo.serial() == Serial::Compact && spec.is_empty() && (T::ALWAYS_NARROW || narrow()) {
             self.extend_compact_narrow(tokens, block_size, nfull, out);
             return;
         }

@@ -88,6 +88,29 @@ impl Node {
     }
 }
 
+/// [`child_key`] of a query page of any token type: `None` when a token does
+/// not fit in i32 (no edge can start with it). No copy.
+#[inline]
+pub(super) fn child_key_of<T: crate::core::hash::Token>(ns: Ns, page: &[T]) -> Option<u64> {
+    if let Some(p) = T::as_i32(page) {
+        return Some(child_key(ns, p));
+    }
+    #[cfg(test)]
+    if FORCE_COLLISIONS.with(std::cell::Cell::get) {
+        return Some(u64::from(ns.0));
+    }
+    if let [t] = page {
+        #[allow(clippy::cast_sign_loss)]
+        return Some((u64::from(ns.0) << 32) | u64::from(t.narrow()? as u32));
+    }
+    let mut h = rustc_hash::FxHasher::default();
+    h.write_u32(ns.0);
+    for &t in page {
+        h.write_i32(t.narrow()?);
+    }
+    Some(h.finish())
+}
+
 /// The key a child is filed under in its parent's map: from its namespace and
 /// first page (`page` is the first `page_size` tokens). With `page_size == 1`
 /// the key is exact (`ns << 32 | token`); with larger pages it is a hash of the

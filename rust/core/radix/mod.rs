@@ -127,7 +127,7 @@ pub use namespace::Ns;
 #[cfg(test)]
 use values::mark_all;
 use values::unmark_all;
-pub use walk::common_prefix;
+pub use walk::{common_prefix, common_prefix_of};
 
 /// Index of a node in the tree's arena. The root is [`NodeId::ROOT`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]

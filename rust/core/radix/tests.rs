@@ -776,3 +776,91 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn wide_queries_match_as_their_narrow_copies() {
+    use super::common_prefix_of;
+    for ps in [1usize, 4] {
+        let mut t = RadixTree::new(ps, Policy::Lru, false).expect("valid");
+        let key: Vec<i32> = (0..200).map(|i| i * 7 - 100).collect();
+        let vals: Vec<PageId> = (1..=200 / ps as u32).map(PageId).collect();
+        t.insert(&key, &vals, None, 0, &[], &mut Vec::new()).expect("fresh");
+        let wide: Vec<i64> = key.iter().map(|&x| i64::from(x)).collect();
+        for cut in [0, 1, 5, 17, 40, 63, 64, 71, 100, 128, 135, 199, 200] {
+            let mut q = wide.clone();
+            if cut < q.len() {
+                q[cut] += 1 << 40; // out of i32 range: equals no key token
+            }
+            assert_eq!(t.probe(&q, None).len, cut / ps * ps);
+            assert_eq!(common_prefix_of(&key, &q), cut);
+            let mut out = Vec::new();
+            assert_eq!(t.match_prefix(&q, None, &mut out).len, cut / ps * ps);
+            assert_eq!(out, vals[..cut / ps]);
+        }
+    }
+}
+
+/// `extend_locked` leaves the tree (dump: clock, stamps, counts, locks, sizes),
+/// its events and its invariants exactly as the general path does: insert the
+/// whole path, match it, lock the new node, unlock the old one.
+#[test]
+fn extend_locked_is_insert_match_relock() {
+    for ps in [1usize, 4] {
+        let mut a = RadixTree::new(ps, Policy::Lru, true).expect("valid");
+        let toks: Vec<i32> = (0..12 * ps as i32).collect();
+        let pages: Vec<PageId> = (1..=12).map(PageId).collect();
+        a.insert(&toks[..4 * ps], &pages[..4], None, 0, &[], &mut Vec::new()).expect("fresh");
+        // a sibling branch another request left behind
+        let other: Vec<i32> = toks[..4 * ps].iter().copied().chain(std::iter::repeat_n(-7, 2 * ps)).collect();
+        let other_pages: Vec<PageId> = pages[..4].iter().copied().chain([PageId(40), PageId(41)]).collect();
+        a.insert(&other, &other_pages, None, 0, &[], &mut Vec::new()).expect("a branch");
+        let mut out = Vec::new();
+        let node = a.match_prefix(&toks[..4 * ps], None, &mut out).node;
+        a.lock(node);
+        a.take_events();
+        let mut b = a.clone();
+        let leaf =
+            a.extend_locked(node, None, &toks[4 * ps..9 * ps], &pages[4..9]).expect("fast path applies");
+        b.insert(&toks[..9 * ps], &pages[..9], None, 0, &[], &mut Vec::new()).expect("general path");
+        let m = b.match_prefix(&toks[..9 * ps], None, &mut Vec::new());
+        b.lock(m.node);
+        b.unlock(node).expect("held");
+        assert_eq!(m.node, leaf);
+        assert_eq!(a.dump(), b.dump());
+        assert_eq!(a.take_events(), b.take_events());
+        a.check_invariants().expect("consistent");
+        // refused (nothing changed): an existing child with that first page, the root, no lock
+        let before = a.dump();
+        assert!(a.extend_locked(node, None, &toks[4 * ps..5 * ps], &pages[9..10]).is_none());
+        assert!(a.extend_locked(NodeId::ROOT, None, &toks[..ps], &pages[9..10]).is_none(), "a root child");
+        assert!(a.extend_locked(NodeId::ROOT, Some("new"), &toks[..ps], &pages[9..10]).is_none());
+        assert!(a.extend_locked(node, None, &[99; 1].repeat(ps), &pages[9..10]).is_none(), "lock moved away");
+        assert!(
+            a.extend_locked(leaf, None, &toks[9 * ps..10 * ps], &pages[0..1]).is_none(),
+            "value in the tree"
+        );
+        assert_eq!(a.dump(), before);
+    }
+}
+
+/// At the root (a request that holds no lock yet) `extend_locked` is insert + match + lock.
+#[test]
+fn extend_locked_at_the_root_is_insert_match_lock() {
+    for (ps, ns) in [(1usize, None), (4, Some("salt"))] {
+        let mut a = RadixTree::new(ps, Policy::Lru, true).expect("valid");
+        a.insert(&[5; 8], &(1..=8 / ps as u32).map(PageId).collect::<Vec<_>>(), ns, 0, &[], &mut Vec::new())
+            .expect("ns interned");
+        a.take_events();
+        let mut b = a.clone();
+        let toks: Vec<i32> = (0..8).collect();
+        let pages: Vec<PageId> = (20..20 + 8 / ps as u32).map(PageId).collect();
+        let leaf = a.extend_locked(NodeId::ROOT, ns, &toks, &pages).expect("fast path applies");
+        b.insert(&toks, &pages, ns, 0, &[], &mut Vec::new()).expect("general path");
+        let m = b.match_prefix(&toks, ns, &mut Vec::new());
+        b.lock(m.node);
+        assert_eq!(m.node, leaf);
+        assert_eq!(a.dump(), b.dump());
+        assert_eq!(a.take_events(), b.take_events());
+        a.check_invariants().expect("consistent");
+    }
+}

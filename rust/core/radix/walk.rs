@@ -17,10 +17,11 @@
 //! plus O(hit pages) to copy values; a split moves O(edge) tokens.
 //! `insert`: the walk, O(prefix pages) to find duplicates and O(new pages).
 
-use super::arena::{child_key, Kids};
+use super::arena::{child_key, child_key_of, Kids};
 use super::values::same_values;
 use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
 use crate::core::error::{KvError, KvResult};
+use crate::core::hash::Token;
 use crate::core::ids::PageId;
 
 /// Length of the common prefix of `a` and `b`. Galloping: compares windows of
@@ -55,15 +56,54 @@ pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
     n
 }
 
+/// [`common_prefix`] of a key and a query of any token type, without a copy:
+/// an i32 query is compared with memcmp, a wider one in chunks (64, then 8
+/// tokens) whose differences are OR-ed branch-free, so the loop vectorises;
+/// the first differing chunk is then scanned. A query token that does not
+/// fit in i32 equals no key token. O(common prefix).
+#[must_use]
+pub fn common_prefix_of<T: Token>(a: &[i32], b: &[T]) -> usize {
+    #[inline]
+    fn differs<T: Token, const N: usize>(x: &[i32; N], y: &[T; N]) -> bool {
+        x.iter().zip(y).fold(0i64, |acc, (&p, &q)| acc | (i64::from(p) ^ q.get())) != 0
+    }
+    if let Some(b) = T::as_i32(b) {
+        return common_prefix(a, b);
+    }
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut i = 0;
+    while i + 64 <= n {
+        let x: &[i32; 64] = a[i..i + 64].try_into().expect("64 tokens");
+        let y: &[T; 64] = b[i..i + 64].try_into().expect("64 tokens");
+        if differs(x, y) {
+            break;
+        }
+        i += 64;
+    }
+    while i + 8 <= n {
+        let x: &[i32; 8] = a[i..i + 8].try_into().expect("8 tokens");
+        let y: &[T; 8] = b[i..i + 8].try_into().expect("8 tokens");
+        if differs(x, y) {
+            break;
+        }
+        i += 8;
+    }
+    while i < n && i64::from(a[i]) == b[i].get() {
+        i += 1;
+    }
+    i
+}
+
 impl RadixTree {
     /// Finds the child of `node` in namespace `ns` whose edge shares at least
     /// one page with `q` (non-empty, page-aligned); returns it and the
     /// page-aligned common prefix length. O(common prefix).
-    pub(super) fn find_child(&self, node: NodeId, ns: Ns, q: &[i32]) -> Option<(NodeId, usize)> {
+    pub(super) fn find_child<T: Token>(&self, node: NodeId, ns: Ns, q: &[T]) -> Option<(NodeId, usize)> {
         let ps = self.page_size;
-        let kids = self.nodes[node.idx()].children.get(&child_key(ns, &q[..ps]))?;
+        let kids = self.nodes[node.idx()].children.get(&child_key_of(ns, &q[..ps])?)?;
         let try_one = |c: NodeId| {
-            let l = common_prefix(&self.nodes[c.idx()].key, q) / ps * ps;
+            let l = common_prefix_of(&self.nodes[c.idx()].key, q) / ps * ps;
             (l > 0).then_some((c, l))
         };
         match kids {
@@ -75,7 +115,7 @@ impl RadixTree {
     /// Walks `q` (page-aligned) from the root without changing anything,
     /// recording `(child, matched tokens)` per visited child in `self.path`
     /// (the last may be partial). Returns the hit length. O(hit + depth).
-    pub(super) fn walk(&mut self, q: &[i32], ns: Ns) -> usize {
+    pub(super) fn walk<T: Token>(&mut self, q: &[T], ns: Ns) -> usize {
         let mut path = std::mem::take(&mut self.path);
         path.clear();
         let mut node = NodeId::ROOT;
@@ -93,14 +133,14 @@ impl RadixTree {
         pos
     }
 
-    pub(super) fn aligned<'a>(&self, tokens: &'a [i32]) -> &'a [i32] {
+    pub(super) fn aligned<'a, T>(&self, tokens: &'a [T]) -> &'a [T] {
         &tokens[..tokens.len() / self.page_size * self.page_size]
     }
 
     /// What [`RadixTree::match_prefix`] would hit now, and how many tokens of
     /// currently unlocked nodes locking that match would protect; changes
     /// nothing. O(hit + depth).
-    pub fn probe(&mut self, tokens: &[i32], ns: Option<&str>) -> Probe {
+    pub fn probe<T: Token>(&mut self, tokens: &[T], ns: Option<&str>) -> Probe {
         let q = self.aligned(tokens);
         let Some(ns) = self.ns.lookup(ns) else { return Probe { len: 0, lockable: 0 } };
         if q.is_empty() {
@@ -123,15 +163,15 @@ impl RadixTree {
     /// tick; a match ending inside an edge splits it there (the tree's
     /// contents and sizes do not change). Appends the matched values to
     /// `out`. O(hit + depth + split edge).
-    pub fn match_prefix(&mut self, tokens: &[i32], ns: Option<&str>, out: &mut Vec<PageId>) -> Match {
+    pub fn match_prefix<T: Token>(&mut self, tokens: &[T], ns: Option<&str>, out: &mut Vec<PageId>) -> Match {
         self.match_prefix_with(tokens, ns, |vals| out.extend_from_slice(vals))
     }
 
     /// [`RadixTree::match_prefix`] handing the matched values to `sink`, one
     /// node's run at a time, root side first (no intermediate buffer).
-    pub fn match_prefix_with(
+    pub fn match_prefix_with<T: Token>(
         &mut self,
-        tokens: &[i32],
+        tokens: &[T],
         ns: Option<&str>,
         mut sink: impl FnMut(&[PageId]),
     ) -> Match {
@@ -146,7 +186,7 @@ impl RadixTree {
     /// stamped and split as there, and the returned view lists the matched
     /// nodes' values (their total is `len / page_size`), so a caller can size
     /// its output before filling it. O(hit + depth + split edge).
-    pub fn match_nodes(&mut self, tokens: &[i32], ns: Option<&str>) -> Matched<'_> {
+    pub fn match_nodes<T: Token>(&mut self, tokens: &[T], ns: Option<&str>) -> Matched<'_> {
         self.path.clear();
         let q = self.aligned(tokens);
         if q.is_empty() {
@@ -308,6 +348,78 @@ impl RadixTree {
             self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick);
         }
         Ok(prefix)
+    }
+
+    /// Appends a leaf holding `key` / `values` (page-aligned, one value per
+    /// page, none in the tree) under `node`, the deepest node of a path the
+    /// caller holds an own lock on (or the root, when it holds none; `ns` is
+    /// then the leaf's namespace), and moves that lock down to the new leaf.
+    /// The tree, its clock, stamps, counts, sizes and events end up exactly
+    /// as after `insert` of the whole path + `key` (which would walk to
+    /// `node` and add the same leaf), `match_prefix` of it, `lock(leaf)` and
+    /// `unlock(node)`, without walking from the root or re-locking the path:
+    /// O(key + depth) cheap writes. Returns `None`, with nothing changed, when `node`
+    /// holds no own lock, already has a child starting with `key`'s first
+    /// page, `key` is empty or misaligned, `ns` is new to the tree, or a
+    /// value is in the tree (the caller then takes the general path).
+    pub fn extend_locked(
+        &mut self,
+        node: NodeId,
+        ns: Option<&str>,
+        key: &[i32],
+        values: &[PageId],
+    ) -> Option<NodeId> {
+        let ps = self.page_size;
+        let root = node == NodeId::ROOT;
+        let n = &self.nodes[node.idx()];
+        let ns = if root { self.ns.lookup(ns)? } else { n.ns };
+        if (!root && n.own_locks == 0)
+            || key.is_empty()
+            || !key.len().is_multiple_of(ps)
+            || values.len() != key.len() / ps
+            || n.children.contains_key(&child_key(ns, &key[..ps]))
+        {
+            return None;
+        }
+        self.check_values([&[], values, &[]]).ok()?;
+        // insert: one tick; every path node counted, the leaf created at it.
+        self.clock += 1;
+        let tick = self.clock;
+        let mut cur = node;
+        while cur != NodeId::ROOT {
+            let c = &mut self.nodes[cur.idx()];
+            c.hit_count += 1;
+            cur = c.parent;
+        }
+        self.add_leaf(node, ns, key, values, 0, tick);
+        let leaf = self.nodes[node.idx()]
+            .children
+            .get(&child_key(ns, &key[..ps]))
+            .and_then(|k| match k {
+                Kids::One(c) => Some(*c),
+                Kids::Many(v) => v.last().copied(),
+            })
+            .expect("the leaf was just added");
+        // lock(leaf) + unlock(node): only the leaf's count changes.
+        let l = &mut self.nodes[leaf.idx()];
+        l.own_locks = 1;
+        l.lock_ref = 1;
+        self.evictable_size -= key.len();
+        self.protected_size += key.len();
+        self.update_leaf_status(leaf);
+        if !root {
+            self.nodes[node.idx()].own_locks -= 1;
+        }
+        // The caller's match of the new path: a second tick on root, path and leaf.
+        self.clock += 1;
+        let tick = self.clock;
+        self.nodes[0].last_access = tick;
+        let mut cur = leaf;
+        while cur != NodeId::ROOT {
+            self.stamp(cur, tick);
+            cur = self.nodes[cur.idx()].parent;
+        }
+        Some(leaf)
     }
 
     pub(super) fn add_leaf(

@@ -8,7 +8,8 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{Admitted, PrefixIndex, Reads, Record, RecordOf, SpecArg, Stats};
+use super::steps::StepOpts;
+use super::{Admitted, Life, PrefixIndex, Reads, Record, RecordOf, SpecArg, Stats, Status};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
@@ -20,27 +21,58 @@ use crate::ensure_inv;
 /// design `D` (see the module header of [`crate::core::request`]).
 #[derive(Clone, Debug)]
 pub struct PrefixCache<D: PrefixIndex> {
-    design: D,
+    pub(super) design: D,
     /// Request id -> slot in `reqs`.
-    index: FxHashMap<RequestId, u32>,
-    reqs: Vec<Option<RecordOf<D>>>,
-    free_slots: Vec<u32>,
+    pub(super) index: FxHashMap<RequestId, u32>,
+    pub(super) reqs: Vec<Option<RecordOf<D>>>,
+    pub(super) free_slots: Vec<u32>,
     /// Admission statistics (evictions are the design's tally).
-    stats: Stats,
-    epoch: u64,
-    scratch_slots: Vec<u32>,
+    pub(super) stats: Stats,
+    /// Admission statistics of preempted requests resuming.
+    pub(super) resumed: Stats,
+    pub(super) epoch: u64,
+    pub(super) scratch_slots: Vec<u32>,
+    pub(super) scratch_samples: Vec<usize>,
 }
 
 #[cold]
-fn unknown(id: RequestId) -> KvError {
+pub(super) fn unknown(id: RequestId) -> KvError {
     KvError::new(
         ErrorKind::UnknownRequest,
         format!("unknown request id {} (never admitted, or already freed)", id.0),
     )
 }
 
+/// Today's `append` needs a running request whose known ids are all
+/// computed (no drafts, no placeholder beyond the sampled one).
+#[inline]
+fn appendable<T, B, X>(req: &Record<T, B, X>) -> KvResult<()> {
+    let l = &req.life;
+    if l.status == Status::Running
+        && l.drafts.is_empty()
+        && l.pending <= 1
+        && l.num_computed == req.tokens.len()
+    {
+        return Ok(());
+    }
+    Err(not_appendable(req.id, l))
+}
+
 #[cold]
-fn repeated(id: u64) -> KvError {
+fn not_appendable(id: RequestId, l: &Life) -> KvError {
+    KvError::invalid(format!(
+        "append needs a running request with every known id computed: request {} is {:?} with {} computed, \
+         {} drafts, {} placeholders (use schedule / commit_tokens)",
+        id.0,
+        l.status,
+        l.num_computed,
+        l.drafts.len(),
+        l.pending
+    ))
+}
+
+#[cold]
+pub(super) fn repeated(id: u64) -> KvError {
     KvError::invalid(format!("request {id} appears twice in one batch"))
 }
 
@@ -53,8 +85,10 @@ impl<D: PrefixIndex> PrefixCache<D> {
             reqs: Vec::new(),
             free_slots: Vec::new(),
             stats: Stats::default(),
+            resumed: Stats::default(),
             epoch: 0,
             scratch_slots: Vec::new(),
+            scratch_samples: Vec::new(),
         }
     }
 
@@ -80,6 +114,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     pub fn take_stats(&mut self) -> Stats {
         let s = self.stats();
         self.stats = Stats::default();
+        self.resumed = Stats::default();
         self.design.clear_evictions();
         s
     }
@@ -90,11 +125,19 @@ impl<D: PrefixIndex> PrefixCache<D> {
         self.index.len()
     }
 
-    fn slot(&self, id: RequestId) -> KvResult<u32> {
+    /// Statistics of admissions that resumed a preempted request (vLLM's
+    /// `preempted_*` prefix-cache stats; counted apart from [`PrefixCache::stats`],
+    /// `evictions` unused), zeroed by [`PrefixCache::take_stats`] too. O(1).
+    #[must_use]
+    pub fn resumed_stats(&self) -> Stats {
+        self.resumed
+    }
+
+    pub(super) fn slot(&self, id: RequestId) -> KvResult<u32> {
         self.index.get(&id).copied().ok_or_else(|| unknown(id))
     }
 
-    fn req(&self, slot: u32) -> &RecordOf<D> {
+    pub(super) fn req(&self, slot: u32) -> &RecordOf<D> {
         self.reqs[slot as usize].as_ref().expect("indexed slot holds a request")
     }
 
@@ -112,7 +155,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     }
 
     fn blocks_needed(&self, req: &RecordOf<D>, extra: usize) -> usize {
-        (req.tokens.len() + extra).div_ceil(self.design.block_size()) - req.blocks.len()
+        (req.tokens.len() + extra).div_ceil(self.design.block_size()).saturating_sub(req.blocks.len())
     }
 
     /// Tokens a prompt would hit now; nothing cached changes. O(prompt tokens).
@@ -155,14 +198,30 @@ impl<D: PrefixIndex> PrefixCache<D> {
         if tokens.is_empty() {
             return Err(KvError::invalid("a prompt needs at least one token"));
         }
-        let Some(plan) = self.design.plan_admit(id, tokens, spec.into_cow(), skip_reading)? else {
+        let plan = self.design.plan_admit(id, tokens, spec.into_cow(), skip_reading)?;
+        let Some(placed) = self.place(plan, tokens.len(), &StepOpts::default()) else {
             return Ok(None);
         };
-        let Admitted { tokens, blocks, ext, hit_tokens } = self.design.commit(plan);
+        let hit = placed.sched.hit;
         self.stats.requests += 1;
         self.stats.queries += tokens.len() as u64;
-        self.stats.hits += hit_tokens as u64;
-        let req = Record { epoch: 0, tokens, blocks, ext, id };
+        self.stats.hits += hit as u64;
+        let life = Life { skip_reading, ..Life::default() };
+        let slot = self.insert_record(id, placed.admitted, life);
+        let req = self.reqs[slot as usize].as_mut().expect("just inserted");
+        self.design.appended(req, 0);
+        Self::admitted_life(&mut req.life, &placed.sched, req.tokens.len(), false);
+        Ok(Some(hit))
+    }
+
+    /// Stores a new request's record; returns its slot.
+    pub(super) fn insert_record(
+        &mut self,
+        id: RequestId,
+        a: Admitted<D::Tok, D::Entry, D::Ext>,
+        life: Life,
+    ) -> u32 {
+        let req = Record { epoch: 0, tokens: a.tokens, blocks: a.blocks, ext: a.ext, id, life };
         let slot = match self.free_slots.pop() {
             Some(s) => {
                 self.reqs[s as usize] = Some(req);
@@ -174,7 +233,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
             }
         };
         self.index.insert(id, slot);
-        Ok(Some(hit_tokens))
+        slot
     }
 
     /// Appends computed decode tokens to request `id`. Returns `false`, with
@@ -188,6 +247,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
         D: Reads<T>,
     {
         let slot = self.slot(id)?;
+        appendable(self.req(slot))?;
         if self.blocks_needed(self.req(slot), tokens.len()) > self.design.num_available() {
             return Ok(false);
         }
@@ -227,8 +287,12 @@ impl<D: PrefixIndex> PrefixCache<D> {
                 self.scratch_slots = slots;
                 return Err(repeated(id));
             }
+            if let Err(e) = appendable(req) {
+                self.scratch_slots = slots;
+                return Err(e);
+            }
             req.epoch = epoch;
-            need += (req.tokens.len() + b - a).div_ceil(bs) - req.blocks.len();
+            need += (req.tokens.len() + b - a).div_ceil(bs).saturating_sub(req.blocks.len());
             // Touch the end of the token list the append will write: these
             // independent loads overlap here instead of missing one by one below.
             touched ^= req.tokens.last().map_or(0, |&t| t.into());
@@ -254,11 +318,13 @@ impl<D: PrefixIndex> PrefixCache<D> {
         let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
         let had_full = req.tokens.len() / bs;
         D::extend_tokens(&mut req.tokens, tokens);
-        let need = req.tokens.len().div_ceil(bs) - req.blocks.len();
+        let need = req.tokens.len().div_ceil(bs).saturating_sub(req.blocks.len());
         if need > 0 {
             self.design.allocate(need, &mut req.blocks);
         }
         self.design.appended(req, had_full);
+        req.life.num_computed = req.tokens.len();
+        req.life.pending = 1;
     }
 
     /// Finishes request `id`: the design unpins its hits and releases (or
@@ -268,9 +334,10 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// `UnknownRequest` if `id` is not running (including a double free).
     pub fn free(&mut self, id: RequestId) -> KvResult<()> {
         let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
-        let req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
+        let mut req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
         self.free_slots.push(slot);
-        self.design.release(req);
+        let insert = req.life.status == Status::Running;
+        self.design.release(&mut req, insert);
         Ok(())
     }
 
@@ -375,13 +442,24 @@ impl<D: PrefixIndex> PrefixCache<D> {
             running.push(r);
         }
         for r in &running {
-            let n = r.tokens.len();
+            let n = r.life.num_computed;
+            if r.life.status == Status::Preempted {
+                ensure_inv!(r.blocks.is_empty() && n == 0, "preempted request {} holds {}", r.id.0, D::UNIT);
+            }
             ensure_inv!(
-                r.blocks.len() == n.div_ceil(bs),
-                "request {}: {} {} for {n} tokens",
+                r.blocks.len() * bs >= n,
+                "request {}: {} {} for {n} computed positions",
                 r.id.0,
                 r.blocks.len(),
                 D::UNIT
+            );
+            ensure_inv!(
+                n <= r.tokens.len() + r.life.pending + r.life.drafts.len(),
+                "request {}: {n} computed positions beyond its {} tokens, {} placeholders, {} drafts",
+                r.id.0,
+                r.tokens.len(),
+                r.life.pending,
+                r.life.drafts.len()
             );
             for b in &r.blocks {
                 ensure_inv!(
@@ -410,8 +488,10 @@ impl<D: PrefixIndex> TableSource for PrefixCache<D> {
         self.design.block_size()
     }
 
+    /// The table and the positions computed or scheduled (the known tokens
+    /// for today's one-chunk calls).
     fn table(&self, id: RequestId) -> KvResult<(&[D::Entry], usize)> {
         let r = self.get(id)?;
-        Ok((&r.blocks, r.tokens.len()))
+        Ok((&r.blocks, r.life.num_computed))
     }
 }

@@ -1,16 +1,23 @@
 //! The request layer: the lifecycle of running requests, written once and
 //! generic over the cache design that answers prefix questions.
 //!
-//! A scheduler drives every design the same way: `admit` a prompt (hit
-//! tokens, or `None` when blocks run short), `append` decode tokens (one
-//! request or a CSR batch), read block tables and slot mappings, `free` the
-//! request (one or a batch). [`PrefixCache`] implements that lifecycle: id
-//! checks (unknown and duplicate ids, ids repeated in one batch), the
-//! all-or-nothing block accounting of appends, the reset guard, statistics,
-//! tables and slot mappings ([`TableSource`]), and the ref-count tally of
-//! `check_invariants`. A design ([`PrefixIndex`]) answers only what differs:
-//! looking a prompt up, pinning and unpinning hits, allocating (evicting if
-//! it must), caching computed blocks, and its events (drained, bounded
+//! A scheduler drives every design the same way. Today's one-chunk calls:
+//! `admit` a prompt (hit tokens, or `None` when blocks run short), `append`
+//! decode tokens (one request or a CSR batch), read block tables and slot
+//! mappings, `free` the request (one or a batch). The engine lifecycle
+//! (`steps`: vLLM 0.33's `allocate_slots` semantics): `admit_chunk` /
+//! `resume` (chunked prefill, lookahead, external hits, delayed caching,
+//! the admission gate), `schedule` / `schedule_batch` (next chunk or decode
+//! step, drafts, async placeholders), `commit_tokens` / `commit_batch`,
+//! `preempt`, `finish`, `finish_transfer`. Today's calls are its one-chunk
+//! special case (`admit` = the whole prompt scheduled now).
+//! [`PrefixCache`] implements both: id checks (unknown and duplicate ids,
+//! ids repeated in one batch), the all-or-nothing block accounting, the
+//! admission gate, the reset guard, statistics, tables and slot mappings
+//! ([`TableSource`]), and the ref-count tally of `check_invariants`. A
+//! design ([`PrefixIndex`]) answers only what differs: looking a prompt up,
+//! pinning and unpinning hits, allocating (evicting if it must), caching
+//! computed blocks up to a token count, and its events (drained, bounded
 //! and counted when dropped through the layer). The hash chain
 //! ([`crate::core::hash_chain`]) and the radix tree
 //! ([`crate::core::radix_cache`]) are two implementations; another design (a
@@ -25,8 +32,10 @@
 //! # Invariants (checked by [`PrefixCache::check_invariants`])
 //! - the id index and the request slab agree (every indexed slot holds the
 //!   request of that id, no other slot holds one);
-//! - every request's table has `ceil(num_tokens / block_size)` blocks and
-//!   never the null block 0;
+//! - every request's table covers its `num_computed` positions (lookahead
+//!   slots and rejected drafts' slots may follow; a preempted request holds
+//!   none) and never holds the null block 0; `num_computed` is at most its
+//!   known tokens plus placeholders plus drafts;
 //! - `ref_count(b) == holders the design keeps for b + tables holding b`,
 //!   for every block;
 //! - plus the design's own invariants ([`PrefixIndex::check_invariants`]).
@@ -38,12 +47,14 @@
 //! table; freed slab entries are reused.
 
 mod lifecycle;
+mod steps;
 #[cfg(test)]
 mod tests;
 
 use std::borrow::Cow;
 
 pub use lifecycle::PrefixCache;
+pub use steps::{Scheduled, StepOpts};
 
 use crate::core::error::{InvariantViolation, KvResult};
 use crate::core::events::KvEvent;
@@ -65,7 +76,38 @@ pub struct Stats {
     pub evictions: u64,
 }
 
-/// A running request: the fields every design shares, then the design's own.
+/// Where a request stands in the engine lifecycle.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Status {
+    /// Scheduled steps run; the request holds its blocks.
+    #[default]
+    Running,
+    /// Preempted: no blocks; its tokens (prompt + outputs so far) wait for a resume.
+    Preempted,
+    /// Admitted with external tokens whose transfer has not completed: holds
+    /// its blocks, caches nothing until `finish_transfer`.
+    WaitingForRemoteKvs,
+}
+
+/// A request's engine-lifecycle counters (vLLM's `Request` as the cache sees it).
+#[derive(Clone, Debug, Default)]
+pub struct Life {
+    /// Positions whose KV is computed or scheduled in the step in flight
+    /// (drafts of the step included).
+    pub num_computed: usize,
+    /// Sampled positions whose ids are not committed yet (async placeholders).
+    pub pending: usize,
+    /// Draft token ids of the step in flight (the last scheduled positions).
+    pub drafts: Vec<i64>,
+    /// Lifecycle state.
+    pub status: Status,
+    /// Times the request was preempted.
+    pub preemptions: u32,
+    /// The request never reads the cache (prompt logprobs).
+    pub skip_reading: bool,
+}
+
+/// A request: the fields every design shares, then the design's own.
 ///
 /// `repr(C)` keeps what a decode step touches (epoch, tokens, table, then
 /// the first field of the design's state) together in the first cache line.
@@ -75,14 +117,17 @@ pub struct Record<T, B, X> {
     /// Batch epoch in which the request was last seen (detects an id
     /// repeated within one batch).
     pub epoch: u64,
-    /// Every token of the request: prompt, then appended tokens.
+    /// Every known token of the request: prompt, then committed outputs.
     pub tokens: Vec<T>,
-    /// The table: `ceil(tokens.len() / block_size)` block (or page) ids.
+    /// The table: block (or page) ids covering at least the `num_computed`
+    /// positions (lookahead slots and rejected drafts' slots may follow).
     pub blocks: Vec<B>,
     /// The design's per-request state.
     pub ext: X,
     /// The request's id.
     pub id: RequestId,
+    /// Lifecycle counters.
+    pub life: Life,
 }
 
 /// The record type of design `D`.
@@ -105,8 +150,9 @@ pub struct Admitted<T, B, X> {
 /// the block pool and the prefix index; [`PrefixCache`] holds the requests.
 ///
 /// Contract: every method that may fail checks before changing anything;
-/// [`PrefixIndex::allocate`] is called only after the layer checked
-/// [`PrefixIndex::num_available`] covers it.
+/// [`PrefixIndex::allocate`] and [`PrefixIndex::commit`] are called only
+/// after the layer checked that the blocks are available
+/// ([`PrefixIndex::num_available`], [`PrefixIndex::available_after`]).
 pub trait PrefixIndex {
     /// Token type stored in request records.
     type Tok: Copy + Into<i64> + std::fmt::Debug;
@@ -115,7 +161,7 @@ pub trait PrefixIndex {
     type Entry: TableEntry;
     /// Per-request design state (hashes, locked node, ...).
     type Ext: Clone + std::fmt::Debug;
-    /// A checked admission, ready to pin and allocate ([`Reads::plan_admit`]).
+    /// A looked-up admission, ready to pin and allocate ([`Reads::plan_admit`]).
     type Plan;
 
     /// Word for the units of a table in messages ("blocks", "pages").
@@ -131,20 +177,46 @@ pub trait PrefixIndex {
     /// evict on demand) those that can be evicted. O(1).
     fn num_available(&self) -> usize;
 
-    /// Pins the plan's hits, allocates the rest of the prompt's blocks and
-    /// caches what the design caches at admission. O(prompt blocks).
-    fn commit(&mut self, plan: Self::Plan) -> Admitted<Self::Tok, Self::Entry, Self::Ext>;
+    /// Prompt tokens the plan hits (a multiple of the block size).
+    fn plan_hit(&self, plan: &Self::Plan) -> usize;
+
+    /// Blocks that stay available for allocation once the plan's hits are
+    /// pinned (vLLM counts hit blocks sitting in the free queue as consumed).
+    fn available_after(&self, plan: &Self::Plan) -> usize;
+
+    /// A refused plan: dropped (a design may keep what it computed for the
+    /// scheduler's retry).
+    fn refuse(&mut self, plan: Self::Plan) {
+        drop(plan);
+    }
+
+    /// Looks a preempted request's tokens (prompt + outputs so far) up again.
+    fn plan_resume(&mut self, req: &RecordOf<Self>) -> Self::Plan;
+
+    /// Pins the plan's hits and allocates `new_blocks` blocks after them.
+    /// Caches nothing. O(hit + new blocks).
+    fn commit(&mut self, plan: Self::Plan, new_blocks: usize) -> Admitted<Self::Tok, Self::Entry, Self::Ext>;
 
     /// Appends `n` newly allocated blocks to `table`, evicting first if the
     /// design must. The caller checked `n <= num_available()`. O(n).
     fn allocate(&mut self, n: usize, table: &mut Vec<Self::Entry>);
 
-    /// After `req` grew (tokens appended, blocks allocated) from `had_full`
-    /// full blocks: cache what the design caches while a request runs.
+    /// Today's one-chunk calls: after `req` grew (tokens appended, blocks
+    /// allocated) from `had_full` full blocks (0 after an admission), cache
+    /// what the design caches while a request runs.
     fn appended(&mut self, req: &mut RecordOf<Self>, had_full: usize);
 
-    /// Unpins a finished request's hits and releases (or caches) its blocks.
-    fn release(&mut self, req: RecordOf<Self>);
+    /// Ids were committed to `req.tokens` (hash what they complete; cache nothing).
+    fn tokens_added(&mut self, req: &mut RecordOf<Self>);
+
+    /// Makes `req`'s full blocks up to `upto` tokens (and up to its known
+    /// tokens and its table) visible to other requests' lookups.
+    fn cache_to(&mut self, req: &mut RecordOf<Self>, upto: usize);
+
+    /// Unpins `req`'s hits and releases its blocks (the table is emptied, the
+    /// design state says nothing is cached). With `insert` the design first
+    /// caches what it caches when a request finishes (today's `free`).
+    fn release(&mut self, req: &mut RecordOf<Self>, insert: bool);
 
     /// Drops every cached block; called only while no request runs.
     ///
@@ -191,10 +263,10 @@ pub trait PrefixIndex {
     /// running request when its count is `requests + 1`.
     fn holds(&self, req: &RecordOf<Self>, i: usize) -> bool;
 
-    /// Checks the design's invariants and each running request's design
-    /// state against its tokens and table (`reqs`, whose table lengths the
-    /// layer checked), counting the design's own references into `refs`
-    /// (one slot per block).
+    /// Checks the design's invariants and each request's design state
+    /// against its tokens and table (`reqs`, whose tables the layer
+    /// checked), counting the design's own references into `refs` (one slot
+    /// per block).
     ///
     /// # Errors
     /// The first violation found.
@@ -233,9 +305,8 @@ pub trait Reads<T>: PrefixIndex {
     /// A key spec the design cannot key on.
     fn lookup(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize>;
 
-    /// Looks the (non-empty) prompt of request `id` up and checks that the
-    /// blocks it needs are available: `Ok(None)`, with nothing cached
-    /// changed, when they are not.
+    /// Looks the (non-empty) prompt of request `id` up (nothing with
+    /// `skip_reading`); nothing cached changes.
     ///
     /// # Errors
     /// A key spec the design cannot key on; nothing changes.
@@ -245,5 +316,5 @@ pub trait Reads<T>: PrefixIndex {
         tokens: &[T],
         spec: Cow<'_, KeySpec>,
         skip_reading: bool,
-    ) -> KvResult<Option<Self::Plan>>;
+    ) -> KvResult<Self::Plan>;
 }

@@ -44,8 +44,8 @@ impl Reads<i64> for PlainPool {
         tokens: &[i64],
         _spec: Cow<'_, KeySpec>,
         _skip_reading: bool,
-    ) -> KvResult<Option<Vec<i64>>> {
-        Ok((tokens.len().div_ceil(self.block_size) <= self.free.len()).then(|| tokens.to_vec()))
+    ) -> KvResult<Vec<i64>> {
+        Ok(tokens.to_vec())
     }
 }
 
@@ -69,9 +69,21 @@ impl PrefixIndex for PlainPool {
         self.free.len()
     }
 
-    fn commit(&mut self, tokens: Vec<i64>) -> Admitted<i64, BlockId, ()> {
+    fn plan_hit(&self, _plan: &Vec<i64>) -> usize {
+        0
+    }
+
+    fn available_after(&self, _plan: &Vec<i64>) -> usize {
+        self.free.len()
+    }
+
+    fn plan_resume(&mut self, req: &RecordOf<Self>) -> Vec<i64> {
+        req.tokens.clone()
+    }
+
+    fn commit(&mut self, tokens: Vec<i64>, new_blocks: usize) -> Admitted<i64, BlockId, ()> {
         let mut blocks = Vec::new();
-        self.allocate(tokens.len().div_ceil(self.block_size), &mut blocks);
+        self.allocate(new_blocks, &mut blocks);
         Admitted { tokens, blocks, ext: (), hit_tokens: 0 }
     }
 
@@ -85,8 +97,12 @@ impl PrefixIndex for PlainPool {
 
     fn appended(&mut self, _req: &mut RecordOf<Self>, _had_full: usize) {}
 
-    fn release(&mut self, req: RecordOf<Self>) {
-        for b in req.blocks {
+    fn tokens_added(&mut self, _req: &mut RecordOf<Self>) {}
+
+    fn cache_to(&mut self, _req: &mut RecordOf<Self>, _upto: usize) {}
+
+    fn release(&mut self, req: &mut RecordOf<Self>, _insert: bool) {
+        for b in req.blocks.drain(..) {
             self.refs[b.idx()] -= 1;
             self.free.push(b);
         }
@@ -200,4 +216,49 @@ fn shortfalls_are_all_or_nothing() {
     assert_eq!(c.append_batch(&[1], &[1i64], None), Ok(true));
     assert_eq!(c.append(RequestId(2), &[1i64]), Ok(false));
     c.check_invariants().expect("consistent");
+}
+
+#[test]
+fn engine_lifecycle_chunks_drafts_placeholders_preemption() {
+    use super::{Status, StepOpts};
+    let mut c = PlainPool::cache(12, 4);
+    let chunk = StepOpts { chunk: Some(6), lookahead: 3, ..StepOpts::default() };
+    let s = c.admit_chunk(RequestId(1), &toks(10), KeySpec::default(), false, &chunk).expect("valid");
+    let s = s.expect("fits");
+    assert_eq!((s.hit, s.scheduled, s.first_new), (0, 6, 0));
+    assert_eq!(c.blocks(RequestId(1)).expect("runs").len(), 3, "6 tokens + 3 lookahead");
+    // today's append needs every known id computed
+    assert_eq!(c.append(RequestId(1), &[1i64]).expect_err("mid-prefill").kind, ErrorKind::InvalidArgument);
+    assert_eq!(c.schedule(RequestId(1), 4, &[], 0, 0), Ok(Some(3)));
+    assert_eq!(c.life(RequestId(1)).expect("runs").pending, 1, "the last prompt position samples");
+    // positions beyond the known ids and the one placeholder: refused, nothing changed
+    let before = c.life(RequestId(1)).expect("runs").clone();
+    assert_eq!(c.schedule(RequestId(1), 3, &[], 0, 0).expect_err("beyond").kind, ErrorKind::InvalidArgument);
+    assert_eq!(
+        c.commit_tokens(RequestId(1), &[5i64, 6], 0).expect_err("one placeholder").kind,
+        ErrorKind::InvalidArgument
+    );
+    assert_eq!(c.life(RequestId(1)).expect("runs").num_computed, before.num_computed);
+    c.commit_tokens(RequestId(1), &[5i64], 0).expect("fills the placeholder");
+    // a decode step with two drafts; one rejected
+    assert_eq!(c.schedule(RequestId(1), 3, &[7, 8], 0, 0).map(|f| f.is_some()), Ok(true));
+    assert_eq!(
+        c.commit_tokens(RequestId(1), &[9i64, 1], 0).expect_err("not led by drafts").kind,
+        ErrorKind::InvalidArgument
+    );
+    c.commit_tokens(RequestId(1), &[7i64, 2], 1).expect("draft 8 rejected");
+    let l = c.life(RequestId(1)).expect("runs");
+    assert_eq!((l.num_computed, c.num_known_tokens(RequestId(1)), l.pending), (12, Ok(13), 0));
+    c.check_invariants().expect("consistent");
+    c.preempt(RequestId(1)).expect("runs");
+    assert!(c.blocks(RequestId(1)).expect("kept").is_empty());
+    assert_eq!(c.life(RequestId(1)).expect("kept").status, Status::Preempted);
+    assert_eq!(c.design().free.len(), 11);
+    let s = c.resume(RequestId(1), &StepOpts::default()).expect("preempted").expect("fits");
+    assert_eq!((s.hit, s.scheduled), (0, 13));
+    assert_eq!(c.resumed_stats().requests, 1);
+    assert_eq!(c.stats().requests, 1, "resumed admissions are counted apart");
+    c.check_invariants().expect("consistent");
+    c.finish(RequestId(1)).expect("runs");
+    assert_eq!(c.design().free.len(), 11);
 }
