@@ -70,8 +70,11 @@ test-rust:
 check-wheel:
 	@w=$$(ls dist/kvindex-*.whl); echo "wheel: $$w"; \
 	  [[ "$$w" =~ -cp311-abi3-manylinux_2_[0-9]+_x86_64\.whl$$ ]] || { echo "wheel is not abi3 + manylinux: $$w"; exit 1; }
-	$(VPY) -m zipfile -l dist/kvindex-*.whl | grep -q 'kvindex/kernels/__init__.py'
-	$(VPY) -m zipfile -l dist/kvindex-*.whl | grep -q 'kvindex/py.typed'
+	@files=$$($(VPY) -m zipfile -l dist/kvindex-*.whl); \
+	  for f in kvindex/kernels/__init__.py kvindex/py.typed kvindex/events/__init__.py \
+	           kvindex/cluster/__init__.py licenses/LICENSE; do \
+	    grep -qF "$$f" <<<"$$files" || { echo "wheel lacks $$f"; exit 1; }; \
+	  done; echo "wheel carries the kernels, events, cluster, py.typed and LICENSE"
 
 # `import kvindex` must work with numpy alone (torch/triton are the optional `kernels` extra).
 check-core-import:

@@ -1,5 +1,4 @@
-"""``kvindex simulate`` and its granularity-loss report (tokens lost to block granularity
-and to the full-hit rule): the seed
+"""``kvindex simulate`` and its granularity-loss report: the design notes' worked
 examples' exact hits, the chat workload (determinism, invariants, cross-checks against the
 caches' own stats and KV events), the Mooncake trace (parsing, the theoretical maximum from
 hash ids alone, capacity monotonicity), the scheduling effect that can break monotonicity,
@@ -339,8 +338,34 @@ def test_malformed_trace_line_reports_its_number(tmp_path: Path, line: str, what
 def test_trace_timestamp_going_back(tmp_path: Path) -> None:
     f = tmp_path / "t.jsonl"
     f.write_text(_GOOD.replace('"timestamp": 0', '"timestamp": 9') + "\n" + _GOOD + "\n")
-    with pytest.raises(TraceFormatError, match=r"t\.jsonl:2: timestamp 0 goes back"):
+    with pytest.raises(
+        TraceFormatError,
+        match=r"t\.jsonl:2: timestamp 0 ms is earlier than 9 ms on line 1: timestamps must not "
+        "decrease",
+    ):
         read_mooncake_trace(f)
+
+
+def test_trace_tokens_per_hash(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(
+        '{"timestamp": 0, "input_length": 600, "output_length": 3, "hash_ids": [1, 2, 3]}\n'
+    )
+    with pytest.raises(TraceFormatError, match="512 tokens per hash id; see --tokens-per-hash"):
+        read_mooncake_trace(f)
+    wl = read_mooncake_trace(f, tokens_per_hash=200)
+    assert np.array_equal(wl.prompt(0), np.arange(600))
+    assert wl.summary()["params"]["tokens_per_hash"] == 200
+
+
+def test_trace_hash_id_message_names_the_place(tmp_path: Path) -> None:
+    f = tmp_path / "t.jsonl"
+    f.write_text(_GOOD + "\n" + _GOOD.replace("[1, 2]", "[2, 1]") + "\n")
+    with pytest.raises(TraceFormatError) as e:
+        read_mooncake_trace(f)
+    msg = str(e.value)
+    assert "hash id 2 at block 0 (the first) was first seen at block 1, after hash id 1" in msg
+    assert "after -1" not in msg
 
 
 def test_cli_reports_bad_input_without_traceback(
@@ -355,6 +380,7 @@ def test_cli_reports_bad_input_without_traceback(
         (["--capacity", "40GiB"], "--model-shape"),
         (["--capacity", "12 parsecs"], "bad capacity"),
         (["--block-size", "0"], "block size must be >= 1"),
+        (["--block-size", "2000000"], "block size must be at most 2**20 = 1,048,576"),
         (["--trace", str(tmp_path / "missing.jsonl")], "cannot read the trace"),
     ]
     for argv, msg in cases:
@@ -366,16 +392,9 @@ def test_cli_reports_bad_input_without_traceback(
 def test_plot_without_matplotlib_is_a_clear_error(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
-    import builtins
+    import sys
 
-    real_import = builtins.__import__
-
-    def no_matplotlib(name: str, *a: Any, **kw: Any) -> Any:
-        if name == "matplotlib" or name.startswith("matplotlib."):
-            raise ImportError(name)
-        return real_import(name, *a, **kw)
-
-    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib fails
     assert simulate_main(["--quiet", "--plot", str(tmp_path / "p.png")]) == 2
     assert "pip install 'kvindex[plot]'" in capsys.readouterr().err
     assert not (tmp_path / "p.png").exists()
@@ -394,7 +413,7 @@ def test_cli_default_command_json_and_plot(
     argv += ["--json", str(out)]
     assert kvindex_main([*argv, "--plot", str(png)]) == 0  # no subcommand: simulate
     text = capsys.readouterr().out
-    assert "theoretical maximum hit rate" in text and "| hash_chain |" in text
+    assert "theoretical maximum hit rate" in text and "hash_chain  " in text
     data = json.loads(out.read_text())
     assert len(data["runs"]) == 2 * 2 * 2  # designs x block sizes x capacities
     assert {r["design"] for r in data["runs"]} == {"hash_chain", "radix"}
@@ -411,7 +430,11 @@ def test_cli_seeds_and_demo(capsys: pytest.CaptureFixture[str], tmp_path: Path) 
     text = capsys.readouterr().out
     assert "80-token prompt whose first 30 tokens are cached" in text
     assert "(notes:" not in text  # every figure matches the notes
-    rows = json.loads(out.read_text())["examples"]
+    assert "vLLM hash-chain and radix-tree design notes" in text
+    assert max(len(x) for x in text.splitlines()) <= 120
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1 and data["command"].startswith("kvindex ")
+    rows = data["examples"]
     assert rows[0]["results"]["hash_chain@B"]["hit"] == 16
     assert kvindex_main(["demo"]) == 0
     assert "block-hash chain" in capsys.readouterr().out
@@ -428,3 +451,105 @@ def test_cli_design_at_block_size(tmp_path: Path) -> None:
 def test_unknown_design_in_api_is_a_clear_error(chat: Workload) -> None:
     with pytest.raises(SimulationError, match="unknown design 'lsm'"):
         simulate_run(chat, spec("lsm", 16, "inf"))
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_theoretical_maximum_equals_the_radix_page1_replay(seed: int) -> None:
+    from kvindex.simulate.reference import theoretical_max
+
+    wl = chat_workload(120, seed=seed)
+    fast = theoretical_max(wl)
+    ref = replay_in_order(wl, "radix", 1, losses=False)
+    assert (fast.hit_tokens, fast.prompt_tokens, fast.requests) == (
+        ref.hit_tokens,
+        ref.prompt_tokens,
+        ref.requests,
+    )
+
+
+def test_workload_with_its_own_outputs_gives_the_same_figures() -> None:
+    """A workload that overrides ``output`` takes the scheduler's gathered-token path; the
+    base class's consecutive outputs take the in-place one. Same tokens, same figures."""
+    wl = chat_workload(120, seed=4)
+
+    class OwnOutputs(ArrayWorkload):
+        def output(self, rid: int) -> Any:
+            return np.array(super().output(rid).tolist(), dtype=np.int32)
+
+    assert isinstance(wl, ArrayWorkload)
+    other = OwnOutputs(wl.name, wl.requests, wl._prompts, wl._out, wl.params)
+    for design, bs in (("hash_chain", 16), ("radix", 4)):
+        s = spec(design, bs, "14k", max_running=16)
+        a, b = simulate_run(wl, s).as_dict(), simulate_run(other, s).as_dict()
+        assert a["preemptions"] > 0
+        assert exact_figures(a) == exact_figures(b)
+
+
+@needs_trace
+def test_trace_theoretical_maximum_on_the_bare_tree(trace: Workload) -> None:
+    from kvindex.simulate.reference import theoretical_max
+
+    fast = theoretical_max(trace)
+    ref = replay_in_order(trace, "radix", 1, losses=False)
+    assert (fast.hit_tokens, fast.prompt_tokens) == (ref.hit_tokens, ref.prompt_tokens)
+
+
+@pytest.mark.parametrize(
+    ("design", "bs", "insert"),
+    [
+        ("hash_chain", 1, "prefill"),
+        ("hash_chain", 16, "prefill"),
+        ("radix", 1, "prefill"),
+        ("radix", 4, "finish"),
+        ("radix", 16, "prefill"),
+    ],
+)
+def test_skipping_futile_admission_retries_changes_no_figure(
+    design: str, bs: int, insert: str
+) -> None:
+    wl = chat_workload(150, seed=9)
+    s = spec(design, bs, "12k", max_running=24, radix_insert=insert)
+    fast = simulate_run(wl, s).as_dict()
+    every = simulate_run(wl, s, skip_futile_retries=False).as_dict()
+    assert fast["waits"] > 50 and fast["preemptions"] > 0
+    assert exact_figures(fast) == exact_figures(every)
+
+
+def test_parallel_replays_match_sequential_ones_and_raise_task_errors() -> None:
+    from kvindex.simulate.runner import Task, run_tasks
+
+    wl = chat_workload(60, seed=2)
+    tasks = [
+        Task("max", "radix", 1),
+        Task("ceiling", "hash_chain", 16),
+        Task("run", "radix", 4, spec=spec("radix", 4, "16k")),
+        Task("run", "hash_chain", 1, spec=spec("hash_chain", 1, "inf")),
+    ]
+    seq = run_tasks(wl, tasks, jobs=1)
+    par = run_tasks(wl, tasks, jobs=2)
+    assert [getattr(r, "hit_tokens", None) for r in seq] == [
+        getattr(r, "hit_tokens", None) for r in par
+    ]
+    runs = [(s, p) for s, p in zip(seq, par, strict=True) if hasattr(s, "as_dict")]
+    assert all(exact_figures(s.as_dict()) == exact_figures(p.as_dict()) for s, p in runs)
+    bad = [*tasks, Task("run", "radix", 1, spec=spec("radix", 1, "100"))]  # cannot fit
+    with pytest.raises(SimulationError, match="below request"):
+        run_tasks(wl, bad, jobs=2)
+
+
+@pytest.mark.parametrize("source", ["chat", "trace"])
+def test_finished_leaves_not_shown_to_the_matcher_change_no_figure(
+    source: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = Path(__file__).resolve().parent / "data" / "mooncake_synthetic_head150.jsonl"
+    wl = chat_workload(150, seed=6) if source == "chat" else read_mooncake_trace(data, limit=60)
+    assert wl.outputs_only_in_followers
+    caps = ("12k", "24k") if source == "chat" else ("60k", "inf")
+    for design, bs in (("hash_chain", 1), ("hash_chain", 16), ("radix", 1), ("radix", 8)):
+        for cap in caps:
+            s = spec(design, bs, cap, max_running=16)
+            monkeypatch.setattr(wl, "outputs_only_in_followers", True)
+            fast = simulate_run(wl, s).as_dict()
+            monkeypatch.setattr(wl, "outputs_only_in_followers", False)
+            every = simulate_run(wl, s).as_dict()
+            assert exact_figures(fast) == exact_figures(every), (design, bs, cap)

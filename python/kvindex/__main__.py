@@ -1,29 +1,51 @@
 """Command line: ``kvindex`` / ``python -m kvindex``.
 
 ``kvindex simulate`` (the default when no command is given) replays a workload through both
-index designs and compares them; ``kvindex demo`` prints the seed notes' worked examples
-from the library.
+index designs and compares them; ``kvindex demo`` prints the hash-chain worked examples of
+the vLLM design notes, computed by the library.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 
-_COMMANDS = ("simulate", "demo")
+_DESCRIPTION = """\
+kvindex: the KV-cache prefix index for LLM schedulers (vLLM-style hash chain, SGLang-style
+radix tree). `simulate` replays a workload through both designs and compares them; `demo`
+prints the hash-chain worked examples of the vLLM design notes, computed by the library.
+"""
+
+_EPILOG = """\
+With no command, kvindex runs `simulate`: `kvindex --trace F` is `kvindex simulate --trace F`.
+`kvindex simulate --help` lists its options.
+"""
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``kvindex`` console script."""
-    from kvindex.simulate.cli import DESCRIPTION, EPILOG, add_arguments, guarded_run
+def build_parser() -> argparse.ArgumentParser:
+    """The ``kvindex`` parser: ``simulate`` (default) and ``demo`` subcommands.
 
-    args_in = list(sys.argv[1:] if argv is None else argv)
-    # `simulate` is the default command: `kvindex`, `kvindex --trace F` run it.
-    if not args_in or (args_in[0] not in _COMMANDS and args_in[0] not in ("-h", "--help")):
-        args_in.insert(0, "simulate")
-    parser = argparse.ArgumentParser(prog="kvindex", description=__doc__)
-    sub = parser.add_subparsers(dest="cmd", metavar="{simulate,demo}")
+    ``simulate``'s options are accepted on the top level too (hidden from its help), which
+    is how the default command is spelled with argparse alone: with no subcommand word the
+    top-level parser reads them and ``cmd`` keeps its default, ``simulate``.
+    """
+    from kvindex import __version__
+    from kvindex.simulate.cli import DESCRIPTION, EPILOG, add_arguments
+
+    simulate_options = argparse.ArgumentParser(add_help=False)
+    add_arguments(simulate_options, hidden=True)  # `kvindex --help` lists the commands only
+    parser = argparse.ArgumentParser(
+        prog="kvindex",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        parents=[simulate_options],
+    )
+    parser.add_argument("-V", "--version", action="version", version=f"kvindex {__version__}")
+    parser.set_defaults(cmd="simulate")
+    sub = parser.add_subparsers(dest="cmd", title="commands", metavar="{simulate,demo}")
     sim = sub.add_parser(
         "simulate",
         help="replay a workload through both index designs and compare (default)",
@@ -31,16 +53,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    add_arguments(sim)
-    sub.add_parser("demo", help="print the seed notes' worked examples from the real library")
-    args = parser.parse_args(args_in)
+    add_arguments(sim, defaults=False)
+    sub.add_parser(
+        "demo",
+        help="print the hash-chain worked examples of the vLLM design notes",
+        description="Prints the hash-chain worked examples of the vLLM design notes, as "
+        "computed by the library.",
+    )
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``kvindex`` console script."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(argv)
     if args.cmd == "demo":
         from kvindex._demo import run_demo
 
         for line in run_demo():
             print(line)
         return 0
-    return guarded_run(args, "kvindex simulate")
+    from kvindex.simulate.cli import guarded_run
+
+    args.command_line = shlex.join(["kvindex", *argv])
+    prog = "kvindex simulate" if "simulate" in argv else "kvindex"
+    return guarded_run(args, prog)
 
 
 if __name__ == "__main__":

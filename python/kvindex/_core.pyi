@@ -933,3 +933,112 @@ def decode_event_batch(
     """Decodes a ``KVEventBatch`` payload (map- or array-tagged events; hashes as
     unsigned or signed ints or bytes) into ``(ts, events, data_parallel_rank,
     skipped_types)``. Raises ``InvalidArgumentError`` for malformed input."""
+
+# ---------------------------------------------------------------- cluster index
+
+@final
+class ClusterIndex:
+    """Prefix index of a cluster of workers (one per engine and data-parallel rank),
+    fed by their KV-event batches. Thread-safe: one thread may apply batches while
+    others query. Per-worker answers are int32 arrays of length :attr:`slots`.
+
+    ``apply`` outcomes: ``"applied"``; ``"duplicate"`` (sequence number already
+    applied with the same payload, ignored); ``"gap"`` (not applied; the second
+    element is the first missing sequence number: replay from it, or ``give_up``);
+    ``"restarted"`` (sequence went back: the worker's blocks were dropped and this
+    batch, sequence 0, applied); ``"malformed: <why>"`` (undecodable, another
+    block size or data-parallel rank: counted, worker degraded, nothing applied);
+    ``"unknown_worker"`` (counted in
+    :attr:`unknown_worker_batches`)."""
+
+    def __new__(
+        cls, block_size: int, *, algo: str = "xxh3_128", seed: str | None = None
+    ) -> Self: ...
+    @property
+    def block_size(self) -> int:
+        """Tokens per block."""
+    @property
+    def algo(self) -> str:
+        """The workers' hash algorithm (for queries by tokens)."""
+    @property
+    def seed(self) -> str | None:
+        """The workers' chain seed (None: the algorithm's default)."""
+    @property
+    def slots(self) -> int:
+        """Number of worker slots: the length of every per-worker answer."""
+    @property
+    def num_blocks(self) -> int:
+        """Distinct blocks in the index."""
+    @property
+    def num_pairs(self) -> int:
+        """(block, worker) pairs in the index."""
+    @property
+    def memory_bytes(self) -> int:
+        """Bytes held by the index's tables."""
+    @property
+    def membership(self) -> int:
+        """A counter bumped by every worker added or removed."""
+    @property
+    def unknown_worker_batches(self) -> int:
+        """Batches addressed to a slot without a worker."""
+    def add_worker(self, name: str, dp_rank: int = 0) -> int:
+        """Adds a worker (one event stream); returns its slot. Resyncing until its first batch."""
+    def remove_worker(self, worker: int) -> None:
+        """Removes a worker and its blocks; its slot may be reused."""
+    def apply(self, worker: int, seq: int | None, payload: bytes) -> tuple[str, int]:
+        """Applies one batch payload of `worker` with sequence number `seq`.
+        Returns `(outcome, expected_seq)`; outcomes are listed in the class docstring."""
+    def give_up(self, worker: int, seq: int) -> None:
+        """Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`."""
+    def store_hashes(self, worker: int, hashes: npt.NDArray[np.uint64]) -> None:
+        """Records `hashes` (uint64) as held by `worker`, without a stream."""
+    def remove_hashes(self, worker: int, hashes: npt.NDArray[np.uint64]) -> int:
+        """Drops one reference of `worker` to each of `hashes`; returns how many were not held."""
+    def hashes(
+        self,
+        tokens: _Tokens,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> npt.NDArray[np.uint64]:
+        """The prompt's block hashes as events carry them (uint64)."""
+    def overlaps(
+        self,
+        tokens: _Tokens,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> npt.NDArray[np.int32]:
+        """Per worker slot: leading blocks of the prompt it holds (int32)."""
+    def overlaps_for_hashes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int32]:
+        """Per worker slot: leading `hashes` (uint64) it holds (int32)."""
+    def route(
+        self,
+        tokens: _Tokens,
+        load: npt.NDArray[np.float64],
+        *,
+        overlap_weight: float = 1.0,
+        start: int = 0,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> tuple[int, int, int]:
+        """Picks the worker of lowest `overlap_weight * (blocks - overlap) + load`
+        (`load`: float64 per slot, NaN = not eligible). Returns `(slot or -1,
+        its overlap in blocks, the prompt's full blocks)`."""
+    def statuses(self) -> list[str]:
+        """Per slot: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker)."""
+    def status(self, worker: int) -> str:
+        """One slot's status: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker)."""
+    def incarnations(self) -> list[int]:
+        """Per slot: the worker's incarnation (a number no earlier worker of any slot had),
+        0 for an empty slot."""
+    def worker_info(self, worker: int) -> dict[str, Any]:
+        """One worker's name, dp rank, status, block count, next sequence number,
+        incarnation and counters."""
+    def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
+        """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
+    def check_invariants(self) -> None:
+        """Raises `InvariantViolation` if the index is inconsistent."""

@@ -1,4 +1,5 @@
-"""``kvindex demo``: the seed notes' worked examples, printed from the real library."""
+"""``kvindex demo``: the hash-chain worked examples of the vLLM design notes, computed by the
+library."""
 
 from __future__ import annotations
 
@@ -65,5 +66,8 @@ def run_demo() -> list[str]:
     c.free(0)
     e = c.admit(1, _toks(range(20), range(200, 212), range(300, 310)))
     assert e is not None
-    say(f"  next turn (20 prompt + 12 generated + 10 new) -> hit {e.num_cached_tokens} tokens")
+    say(
+        f"  next turn (20 prompt + 12 generated + 10 new) -> hit {e.num_cached_tokens} "
+        f"token{'' if e.num_cached_tokens == 1 else 's'}"
+    )
     return lines

@@ -19,6 +19,7 @@
 //! | [`wire`] | KV events as vLLM 0.33 msgpack batches (encode, decode) |
 
 pub mod block_pool;
+pub mod cluster;
 pub mod error;
 pub mod event_buffer;
 pub mod events;

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 
 pub mod args;
 pub mod arrays;
+pub mod cluster;
 pub mod common;
 pub mod errors;
 pub mod events;
@@ -40,6 +41,7 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<events::AllBlocksCleared>()?;
     m.add_class::<events::EventEncoder>()?;
     m.add_function(wrap_pyfunction!(events::decode_event_batch, m)?)?;
+    m.add_class::<cluster::PyClusterIndex>()?;
     m.add_class::<radix::PyRadixCache>()?;
     // The tree's former name, kept as an alias.
     m.add("RadixCache", m.getattr("RadixTree")?)?;

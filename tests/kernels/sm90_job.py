@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-CHECK_SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "check_sm90.py"
+CHECK_SCRIPT = Path(__file__).resolve().parents[2] / "kernels" / "sm90_compile_check.py"
 STASH_KEY = pytest.StashKey[tuple[subprocess.Popen[str], Path]]()
 
 
 def start_check() -> tuple[subprocess.Popen[str], Path]:
-    """Starts ``check_sm90.py --json`` in a child process; returns (process, report path).
+    """Starts ``sm90_compile_check.py --json`` in a child process; returns (process, report path).
 
     The child runs without ``TRITON_INTERPRET`` and imports the same ``kvindex``.
     """

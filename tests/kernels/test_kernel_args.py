@@ -53,19 +53,24 @@ CASES: list[tuple[str, Callable[..., Any], dict[str, Any], type[Exception]]] = [
     ("q int", paged_decode_attention, _decode_args(q=torch.zeros(2, 4, 64, dtype=I32)), DTypeError),
     ("q 2-D", paged_decode_attention, _decode_args(q=torch.zeros(2, 256)), DTypeError),
     ("q last dim strided", paged_decode_attention,
-     _decode_args(q=torch.zeros(2, 4, 128)[..., ::2]), DTypeError),
+     _decode_args(q=torch.zeros(2, 4, 128, device=DEVICE)[..., ::2]), DTypeError),
     ("Hq not multiple of Hkv", paged_decode_attention,
      _decode_args(q=torch.zeros(2, 3, 64)), InvalidArgumentError),
     ("head_dim mismatch", paged_decode_attention,
      _decode_args(q=torch.zeros(2, 4, 80)), InvalidArgumentError),
-    ("unsupported head_dim", paged_decode_attention,
-     _decode_args(q=torch.zeros(2, 4, 48), k_cache=torch.zeros(5, 16, 2, 48),
-                  v_cache=torch.zeros(5, 16, 2, 48)), InvalidArgumentError),
-    ("block size 12", paged_decode_attention,
-     _decode_args(k_cache=torch.zeros(5, 12, 2, 64), v_cache=torch.zeros(5, 12, 2, 64)),
+    ("head_dim not a multiple of 8", paged_decode_attention,
+     _decode_args(q=torch.zeros(2, 4, 44), k_cache=torch.zeros(5, 16, 2, 44),
+                  v_cache=torch.zeros(5, 16, 2, 44)), InvalidArgumentError),
+    ("head_dim above 256", paged_decode_attention,
+     _decode_args(q=torch.zeros(2, 4, 264), k_cache=torch.zeros(5, 16, 2, 264),
+                  v_cache=torch.zeros(5, 16, 2, 264)), InvalidArgumentError),
+    ("block size 0", paged_decode_attention,
+     _decode_args(k_cache=torch.zeros(5, 0, 2, 64), v_cache=torch.zeros(5, 0, 2, 64)),
      InvalidArgumentError),
-    ("block size 256", paged_decode_attention,
-     _decode_args(k_cache=torch.zeros(2, 256, 2, 64), v_cache=torch.zeros(2, 256, 2, 64)),
+    # A page size the caches refuse too (they accept 1..2**20); a stride-0 view, no memory.
+    ("block size 2**20 + 1", paged_decode_attention,
+     _decode_args(k_cache=torch.zeros(2, 1, 2, 64, device=DEVICE).expand(2, 2**20 + 1, 2, 64),
+                  v_cache=torch.zeros(2, 1, 2, 64, device=DEVICE).expand(2, 2**20 + 1, 2, 64)),
      InvalidArgumentError),
     ("k/v shapes differ", paged_decode_attention,
      _decode_args(v_cache=torch.zeros(6, 16, 2, 64)), InvalidArgumentError),
@@ -136,6 +141,15 @@ def test_bad_arguments_raise(
 
 def _movable(v: object) -> bool:
     return isinstance(v, torch.Tensor) and v.device.type not in ("meta", DEVICE.type)
+
+
+def test_kernels_accept_exactly_the_page_sizes_the_caches_accept() -> None:
+    from kvindex import HashChainCache
+    from kvindex.kernels._checks import MAX_BLOCK_SIZE
+
+    HashChainCache(2, MAX_BLOCK_SIZE)
+    with pytest.raises(InvalidArgumentError):
+        HashChainCache(2, MAX_BLOCK_SIZE + 1)
 
 
 def test_errors_leave_out_untouched() -> None:

@@ -6,10 +6,11 @@ import to run the kernels in Triton's interpreter (slow; for tests).
 
 - :func:`store_kv` writes new tokens' K/V into the paged cache through ``slot_mapping``;
 - :func:`paged_decode_attention`: one new token per sequence, split-KV;
-- :func:`paged_prefill_attention`: varlen new tokens after cached prefixes;
+- :func:`paged_prefill_attention`: varlen new tokens after cached prefixes (split-KV for
+  short queries such as speculative-decode verification);
 - :mod:`kvindex.kernels.reference`: the torch fp32 oracle used by tests and benchmarks.
 
-The layouts and rules are in :mod:`kvindex.kernels.attention` and ``kernels/README.md``.
+The layouts and rules are in :mod:`kvindex.kernels.attention` and ``kernels/CONTRACT.md``.
 """
 
 from __future__ import annotations

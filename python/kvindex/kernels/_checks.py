@@ -12,10 +12,16 @@ from kvindex.exceptions import DTypeError, InvalidArgumentError
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 #: The one quantised cache dtype: fp8 e4m3 with per-tensor scales.
 FP8_DTYPE = torch.float8_e4m3fn
-#: Head dims with a compiled configuration (see ``kernels/check_sm90.py``).
-SUPPORTED_HEAD_DIMS = (64, 80, 96, 128)
-#: Page sizes: every power of two up to this one.
-MAX_BLOCK_SIZE = 128
+#: Head dims: multiples of ``HEAD_DIM_MULTIPLE`` in ``MIN_HEAD_DIM..MAX_HEAD_DIM`` (32, 64,
+#: 80, 96, 112, 120, 128, 192, 256 ...), run in a power-of-two tile with a mask.
+MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 32, 256, 8
+#: Page sizes: any value in ``1..MAX_BLOCK_SIZE``, the caches' own rule (``HashChainCache``
+#: and ``RadixCache`` accept page sizes 1..=2**20); powers of two or not.
+MAX_BLOCK_SIZE = 2**20
+
+
+def head_dim_supported(head_dim: int) -> bool:
+    return MIN_HEAD_DIM <= head_dim <= MAX_HEAD_DIM and head_dim % HEAD_DIM_MULTIPLE == 0
 
 
 def check_tensor(
@@ -63,13 +69,15 @@ def check_cache_pair(k_cache: torch.Tensor, v_cache: torch.Tensor) -> tuple[int,
     if k_cache.dtype != v_cache.dtype:
         raise DTypeError(f"k_cache and v_cache dtypes differ: {k_cache.dtype} vs {v_cache.dtype}")
     _, block_size, num_kv_heads, head_dim = k_cache.shape
-    if block_size < 1 or block_size > MAX_BLOCK_SIZE or block_size & (block_size - 1):
+    if block_size < 1 or block_size > MAX_BLOCK_SIZE:
         raise InvalidArgumentError(
-            f"block_size (k_cache.shape[1]) must be a power of two in 1..{MAX_BLOCK_SIZE}, "
-            f"got {block_size}"
+            f"block_size (k_cache.shape[1]) must be in 1..{MAX_BLOCK_SIZE}, got {block_size}"
         )
-    if head_dim not in SUPPORTED_HEAD_DIMS:
-        raise InvalidArgumentError(f"head_dim must be one of {SUPPORTED_HEAD_DIMS}, got {head_dim}")
+    if not head_dim_supported(head_dim):
+        raise InvalidArgumentError(
+            f"head_dim must be a multiple of {HEAD_DIM_MULTIPLE} in "
+            f"{MIN_HEAD_DIM}..{MAX_HEAD_DIM}, got {head_dim}"
+        )
     if num_kv_heads < 1:
         raise InvalidArgumentError("caches must have at least one KV head")
     return block_size, num_kv_heads, head_dim

@@ -3,7 +3,7 @@
 
 Only ``@triton.jit`` functions live here; :mod:`kvindex.kernels.attention` launches them.
 One program stores ``BLOCK_T`` tokens of one KV head. ``slot = block * block_size +
-offset``; a negative slot (padding) is skipped. An fp8 (e4m3) cache stores
+offset`` (any page size); a negative slot (padding) is skipped. An fp8 (e4m3) cache stores
 ``clamp(x / scale, -448, 448)`` rounded to nearest (ties to even).
 """
 
@@ -28,7 +28,7 @@ def _round_to_e4m3(x):
     return tl.where(x < 0, -rounded, rounded)
 
 
-@triton.jit(do_not_specialize=["num_tokens", "block_shift"])
+@triton.jit(do_not_specialize=["num_tokens"])
 def _store_kv_kernel(
     key_ptr,
     value_ptr,
@@ -47,7 +47,7 @@ def _store_kv_kernel(
     stride_v_head,
     num_tokens,
     head_dim,
-    block_shift,
+    block_size,
     k_scale,
     v_scale,
     BLOCK_T: tl.constexpr,
@@ -60,8 +60,8 @@ def _store_kv_kernel(
     t_ok = offs_t < num_tokens
     slot = tl.load(slot_mapping_ptr + offs_t, mask=t_ok, other=-1).to(tl.int64)
     ok = t_ok & (slot >= 0)
-    page = slot >> block_shift
-    in_page = slot & ((1 << block_shift) - 1)
+    page = slot // block_size
+    in_page = slot - page * block_size
     toks = offs_t.to(tl.int64)
     offs_d = tl.arange(0, BLOCK_D)
     mask = ok[:, None] & (offs_d < head_dim)[None, :]

@@ -4,11 +4,13 @@ Layouts (row-major; the last dim of every tensor is contiguous):
 
 - ``k_cache``, ``v_cache``: ``[num_blocks, block_size, num_kv_heads, head_dim]``, fp16, bf16,
   fp32 or fp8 e4m3 (``torch.float8_e4m3fn``, with per-tensor ``k_scale`` / ``v_scale``:
-  real value = stored value * scale). ``block_size`` is a power of two in 1..128,
-  ``head_dim`` one of 64, 80, 96, 128. K and V may be views of one allocation.
+  real value = stored value * scale). ``block_size`` is any value in 1..2**20 (the caches'
+  rule), ``head_dim`` a multiple of 8 in 32..256. K and V may be views of one allocation,
+  and each has its own strides.
 - ``block_tables``: int32 ``[num_seqs, max_blocks]``; row ``i`` lists the pages of sequence
   ``i`` in order; columns past the sequence's last page are never read.
-- ``seq_lens``: int32 ``[num_seqs]``, cached prefix + new tokens, each >= 1 for decode.
+- ``seq_lens``: int32 ``[num_seqs]``, cached prefix + new tokens; 0 in decode is a padding
+  row (its output is zeros).
 - ``query_start_loc``: int32 ``[num_seqs + 1]``, prefix sums of the new-token counts.
 - ``slot_mapping``: int64 ``[num_tokens]``, ``block * block_size + offset``; -1 skips.
 
@@ -113,6 +115,15 @@ def _check_tables(num_seqs: int, block_tables: torch.Tensor, seq_lens: torch.Ten
         raise InvalidArgumentError("block_tables must have at least one column")
 
 
+def _check_num_splits(num_splits: object) -> None:
+    if num_splits is not None and (
+        isinstance(num_splits, bool)
+        or not isinstance(num_splits, int)
+        or not 1 <= num_splits <= MAX_SPLITS
+    ):
+        raise InvalidArgumentError(f"num_splits must be None or an int in 1..{MAX_SPLITS}")
+
+
 def paged_decode_attention(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -129,10 +140,12 @@ def paged_decode_attention(
 ) -> torch.Tensor:
     """One new token per sequence: ``q`` ``[num_seqs, Hq, D]`` -> ``out`` ``[num_seqs, Hq, D]``.
 
-    The token sits at position ``seq_len - 1`` (its K/V already stored). Each sequence's
-    keys are cut into ``num_splits`` parts that run in parallel and are merged by a second
-    kernel (flash-decoding); ``None`` picks a count from the batch size, the GPU's SM count
-    and the block table width (never from the data). ``Hq`` must be a multiple of ``Hkv``.
+    The token sits at position ``seq_len - 1`` (its K/V already stored); a sequence of
+    length 0 gets zeros. Each sequence's keys are cut into up to ``num_splits`` parts that
+    run in parallel and are merged by a second kernel (flash-decoding); ``None`` picks the
+    count that fills one wave of the GPU (SMs x programs per SM) without exceeding the
+    block table's width, and each sequence uses only as many splits as its real length
+    needs (decided on the device). ``Hq`` must be a multiple of ``Hkv``.
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_cache_pair(k_cache, v_cache)
@@ -140,12 +153,7 @@ def paged_decode_attention(
     _check_tables(q.shape[0], block_tables, seq_lens)
     check_attention_options(sliding_window, softcap, scale)
     check_scales(k_cache.dtype, k_scale, v_scale)
-    if num_splits is not None and (
-        isinstance(num_splits, bool)
-        or not isinstance(num_splits, int)
-        or not 1 <= num_splits <= MAX_SPLITS
-    ):
-        raise InvalidArgumentError(f"num_splits must be None or an int in 1..{MAX_SPLITS}")
+    _check_num_splits(num_splits)
     check_out(out, tuple(q.shape), q.dtype, q.device)
     check_same_device(
         q.device,
@@ -190,12 +198,18 @@ def paged_prefill_attention(
     softcap: float = 0.0,
     k_scale: float = 1.0,
     v_scale: float = 1.0,
+    num_splits: int | None = None,
 ) -> torch.Tensor:
     """New tokens after cached prefixes: ``q`` ``[total_new_tokens, Hq, D]`` -> ``out``.
 
     Sequence ``i`` owns rows ``query_start_loc[i]:query_start_loc[i + 1]`` of ``q`` (possibly
-    none). ``max_query_len`` must be at least the largest new-token count: it sizes the
-    launch grid without reading ``query_start_loc`` on the host.
+    none). ``max_query_len`` must be at least the largest new-token count: it picks the
+    block sizes without reading ``query_start_loc`` on the host. The launch covers the
+    batch with ``total_new_tokens // rows + num_seqs`` programs per KV head (each finds its
+    sequence on the device), so mixed batches launch no empty grid. Short queries
+    (``max_query_len`` <= 16: speculative-decode verification, small chunks after a long
+    prefix) run with decode's block sizes and split-KV; ``num_splits`` is as in
+    :func:`paged_decode_attention` (``None``: 1 for batches that fill the GPU anyway).
     """
     check_tensor("q", q, 3, FLOAT_DTYPES)
     check_cache_pair(k_cache, v_cache)
@@ -216,6 +230,7 @@ def paged_prefill_attention(
         )
     check_attention_options(sliding_window, softcap, scale)
     check_scales(k_cache.dtype, k_scale, v_scale)
+    _check_num_splits(num_splits)
     check_out(out, tuple(q.shape), q.dtype, q.device)
     check_same_device(
         q.device,
@@ -242,6 +257,7 @@ def paged_prefill_attention(
         softcap=float(softcap),
         k_scale=float(k_scale),
         v_scale=float(v_scale),
+        num_splits=num_splits,
     )
     for launch in plans:
         launch.run()

@@ -44,7 +44,8 @@ def attention_reference(
 
     ``k``/``v`` are ``[L, Hkv, D]``; query head ``h`` uses KV head ``h // (Hq // Hkv)``.
     A query at position ``p`` sees keys ``k`` with ``p - sliding_window < k <= p``
-    (``sliding_window`` 0: no lower bound). Returns fp32 ``[n, Hq, D]``.
+    (``sliding_window`` 0: no lower bound); a query that sees no key gets zeros.
+    Returns fp32 ``[n, Hq, D]``.
     """
     q, k, v = q.float(), k.float(), v.float()
     group = q.shape[1] // k.shape[1]
@@ -60,7 +61,8 @@ def attention_reference(
     if sliding_window > 0:
         visible &= k_pos[None, :] > q_pos[:, None] - sliding_window
     scores = scores.masked_fill(~visible, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", torch.softmax(scores, dim=-1), v)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows without keys: all -inf
+    return torch.einsum("hqk,khd->qhd", probs, v)
 
 
 def dense_causal_attention(

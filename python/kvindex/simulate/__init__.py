@@ -9,13 +9,15 @@ Python API (the CLI is a thin layer over it)::
     print(res.tally.hit_rate, res.evicted_blocks, res.waits)
 
 Modules: :mod:`~kvindex.simulate.workloads` (requests, the chat generator),
-:mod:`~kvindex.simulate.trace` (Mooncake JSONL), :mod:`~kvindex.simulate.seeds` (the seed
-notes' worked examples), :mod:`~kvindex.simulate.capacity` (``--capacity`` values),
+:mod:`~kvindex.simulate.trace` (Mooncake JSONL), :mod:`~kvindex.simulate.seeds` (the
+worked examples of the vLLM hash-chain and radix-tree design notes),
+:mod:`~kvindex.simulate.capacity` (``--capacity`` values),
 :mod:`~kvindex.simulate.scheduler` (the continuous-batching model),
 :mod:`~kvindex.simulate.ledger` (hit and granularity-loss accounting),
 :mod:`~kvindex.simulate.reference` (one-at-a-time replays, the theoretical maximum),
+:mod:`~kvindex.simulate.runner` (replays on several cores),
 :mod:`~kvindex.simulate.report` (tables, JSON), :mod:`~kvindex.simulate.plot`,
-:mod:`~kvindex.simulate.cli`.
+:mod:`~kvindex.simulate.outputs` (output paths checked up front), :mod:`~kvindex.simulate.cli`.
 """
 
 from __future__ import annotations

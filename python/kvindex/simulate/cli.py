@@ -3,21 +3,34 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shlex
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from kvindex.simulate.capacity import Capacity, parse_capacities
 from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.ledger import HitTally
+from kvindex.simulate.outputs import check_output_path, check_plot_path
 from kvindex.simulate.progress import Progress
-from kvindex.simulate.reference import replay_in_order, theoretical_max_hit_rate
-from kvindex.simulate.report import SimulationReport, format_seeds, format_table, write_json
-from kvindex.simulate.scheduler import RADIX_INSERT, RunResult, RunSpec, check_spec, simulate_run
+from kvindex.simulate.report import (
+    DEFAULT_WIDTH,
+    FORMATS,
+    JSON_SCHEMA_VERSION,
+    SimulationReport,
+    format_full,
+    format_seeds,
+    format_summary,
+    write_json,
+)
+from kvindex.simulate.runner import Task, default_jobs, run_tasks
+from kvindex.simulate.scheduler import RADIX_INSERT, RunResult, RunSpec, check_spec
+from kvindex.simulate.trace import TRACE_BLOCK
 from kvindex.simulate.workloads import Workload, chat_workload
 from kvindex.sizing import ModelShape, SizingError, kv_budget_bytes, parse_bytes
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["add_arguments", "build_parser", "check_args", "guarded_run", "main", "run"]
 
 DESCRIPTION = """\
 Replay a workload through kvindex's two prefix-index designs — the hash chain (vLLM's
@@ -40,14 +53,15 @@ Scheduling model (continuous batching, one step = one forward pass):
      prefill, SGLang's cache_unfinished_req) or when the request finishes (finish);
   6. finished requests are freed; their blocks stay cached until evicted.
 Every request must fit alone in the pool. Figures are exact and reproducible (same seed,
-same numbers) except the measured µs, reported apart (JSON: "timing").
+same numbers) except the measured µs, reported apart (JSON: "timing"). Configurations run
+in parallel, one process each, on up to --jobs cores (default: all).
 """
 
 EPILOG = """\
 capacity values (comma-separated): inf; tokens 65536, 64k, 3M, 64Ki; blocks 4096blocks;
 memory 40GiB / 80GB with --model-shape. Examples:
   kvindex simulate                                   # chat workload, default grid
-  kvindex simulate --workload seeds                  # the seed notes' worked examples
+  kvindex simulate --workload seeds                  # the design notes' worked examples
   kvindex simulate --trace mooncake.jsonl --index hash_chain,radix,radix@1 --capacity 1M,3M,inf
   kvindex simulate --capacity 1GiB,4GiB --model-shape layers=32,kv_heads=8,head_dim=128,dtype=bf16
 """
@@ -56,101 +70,167 @@ _CHAT_BLOCK_SIZES = "1,16"
 _TRACE_BLOCK_SIZES = "16"
 _CHAT_CAPACITIES = "32k,64k,128k,inf"
 _TRACE_CAPACITIES = "1M,3M,10M,inf"
+_STEP_MS = 20.0
+#: The largest block (page) size the caches accept.
+MAX_BLOCK_SIZE = 2**20
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Adds ``kvindex simulate``'s options to ``p``."""
+def add_arguments(
+    p: argparse.ArgumentParser, *, defaults: bool = True, hidden: bool = False
+) -> None:
+    """Adds ``kvindex simulate``'s options to ``p``.
+
+    With ``defaults=False`` an option left out sets nothing (``argparse.SUPPRESS``): used by
+    the ``simulate`` subcommand, so that options given before it (``kvindex --quiet
+    simulate``) are not reset to their defaults by the subcommand's parser. ``hidden``
+    leaves the options out of ``p``'s help.
+    """
     from kvindex import HASH_ALGOS, RADIX_POLICIES
 
+    def opt(group: Any, *flags: str, default: Any = None, **kw: Any) -> None:
+        if hidden:
+            kw["help"] = argparse.SUPPRESS
+        group.add_argument(*flags, default=default if defaults else argparse.SUPPRESS, **kw)
+
     w = p.add_argument_group("workload")
-    w.add_argument(
+    opt(
+        w,
         "--workload",
         choices=("chat", "seeds"),
-        default="chat",
-        help="chat: seeded multi-tenant chat generator (default); seeds: the seed notes' "
-        "worked examples",
+        help="chat: seeded multi-tenant chat generator (default); seeds: the worked examples "
+        "of the vLLM hash-chain and radix-tree design notes",
     )
-    w.add_argument("--trace", metavar="FILE", help="replay a Mooncake JSONL trace instead")
-    w.add_argument(
+    opt(w, "--trace", metavar="FILE", help="replay a Mooncake JSONL trace instead")
+    opt(
+        w,
         "--requests",
         type=int,
         metavar="N",
         help="chat: number of requests (default 1000); trace: keep the first N",
     )
-    w.add_argument("--seed", type=int, default=0, help="chat generator seed (default 0)")
-    w.add_argument(
+    opt(w, "--seed", type=int, help="chat: generator seed (default 0)")
+    opt(
+        w,
         "--step-ms",
         type=float,
-        default=20.0,
-        help="trace: milliseconds per scheduler step (default 20)",
+        metavar="MS",
+        help=f"trace: milliseconds per scheduler step (default {_STEP_MS:g})",
+    )
+    opt(
+        w,
+        "--tokens-per-hash",
+        type=int,
+        metavar="N",
+        help=f"trace: tokens per hash id (default {TRACE_BLOCK}, the Mooncake release's)",
     )
     d = p.add_argument_group("designs and pool")
-    d.add_argument(
+    opt(
+        d,
         "--index",
         default="hash_chain,radix",
         metavar="LIST",
         help="designs, comma-separated: hash_chain, radix; DESIGN@BS runs one block size "
         "only (default hash_chain,radix)",
     )
-    d.add_argument(
+    opt(
+        d,
         "--block-size",
         metavar="LIST",
         help=f"block (page) sizes, comma-separated (default {_CHAT_BLOCK_SIZES}; "
         f"trace {_TRACE_BLOCK_SIZES})",
     )
-    d.add_argument(
-        "--hash", default="xxh3_128", choices=HASH_ALGOS, help="hash-chain algorithm (xxh3_128)"
-    )
-    d.add_argument(
-        "--policy", default="lru", choices=RADIX_POLICIES, help="radix eviction policy (lru)"
-    )
-    d.add_argument(
+    opt(d, "--hash", default="xxh3_128", choices=HASH_ALGOS, help="hash-chain algorithm (xxh3_128)")
+    opt(d, "--policy", default="lru", choices=RADIX_POLICIES, help="radix eviction policy (lru)")
+    opt(
+        d,
         "--radix-insert",
         default="prefill",
         choices=RADIX_INSERT,
         help="when the radix design inserts a request (default prefill)",
     )
-    d.add_argument(
+    opt(
+        d,
         "--capacity",
         metavar="LIST",
         help=f"KV pool sizes (default {_CHAT_CAPACITIES}; trace {_TRACE_CAPACITIES})",
     )
-    d.add_argument(
+    opt(
+        d,
         "--model-shape",
         metavar="SHAPE",
         help="layers=L,kv_heads=H,head_dim=D[,dtype=bf16]: turns memory capacities into tokens",
     )
     b = p.add_argument_group("pool from an engine's memory budget (needs --model-shape)")
-    b.add_argument(
+    opt(
+        b,
         "--budget-rule",
         choices=("sglang", "vllm"),
         help="add the pool this rule leaves: sglang = fraction x GPU - weights; vllm = "
         "fraction x GPU - weights - activation peak - other",
     )
-    b.add_argument("--gpu-memory", metavar="SIZE", help="GPU memory, e.g. 80GiB")
-    b.add_argument(
+    opt(b, "--gpu-memory", metavar="SIZE", help="GPU memory, e.g. 80GiB")
+    opt(
+        b,
         "--memory-fraction",
         type=float,
         metavar="F",
         help="mem_fraction_static (sglang, required) / gpu_memory_utilization (vllm, 0.9)",
     )
-    b.add_argument("--weights", metavar="SIZE", default="0", help="model weights, e.g. 16GiB")
-    b.add_argument("--activation-peak", metavar="SIZE", default="0", help="vllm: profiled peak")
-    b.add_argument("--other-memory", metavar="SIZE", default="0", help="vllm: non-torch memory")
+    opt(b, "--weights", metavar="SIZE", help="model weights, e.g. 16GiB (default 0)")
+    opt(b, "--activation-peak", metavar="SIZE", help="vllm: profiled peak (default 0)")
+    opt(b, "--other-memory", metavar="SIZE", help="vllm: non-torch memory (default 0)")
     s = p.add_argument_group("scheduler")
-    s.add_argument("--max-running", type=int, default=64, help="running requests (default 64)")
-    s.add_argument(
+    opt(s, "--max-running", type=int, default=64, help="running requests (default 64)")
+    opt(
+        s,
         "--max-batched-tokens",
         type=int,
         default=8192,
         help="tokens computed per step (default 8192)",
     )
-    o = p.add_argument_group("output")
-    o.add_argument("--json", metavar="PATH", help="write every figure as JSON")
-    o.add_argument(
-        "--plot", metavar="PATH.png", help="plot hit rate against capacity (needs matplotlib)"
+    o = p.add_argument_group("output and speed")
+    opt(
+        o,
+        "--format",
+        choices=FORMATS,
+        help="print the full table as aligned text, Markdown or CSV (default: a summary that "
+        "fits the terminal)",
     )
-    o.add_argument("--quiet", action="store_true", help="no progress bar")
+    opt(o, "--json", metavar="PATH", help="write every figure as JSON")
+    opt(
+        o,
+        "--plot",
+        metavar="PATH.png",
+        help="plot hit rate against capacity (needs matplotlib; format from the suffix)",
+    )
+    opt(
+        o,
+        "--jobs",
+        "-j",
+        type=int,
+        metavar="N",
+        help="processes running configurations in parallel, one configuration each (default: "
+        "the usable CPU cores); the exact figures do not depend on it, the measured µs are "
+        "steadier with 1",
+    )
+    opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
+    c = p.add_argument_group("cluster: W engines behind a KV-aware router (needs kvindex[events])")
+    opt(c, "--cluster", type=int, metavar="W", help="simulate W engine replicas behind a router")
+    opt(
+        c,
+        "--route",
+        default="kv,random,round_robin,least_loaded,approx",
+        help="routing policies, comma-separated (default: all of kv, random, round_robin, "
+        "least_loaded, approx)",
+    )
+    opt(
+        c,
+        "--cluster-blocks",
+        type=int,
+        default=2048,
+        metavar="N",
+        help="pool blocks per engine (default 2048)",
+    )
 
 
 def _ints(text: str, what: str) -> list[int]:
@@ -164,6 +244,8 @@ def _ints(text: str, what: str) -> list[int]:
             raise SimulationError(f"bad {what} {part.strip()!r}: expected an integer") from None
         if v < 1:
             raise SimulationError(f"{what} must be >= 1, got {v}")
+        if v > MAX_BLOCK_SIZE:
+            raise SimulationError(f"{what} must be at most 2**20 = {MAX_BLOCK_SIZE:,}, got {v:,}")
         if v not in out:
             out.append(v)
     if not out:
@@ -193,6 +275,90 @@ def _configs(index: str, block_sizes: list[int]) -> list[tuple[str, int]]:
     return out
 
 
+def _warn(args: argparse.Namespace, message: str) -> None:
+    print(f"{getattr(args, 'prog', 'kvindex simulate')}: warning: {message}", file=sys.stderr)
+
+
+def check_args(args: argparse.Namespace) -> None:
+    """Rejects conflicting options and output paths that cannot be written, warns about
+    options that do not apply; fills in the defaults that depend on the workload.
+
+    Runs before anything is simulated (it reads no trace and imports no plotting library).
+    """
+    trace = bool(args.trace)
+    if trace and args.workload is not None:
+        raise SimulationError(
+            f"--trace and --workload {args.workload} both name the workload; give one"
+        )
+    workload = "trace" if trace else (args.workload or "chat")
+    args.workload_kind = workload
+    if args.cluster is not None:
+        if workload == "seeds":
+            raise SimulationError("--cluster replays the chat workload or a --trace, not seeds")
+        if args.plot is not None:
+            raise SimulationError("--plot is not available with --cluster (use --json)")
+        if args.cluster < 1:
+            raise SimulationError(f"--cluster must be >= 1, got {args.cluster}")
+    if args.json is not None:
+        check_output_path("--json", args.json)
+    if args.plot is not None:
+        if workload == "seeds":
+            raise SimulationError("--plot needs a capacity sweep; the seeds workload has none")
+        check_plot_path(args.plot)
+    if args.jobs is not None and args.jobs < 1:
+        raise SimulationError(f"--jobs must be >= 1, got {args.jobs}")
+    if args.requests is not None and args.requests < 1:
+        raise SimulationError(f"--requests must be >= 1, got {args.requests}")
+    if args.tokens_per_hash is not None and args.tokens_per_hash < 1:
+        raise SimulationError(f"--tokens-per-hash must be >= 1, got {args.tokens_per_hash}")
+    if args.step_ms is not None and not args.step_ms > 0:
+        raise SimulationError(f"--step-ms must be > 0, got {args.step_ms}")
+    if args.seed is not None and workload != "chat":
+        _warn(args, f"--seed applies to the chat workload only; ignored for the {workload}")
+    for flag, value in (("--step-ms", args.step_ms), ("--tokens-per-hash", args.tokens_per_hash)):
+        if value is not None and workload != "trace":
+            _warn(args, f"{flag} applies to --trace only; ignored")
+    if workload == "seeds":
+        ignored = [
+            flag
+            for flag, value in (
+                ("--requests", args.requests),
+                ("--block-size", args.block_size),
+                ("--capacity", args.capacity),
+                ("--model-shape", args.model_shape),
+                ("--budget-rule", args.budget_rule),
+                ("--format", args.format),
+                ("--jobs", args.jobs),
+            )
+            if value is not None
+        ]
+        if ignored:
+            _warn(
+                args,
+                f"{', '.join(ignored)}: not used by the seeds workload (fixed examples); ignored",
+            )
+    if args.budget_rule is None:
+        given = [
+            flag
+            for flag, value in (
+                ("--memory-fraction", args.memory_fraction),
+                ("--weights", args.weights),
+                ("--activation-peak", args.activation_peak),
+                ("--other-memory", args.other_memory),
+            )
+            if value is not None
+        ]
+        if given:
+            _warn(args, f"{', '.join(given)} apply only with --budget-rule; ignored")
+    elif args.budget_rule == "sglang":
+        for flag, value in (
+            ("--activation-peak", args.activation_peak),
+            ("--other-memory", args.other_memory),
+        ):
+            if value is not None:
+                _warn(args, f"{flag} applies to --budget-rule vllm only; ignored")
+
+
 def _budget_capacity(args: argparse.Namespace, shape: ModelShape | None) -> Capacity | None:
     if args.budget_rule is None:
         if args.gpu_memory is not None:
@@ -202,53 +368,85 @@ def _budget_capacity(args: argparse.Namespace, shape: ModelShape | None) -> Capa
         raise SimulationError("--budget-rule needs --model-shape")
     if args.gpu_memory is None:
         raise SimulationError("--budget-rule needs --gpu-memory")
+    weights = args.weights or "0"
+    vllm = args.budget_rule == "vllm"
     budget = kv_budget_bytes(
         args.budget_rule,
         gpu_memory_bytes=parse_bytes(args.gpu_memory),
         fraction=args.memory_fraction,
-        weight_bytes=parse_bytes(args.weights),
-        activation_bytes=parse_bytes(args.activation_peak) if args.budget_rule == "vllm" else 0,
-        other_bytes=parse_bytes(args.other_memory) if args.budget_rule == "vllm" else 0,
+        weight_bytes=parse_bytes(weights),
+        activation_bytes=parse_bytes(args.activation_peak or "0") if vllm else 0,
+        other_bytes=parse_bytes(args.other_memory or "0") if vllm else 0,
     )
     frac = args.memory_fraction if args.memory_fraction is not None else 0.9
-    label = f"{args.budget_rule}({args.gpu_memory}x{frac:g}-{args.weights})"
+    label = f"{args.budget_rule}({args.gpu_memory}x{frac:g}-{weights})"
     if budget < shape.bytes_per_token:
         raise SimulationError(f"the {label} budget ({budget:,} bytes) holds no token")
     return Capacity(label, "bytes", budget, shape.bytes_per_token)
+
+
+def _json_header(args: argparse.Namespace) -> dict[str, Any]:
+    from kvindex import __version__
+
+    return {
+        "schema_version": JSON_SCHEMA_VERSION,
+        "kvindex_version": __version__,
+        "command": getattr(args, "command_line", None),
+    }
 
 
 def _run_seeds(args: argparse.Namespace) -> int:
     from kvindex.simulate.seeds import run_seeds
 
     rows = run_seeds()
-    print(format_seeds(rows))
+    print(format_seeds(rows, width=_terminal_width()))
     if args.json:
-        write_json(args.json, {"workload": "seeds", "examples": rows})
-    if args.plot:
-        raise SimulationError("--plot needs a capacity sweep; the seeds workload has none")
+        write_json(args.json, {**_json_header(args), "workload": "seeds", "examples": rows})
     return 0
 
 
 def _load_workload(args: argparse.Namespace) -> Workload:
-    if args.requests is not None and args.requests < 1:
-        raise SimulationError(f"--requests must be >= 1, got {args.requests}")
-    if args.trace:
+    if args.workload_kind == "trace":
         from kvindex.simulate.trace import read_mooncake_trace
 
-        return read_mooncake_trace(args.trace, step_ms=args.step_ms, limit=args.requests)
-    return chat_workload(args.requests or 1000, args.seed)
+        return read_mooncake_trace(
+            args.trace,
+            step_ms=args.step_ms if args.step_ms is not None else _STEP_MS,
+            limit=args.requests,
+            tokens_per_hash=args.tokens_per_hash or TRACE_BLOCK,
+        )
+    return chat_workload(args.requests or 1000, args.seed if args.seed is not None else 0)
+
+
+def _terminal_width() -> int:
+    """Columns of the terminal on stdout; 120 when it cannot be read (a pipe, a file)."""
+    try:
+        cols = os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        cols = 0
+    if cols <= 0:
+        env = os.environ.get("COLUMNS", "")
+        cols = int(env) if env.isdigit() and int(env) > 0 else DEFAULT_WIDTH
+    return max(cols, 40)
 
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvindex simulate`` for parsed ``args``; returns the exit status."""
-    if args.plot:
-        from kvindex.simulate.plot import plot_available
+    if args.cluster is not None:
+        check_args(args)
+        # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
+        # simulator (and pyzmq) is imported only for these runs.
+        from kvindex.cluster.simulate import run_cluster
 
-        plot_available()
-    if args.workload == "seeds" and not args.trace:
+        try:
+            return run_cluster(args)
+        except ValueError as e:
+            raise SimulationError(str(e)) from e
+    check_args(args)
+    if args.workload_kind == "seeds":
         return _run_seeds(args)
     shape = ModelShape.parse(args.model_shape) if args.model_shape else None
-    trace = bool(args.trace)
+    trace = args.workload_kind == "trace"
     block_sizes = _ints(
         args.block_size or (_TRACE_BLOCK_SIZES if trace else _CHAT_BLOCK_SIZES), "block size"
     )
@@ -277,27 +475,26 @@ def run(args: argparse.Namespace) -> int:
     for spec in specs:
         check_spec(workload, spec)
 
-    n = len(workload)
+    tasks: list[Task] = [Task("max", "radix", 1)]
+    for design, bs in configs:
+        kw: dict[str, Any] = {"algo": args.hash} if design == "hash_chain" else {}
+        if design == "radix":
+            kw["policy"] = args.policy
+        tasks.append(Task("ceiling", design, bs, cache_kw=kw))
+    tasks += [Task("run", s.design, s.block_size, spec=s) for s in specs]
+    jobs = args.jobs if args.jobs is not None else default_jobs(len(tasks))
     enabled = not args.quiet and sys.stderr.isatty()
-    bar = Progress((len(specs) + len(configs) + 1) * n, enabled=enabled)
+    bar = Progress(len(tasks) * len(workload), enabled=enabled)
     try:
-        bar.set_label("theoretical maximum (radix bs=1, inf, in order)")
-        tmax = theoretical_max_hit_rate(workload, progress=bar.advance)
-        ceilings: dict[tuple[str, int], HitTally] = {}
-        for design, bs in configs:
-            bar.set_label(f"ceiling {design} bs={bs}")
-            kw: dict[str, Any] = {"algo": args.hash} if design == "hash_chain" else {}
-            if design == "radix":
-                kw["policy"] = args.policy
-            ceilings[(design, bs)] = replay_in_order(
-                workload, design, bs, losses=False, progress=bar.advance, **kw
-            )
-        runs: list[RunResult] = []
-        for i, spec in enumerate(specs, 1):
-            bar.set_label(f"run {i}/{len(specs)} {spec.label()}")
-            runs.append(simulate_run(workload, spec, progress=bar.advance))
+        results = run_tasks(workload, tasks, jobs=jobs, progress=bar)
     finally:
         bar.close()
+    tmax = cast(HitTally, results[0]).hit_rate
+    pairs = list(zip(tasks, results, strict=True))
+    ceilings = {
+        (t.design, t.block_size): cast(HitTally, r) for t, r in pairs if t.kind == "ceiling"
+    }
+    runs = [cast(RunResult, r) for t, r in pairs if t.kind == "run"]
 
     rep = SimulationReport(
         workload.summary(),
@@ -307,7 +504,8 @@ def run(args: argparse.Namespace) -> int:
             "radix_insert": args.radix_insert,
             "policy": args.policy,
             "hash_algo": args.hash,
-            "step_ms": args.step_ms if trace else None,
+            "step_ms": (args.step_ms if args.step_ms is not None else _STEP_MS) if trace else None,
+            "processes": min(jobs, len(tasks)),
         },
         tmax,
         ceilings,
@@ -315,9 +513,13 @@ def run(args: argparse.Namespace) -> int:
         str(shape) if shape is not None else None,
         shape.bytes_per_token if shape is not None else None,
     )
-    print(format_table(rep))
+    fmt = args.format
+    if fmt is None:
+        print(format_summary(rep, width=_terminal_width()))
+    else:
+        print(format_full(rep, fmt))
     if args.json:
-        write_json(args.json, rep.as_dict())
+        write_json(args.json, {**_json_header(args), **rep.as_dict()})
     if args.plot:
         from kvindex.simulate.plot import plot_hit_rate
 
@@ -325,8 +527,8 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None, prog: str = "kvindex simulate") -> int:
-    """Parses ``argv`` and runs; errors in the input print one line and return 2."""
+def build_parser(prog: str = "kvindex simulate") -> argparse.ArgumentParser:
+    """The parser of ``kvindex simulate`` (also ``python -m kvindex.simulate.cli``)."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=DESCRIPTION,
@@ -334,7 +536,14 @@ def main(argv: Sequence[str] | None = None, prog: str = "kvindex simulate") -> i
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, prog: str = "kvindex simulate") -> int:
+    """Parses ``argv`` and runs; errors in the input print one line and return 2."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(prog).parse_args(argv)
+    args.command_line = shlex.join([prog, *argv])
     return guarded_run(args, prog)
 
 
@@ -342,11 +551,21 @@ def guarded_run(args: argparse.Namespace, prog: str = "kvindex simulate") -> int
     """:func:`run`, with input errors printed as ``prog: error: ...`` (exit status 2)."""
     from kvindex.exceptions import KvIndexError
 
+    args.prog = prog
     try:
         return run(args)
+    except BrokenPipeError:
+        # `kvindex | head`: the reader left; stop quietly, as a shell tool would.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141
     except (SimulationError, SizingError, KvIndexError, OSError) as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"{prog}: interrupted", file=sys.stderr)
         return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

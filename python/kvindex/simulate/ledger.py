@@ -2,12 +2,12 @@
 
 For every first admission of a prompt of ``n`` tokens the simulator knows ``H``, the tokens
 the design hit, and ``E``, the token-exact longest match of the prompt against every
-sequence shown to the cache so far (:class:`ExactMatcher`: a kvindex radix cache at page
-size 1 with room for everything, run in lockstep — prompts are shown at admission and
+sequence shown to the cache so far (:class:`ExactMatcher`: a kvindex radix tree at page
+size 1 that never evicts, run in lockstep — prompts are shown at admission and
 whole sequences, prompt plus output, when they are freed). Then, with block size ``B``:
 
 * ``G = ⌊E/B⌋·B`` — the block-aligned match; ``E − G`` tokens are **lost to block
-  granularity** (the seed note's 30 matching tokens of which 16 hit: 14 lost);
+  granularity** (the hash-chain design note's 30 matching tokens of which 16 hit: 14 lost);
 * ``C = min(G, ⌊(n−1)/B⌋·B)`` — the full-hit rule (the last prompt token is always
   computed, and hits are block-aligned, so a fully cached block-aligned prompt recomputes
   its whole last block); ``G − C`` tokens are **lost to the full-hit rule**;
@@ -26,50 +26,52 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from kvindex.protocol import make_cache
-from kvindex.simulate.workloads import SENTINEL, Tokens
+from kvindex._core import RadixCache
+from kvindex.simulate.workloads import Tokens
 
 __all__ = ["ExactMatcher", "HitTally", "RequestHit"]
-
-_SENTINEL = np.array([SENTINEL], dtype=np.int32)
 
 
 class ExactMatcher:
     """Token-exact longest-prefix match against everything inserted (never evicts).
 
-    ``capacity`` must cover every distinct token ever inserted plus one per
-    :meth:`match_and_insert` call.
+    A bare :class:`kvindex.RadixCache` at page size 1: no block pool behind it, so building
+    one costs nothing whatever the workload's size, and a match plus an insert is one call.
+    Each inserted token gets a fresh slot number (the tree only needs them distinct);
+    ``capacity``, if given, bounds the tokens passed to :meth:`insert` and
+    :meth:`match_and_insert` over the matcher's life.
     """
 
-    def __init__(self, capacity: int) -> None:
-        self._trie = make_cache("radix", capacity + 2, 1)
+    _SLOT_LIMIT = (1 << 31) - 1
+
+    def __init__(self, capacity: int | None = None) -> None:
+        self._tree = RadixCache(1)
         self._next = 0
+        self._limit = self._SLOT_LIMIT if capacity is None else min(capacity, self._SLOT_LIMIT)
 
     def match(self, tokens: Tokens) -> int:
         """Length of the longest inserted prefix of ``tokens`` (no side effects)."""
-        # The sentinel lifts the lookup's num_tokens - 1 cap to len(tokens).
-        return self._trie.lookup(np.concatenate((tokens, _SENTINEL)))
+        return self._tree.probe(tokens)
+
+    def _slots(self, n: int) -> npt.NDArray[np.int32]:
+        start = self._next
+        if start + n > self._limit:
+            raise RuntimeError("exact matcher ran out of slot numbers (capacity too small)")
+        self._next = start + n
+        return np.arange(start, start + n, dtype=np.int32)
 
     def insert(self, tokens: Tokens) -> None:
         """Adds ``tokens`` as a sequence."""
-        if len(tokens) == 0:
-            return
-        rid = self._next
-        self._next += 1
-        if self._trie.admit(rid, tokens) is None:
-            raise RuntimeError("exact matcher ran out of room (capacity too small)")
-        self._trie.free(rid)
+        if len(tokens):
+            self._tree.insert(tokens, self._slots(len(tokens)))
 
     def match_and_insert(self, tokens: Tokens) -> int:
         """:meth:`match` then :meth:`insert`, in one pass over the tree."""
-        rid = self._next
-        self._next += 1
-        adm = self._trie.admit(rid, np.concatenate((tokens, _SENTINEL)))
-        if adm is None:
-            raise RuntimeError("exact matcher ran out of room (capacity too small)")
-        self._trie.free(rid)
-        return adm.num_cached_tokens
+        if not len(tokens):
+            return 0
+        return self._tree.insert(tokens, self._slots(len(tokens))).prefix_len
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +99,9 @@ class HitTally:
     lost_full_hit: int = 0
     not_cached: int = 0
     per_request: list[RequestHit] | None = field(default=None)
+    #: Whether the exact match (and so the loss split) was computed; when not, the exact and
+    #: loss fields are meaningless and :meth:`as_dict` reports them as ``None``.
+    losses: bool = True
 
     def add(self, n: int, hit: int, exact: int) -> RequestHit:
         """Accounts one admission of an ``n``-token prompt that hit ``hit`` tokens."""
@@ -122,8 +127,28 @@ class HitTally:
         return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
     def as_dict(self) -> dict[str, Any]:
-        """Every figure, with shares of the prompt tokens."""
+        """Every figure, with shares of the prompt tokens (loss figures ``None`` when they
+        were not computed)."""
         p = self.prompt_tokens or 1
+        if not self.losses:
+            return {
+                "requests": self.requests,
+                "prompt_tokens": self.prompt_tokens,
+                "hit_tokens": self.hit_tokens,
+                "hit_rate": self.hit_rate,
+                **dict.fromkeys(
+                    (
+                        "exact_match_tokens",
+                        "exact_match_rate",
+                        "lost_granularity",
+                        "lost_granularity_share",
+                        "lost_full_hit",
+                        "lost_full_hit_share",
+                        "not_cached",
+                        "not_cached_share",
+                    )
+                ),
+            }
         return {
             "requests": self.requests,
             "prompt_tokens": self.prompt_tokens,

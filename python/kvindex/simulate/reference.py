@@ -20,7 +20,7 @@ from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.ledger import ExactMatcher, HitTally
 from kvindex.simulate.workloads import Tokens, Workload
 
-__all__ = ["replay_in_order", "theoretical_max_hit_rate"]
+__all__ = ["replay_in_order", "theoretical_max", "theoretical_max_hit_rate"]
 
 
 def replay_in_order(
@@ -58,8 +58,8 @@ def replay_in_order(
     if -(-worst // block_size) > num_blocks:
         raise SimulationError(f"{num_blocks} blocks of {block_size} cannot hold a request")
     cache = make_cache(design, num_blocks + 1, block_size, **cache_kw)
-    matcher = ExactMatcher(total + 2 * n) if losses else None
-    tally = HitTally(block_size, per_request=[] if per_request else None)
+    matcher = ExactMatcher() if losses else None
+    tally = HitTally(block_size, per_request=[] if per_request else None, losses=losses)
     for rid, (prompt, output) in enumerate(pairs):
         exact = matcher.match_and_insert(prompt) if matcher is not None else 0
         adm = cache.admit(rid, prompt)
@@ -76,9 +76,33 @@ def replay_in_order(
     return tally
 
 
+def theoretical_max(workload: Workload, progress: Callable[[int], None] | None = None) -> HitTally:
+    """The workload's theoretical maximum: what ``replay_in_order(workload, "radix", 1,
+    losses=False)`` hits, computed on a bare radix tree (:class:`ExactMatcher`) instead of
+    a cache with a pool for every token.
+
+    Each prompt of ``n`` tokens hits its token-exact match against every earlier request's
+    prompt and output, capped at ``n - 1`` (the last prompt token is always computed); then
+    its prompt and output are inserted. That is the radix design at page size 1 with an
+    infinite pool, one request at a time.
+    """
+    matcher = ExactMatcher()
+    tally = HitTally(1, losses=False)
+    for rid in range(len(workload)):
+        prompt = workload.prompt(rid)
+        n = len(prompt)
+        hit = min(matcher.match(prompt), n - 1) if n else 0
+        tally.add(n, hit, 0)
+        output = workload.output(rid)
+        matcher.insert(np.concatenate((prompt, output)) if len(output) else prompt)
+        if progress is not None:
+            progress(1)
+    return tally
+
+
 def theoretical_max_hit_rate(
     workload: Workload, progress: Callable[[int], None] | None = None
 ) -> float:
     """The workload's theoretical maximum hit rate: radix, page size 1, infinite capacity,
-    one request at a time in arrival order."""
-    return replay_in_order(workload, "radix", 1, losses=False, progress=progress).hit_rate
+    one request at a time in arrival order (see :func:`theoretical_max`)."""
+    return theoretical_max(workload, progress).hit_rate

@@ -26,7 +26,9 @@ blocks of the pool (kvindex's null block excluded); every request must fit alone
 (``ceil((prompt + output) / block_size)`` blocks), so the model always makes progress. The
 index's CPU time is measured around its own calls only (admit, free, checkpoint — failed
 admission attempts included: per request; append_batch: per decode step) and reported
-apart from the exact figures.
+apart from the exact figures. A waiting head's admission is not called again while nothing
+was freed, checkpointed or admitted since it failed (it would fail the same way; see
+:func:`simulate_run`), so only attempts that could succeed are timed.
 
 Evictions count, per admit / append_batch call, the cached block hashes (radix: tree pages)
 that the call removed for good. The hash chain's count is derived from
@@ -51,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, cast, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
 from kvindex.protocol import PrefixCache, make_cache
 from kvindex.simulate.capacity import Capacity
@@ -110,20 +113,45 @@ class RunSpec:
 
 @dataclass(slots=True)
 class Timing:
-    """Measured wall-clock costs (not reproducible, reported apart from the exact figures)."""
+    """Measured wall-clock costs (not reproducible, reported apart from the exact figures).
 
-    index_request_ns: int = 0
-    index_step_ns: int = 0
-    admissions: int = 0
-    decode_steps: int = 0
+    ``request_ns[rid]`` is the index time spent on request ``rid`` (admit, failed attempts
+    included, free, checkpoint); ``step_ns`` one entry per decode step (append_batch). The
+    medians are robust against the other processes of a shared machine (a call descheduled
+    for a few ms moves the mean, not the median).
+    """
+
+    request_ns: list[int] = field(default_factory=list)
+    step_ns: list[int] = field(default_factory=list)
     wall_s: float = 0.0
 
+    @property
+    def admissions(self) -> int:
+        """Requests that took index time."""
+        return sum(1 for x in self.request_ns if x)
+
+    @property
+    def decode_steps(self) -> int:
+        """Decode steps (append_batch calls that succeeded)."""
+        return len(self.step_ns)
+
     def as_dict(self, requests: int) -> dict[str, float]:
-        """µs of index time per request (admit + free + checkpoint) and per decode step."""
+        """µs of index time per request and per decode step: mean, median, 10th and 90th
+        percentile."""
+        req = np.asarray(self.request_ns, dtype=np.float64) / 1e3
+        step = np.asarray(self.step_ns, dtype=np.float64) / 1e3
+
+        def pct(a: npt.NDArray[np.float64], q: float) -> float:
+            return float(np.percentile(a, q)) if len(a) else 0.0
+
         return {
-            "index_us_per_request": self.index_request_ns / 1e3 / max(requests, 1),
-            "index_us_per_step": self.index_step_ns / 1e3 / max(self.decode_steps, 1),
-            "index_seconds": (self.index_request_ns + self.index_step_ns) / 1e9,
+            "index_us_per_request": float(req.sum()) / max(requests, 1),
+            "index_us_per_request_median": pct(req, 50),
+            "index_us_per_request_p10": pct(req, 10),
+            "index_us_per_request_p90": pct(req, 90),
+            "index_us_per_step": float(step.sum()) / max(len(step), 1),
+            "index_us_per_step_median": pct(step, 50),
+            "index_seconds": float(req.sum() + step.sum()) / 1e6,
             "wall_seconds": self.wall_s,
         }
 
@@ -192,6 +220,7 @@ class _Live:
         "decoding",
         "generated",
         "held",
+        "out0",
         "output",
         "prefill_left",
         "prompt",
@@ -199,10 +228,12 @@ class _Live:
         "waited",
     )
 
-    def __init__(self, req: Request, prompt: Tokens, output: Tokens) -> None:
+    def __init__(self, req: Request, prompt: Tokens, output: Tokens, out0: int = 0) -> None:
         self.req = req
         self.prompt = prompt
         self.output = output
+        #: First output token when the outputs are consecutive (see ``_Decoding``).
+        self.out0 = out0
         self.generated = 0
         self.held = 0
         self.prefill_left = 0
@@ -215,6 +246,101 @@ class _Live:
         if self.generated == 0:
             return self.prompt
         return np.concatenate((self.prompt, self.output[: self.generated]))
+
+
+class _Decoding:
+    """The running requests past their prefill, in running order, as the arrays of one
+    ``append_batch`` call, advanced in place each decode step.
+
+    The ``k`` steps since the last :meth:`rebuild` are applied to the :class:`_Live` objects
+    (``generated``, ``held``) only by :meth:`sync`, which must be followed by a rebuild
+    before the next step. With a ``workload`` whose outputs are the base class's ranges the
+    next tokens are an int32 array incremented in place (``consecutive``: every request's
+    ``out0`` is its first output token); otherwise they are gathered.
+    For the hash chain, ``hist[r]`` counts requests whose ``(held + 1) % block_size == r``
+    at the rebuild: ``hist[-k % block_size]`` of them fill a block at step ``k``.
+    """
+
+    __slots__ = ("b", "consecutive", "hash_chain", "hist", "ids", "k", "lives", "toks", "until")
+
+    def __init__(self, block_size: int, hash_chain: bool, consecutive: bool) -> None:
+        self.b = block_size
+        self.hash_chain = hash_chain
+        self.consecutive = consecutive
+        self.lives: list[_Live] = []
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.toks = np.zeros(0, dtype=np.int32)
+        self.hist: dict[int, int] = {}
+        self.k = 0
+        self.until = 0
+
+    def sync(self) -> None:
+        """Writes the steps taken since the last rebuild into the requests."""
+        k = self.k
+        if k:
+            for lv in self.lives:
+                lv.generated += k
+                lv.held += k
+            self.k = 0
+
+    def rebuild(self, running: list[_Live]) -> None:
+        """Syncs, then takes the decoding requests of ``running``, in its order."""
+        self.sync()
+        lives: list[_Live] = []
+        ids: list[int] = []
+        toks: list[int] = []
+        until = 1 << 62
+        hist: dict[int, int] = {}
+        b = self.b
+        hash_chain = self.hash_chain
+        for lv in running:
+            if not lv.decoding:
+                continue
+            lives.append(lv)
+            req = lv.req
+            gen = lv.generated
+            ids.append(req.rid)
+            toks.append(lv.out0 + gen)
+            left = req.output_len - gen
+            if left < until:
+                until = left
+            if hash_chain:
+                r = (lv.held + 1) % b
+                hist[r] = hist.get(r, 0) + 1
+        self.lives = lives
+        if not lives:
+            return
+        self.ids = np.array(ids, dtype=np.int64)
+        if self.consecutive:
+            self.toks = np.array(toks, dtype=np.int32)
+        self.until = until
+        self.hist = hist
+
+    def tokens(self) -> Tokens:
+        """Each request's next output token."""
+        if self.consecutive:
+            return self.toks
+        k = self.k
+        return np.fromiter(
+            (lv.output[lv.generated + k] for lv in self.lives),
+            dtype=np.int32,
+            count=len(self.lives),
+        )
+
+    def filled(self) -> int:
+        """Requests whose token of this step fills a block (hash chain only)."""
+        return self.hist.get(-self.k % self.b, 0)
+
+    def advance(self) -> None:
+        """Every request generated its token."""
+        self.k += 1
+        self.until -= 1
+        if self.consecutive:
+            self.toks += 1
+
+    def finishing(self) -> bool:
+        """Whether a request generated its last token in this step."""
+        return bool(self.lives) and self.until == 0
 
 
 def check_spec(workload: Workload, spec: RunSpec) -> int:
@@ -261,8 +387,16 @@ def simulate_run(
     check_every: int = 0,
     extra_cache_kw: dict[str, Any] | None = None,
     inspect: Callable[[PrefixCache], None] | None = None,
+    skip_futile_retries: bool = True,
 ) -> RunResult:
     """Replays ``workload`` through a fresh cache of ``spec`` (see the module docstring).
+
+    A queue head whose admission failed is retried each step, but the call is skipped (the
+    step still counts as a wait) while nothing was freed, checkpointed or admitted since
+    the failure: a failed admission changes nothing, and decode steps only take blocks and
+    cache blocks of output tokens no waiting prompt holds, so the call would fail again.
+    The figures are the same either way (``skip_futile_retries=False`` makes every call;
+    tests compare); only the measured index time leaves those calls out.
 
     ``progress(n)`` is called with the number of requests that just finished.
     ``check_every > 0`` runs the cache's ``check_invariants`` every that many steps and at
@@ -283,11 +417,13 @@ def simulate_run(
         if not hash_chain and spec.radix_insert == "prefill" and isinstance(cache, _Checkpoints)
         else None
     )
-    total = sum(r.prompt_len + r.output_len + 2 for r in workload.requests)
-    matcher = ExactMatcher(total)
+    matcher = ExactMatcher()
     res = RunResult(spec, usable, HitTally(b))
     tm = res.timing
     perf = time.perf_counter_ns
+    req_ns = [0] * len(workload.requests)
+    tm.request_ns = req_ns
+    step_ns = tm.step_ns
 
     reqs = workload.requests
     followers: dict[int, list[int]] = {}
@@ -302,8 +438,14 @@ def simulate_run(
     running: list[_Live] = []
     finished = 0
     now = 0
+    # Bumped by every free, checkpoint and admission: what can let a failed admission pass.
+    version = 0
+    blocked: tuple[_Live | None, int] = (None, -1)
 
     def admit(lv: _Live) -> bool:
+        nonlocal version, blocked
+        if skip_futile_retries and blocked[0] is lv and blocked[1] == version:
+            return False
         tokens = lv.sequence()
         n = len(tokens)
         rid = lv.req.rid
@@ -315,10 +457,11 @@ def simulate_run(
             dup = int(cache.lookup(np.concatenate((tokens, _SENTINEL))) == n)
         t0 = perf()
         adm = cache.admit(rid, tokens)
-        tm.index_request_ns += perf() - t0
+        req_ns[rid] += perf() - t0
         if adm is None:
+            blocked = (lv, version)
             return False
-        tm.admissions += 1
+        version += 1
         hit = adm.num_cached_tokens
         after = counts.num_cached_blocks
         if hash_chain:
@@ -336,16 +479,40 @@ def simulate_run(
         lv.prefill_left = n - hit
         return True
 
-    def release(lv: _Live) -> None:
+    # A finished request's sequence only extends its prompt (already in the matcher) with
+    # outputs that, under this promise, no later prompt of a non-follower holds.
+    finish_unseen = workload.outputs_only_in_followers
+
+    def release(lv: _Live, at_finish: bool = False) -> None:
+        nonlocal version
+        version += 1
+        rid = lv.req.rid
         t0 = perf()
-        cache.free(lv.req.rid)
-        tm.index_request_ns += perf() - t0
-        matcher.insert(lv.sequence())
+        cache.free(rid)
+        req_ns[rid] += perf() - t0
+        if not (at_finish and finish_unseen and rid not in followers):
+            matcher.insert(lv.sequence())
+
+    # The decoding requests as arrays (one append_batch per step without a Python loop over
+    # them); rebuilt when the set changes. `prefilling`: running requests with prefill left,
+    # in running order (step 3 walks only these).
+    consecutive = type(workload).output is Workload.output
+    dset = _Decoding(b, hash_chain, consecutive)
+    out_start = workload.output_start
+    dirty = False
+    prefilling: list[_Live] = []
 
     while finished < len(reqs):
         while arrivals and arrivals[0][0] <= now:
             rid = heapq.heappop(arrivals)[1]
-            waiting.append(_Live(reqs[rid], workload.prompt(rid), workload.output(rid)))
+            waiting.append(
+                _Live(
+                    reqs[rid],
+                    workload.prompt(rid),
+                    workload.output(rid),
+                    out_start(rid) if consecutive else 0,
+                )
+            )
         if not running and not waiting:
             if not arrivals:
                 raise RuntimeError("scheduler stalled: no request left to arrive")
@@ -355,50 +522,54 @@ def simulate_run(
         budget = spec.max_batched_tokens
 
         # 2. Decode, preempting the latest admitted request while blocks run short.
-        dec = [lv for lv in running if lv.decoding]
-        while dec:
-            ids = np.fromiter((lv.req.rid for lv in dec), dtype=np.int64, count=len(dec))
-            toks = np.fromiter(
-                (lv.output[lv.generated] for lv in dec), dtype=np.int32, count=len(dec)
-            )
+        if dirty:
+            dset.rebuild(running)
+            dirty = False
+        spent = 0
+        while dset.lives:
+            toks = dset.tokens()
             before = counts.num_cached_blocks
             t0 = perf()
-            ok = cache.append_batch(ids, toks)
-            tm.index_step_ns += perf() - t0
+            ok = cache.append_batch(dset.ids, toks)
+            spent += perf() - t0
             if ok:
+                step_ns.append(spent)
                 after = counts.num_cached_blocks
                 if hash_chain:
-                    filled = sum(1 for lv in dec if (lv.held + 1) % b == 0)
-                    res.evicted_blocks += filled - (after - before)
+                    res.evicted_blocks += dset.filled() - (after - before)
                 else:
                     res.evicted_blocks += before - after
                 break
+            dset.sync()
             victim = running.pop()
             release(victim)
             res.preemptions += 1
+            if prefilling and prefilling[-1] is victim:
+                prefilling.pop()
             victim.decoding = False
             victim.prefill_left = 0
             victim.held = 0
             waiting.appendleft(victim)
-            if victim in dec:
-                dec.remove(victim)
-        if dec:
-            tm.decode_steps += 1
-            res.decode_tokens += len(dec)
-            budget -= len(dec)
-            for lv in dec:
-                lv.generated += 1
-                lv.held += 1
+            dset.rebuild(running)
+        ndec = len(dset.lives)
+        if ndec:
+            res.decode_tokens += ndec
+            budget -= ndec
+            dset.advance()
 
         # 3. Chunked prefill of requests admitted in earlier steps.
         prefilled: list[_Live] = []
-        for lv in running:
-            if lv.prefill_left and budget > 0:
+        if prefilling and budget > 0:
+            for lv in prefilling:
+                if budget <= 0:
+                    break
                 take = min(lv.prefill_left, budget)
                 budget -= take
                 lv.prefill_left -= take
                 if not lv.prefill_left:
                     prefilled.append(lv)
+            if prefilled:
+                prefilling = [lv for lv in prefilling if lv.prefill_left]
 
         # 4. First-come-first-served admission.
         while waiting and budget > 0 and len(running) < spec.max_running:
@@ -414,30 +585,42 @@ def simulate_run(
             take = min(lv.prefill_left, budget)
             budget -= take
             lv.prefill_left -= take
-            if not lv.prefill_left:
+            if lv.prefill_left:
+                prefilling.append(lv)
+            else:
                 prefilled.append(lv)
         res.peak_blocks = max(res.peak_blocks, usable - cache.num_free_blocks)
 
         # 5. Prefill done: decode from the next step (radix: insert the prompt now).
-        for lv in prefilled:
-            lv.decoding = True
-            if checkpoint is not None and lv.generated < lv.req.output_len:
-                t0 = perf()
-                checkpoint(lv.req.rid)
-                tm.index_request_ns += perf() - t0
+        maybe_done = dset.finishing()
+        if prefilled:
+            dirty = True
+            for lv in prefilled:
+                lv.decoding = True
+                if lv.generated < lv.req.output_len:
+                    if checkpoint is not None:
+                        rid = lv.req.rid
+                        t0 = perf()
+                        checkpoint(rid)
+                        req_ns[rid] += perf() - t0
+                        version += 1
+                else:
+                    maybe_done = True
 
         # 6. Free finished requests; release the turns that follow them.
-        done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
-        if done:
+        if maybe_done:
+            dset.sync()
+            dirty = True
+            done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
             running = [
                 lv for lv in running if not (lv.decoding and lv.generated >= lv.req.output_len)
             ]
             for lv in done:
-                release(lv)
+                release(lv, at_finish=True)
                 for f in followers.get(lv.req.rid, ()):
                     heapq.heappush(arrivals, (now + 1 + reqs[f].arrival, f))
             finished += len(done)
-            if progress is not None:
+            if progress is not None and done:
                 progress(len(done))
         if check_every and res.steps % check_every == 0:
             cache.check_invariants()

@@ -1,4 +1,5 @@
-"""``--workload seeds``: the seed notes' worked examples, replayed through both designs.
+"""``--workload seeds``: the worked examples of the vLLM hash-chain and radix-tree design
+notes, replayed through both designs.
 
 Each example is a short sequence of requests replayed one at a time
 (:func:`~kvindex.simulate.reference.replay_in_order`); the figure reported is what the
@@ -62,7 +63,7 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         ((_t(range(80)), _EMPTY), (_t(range(30), range(1000, 1050)), _EMPTY)),
         {"hash_chain@B": 16, "radix@1": 30, "radix@B": 16},
-        "note 1: 30 tokens match, 16 hit, 14 recomputed (block granularity)",
+        "hash-chain note: 30 tokens match, 16 hit, 14 recomputed (block granularity)",
     ),
     Example(
         "full-hit",
@@ -70,7 +71,8 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         ((_t(range(80)), _EMPTY), (_t(range(80)), _EMPTY)),
         {"hash_chain@B": 64, "radix@1": 79, "radix@B": 64},
-        "note 1: the last token is recomputed, so its whole block is (79 // 16 = 4 blocks)",
+        "hash-chain note: the last token is recomputed, so its whole block is "
+        "(79 // 16 = 4 blocks)",
     ),
     Example(
         "shared-100",
@@ -78,7 +80,7 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         _prefix_pair(100),
         {"hash_chain@B": 96, "radix@1": 100, "radix@B": 96},
-        "note 2: 100 = 6 x 16 + 4, so 96 hit vs 100",
+        "radix-tree note: 100 = 6 x 16 + 4, so 96 hit vs 100",
     ),
     Example(
         "abc-split",
@@ -86,7 +88,7 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         ((_t([1, 2, 3, 4, 5, 6]), _EMPTY), (_t([1, 2, 3, 7, 8, 9]), _EMPTY)),
         {"hash_chain@B": 0, "radix@1": 3, "radix@B": 0},
-        "note 2: the radix tree splits [A B C] off and hits it; no full block is shared",
+        "radix-tree note: the radix tree splits [A B C] off and hits it; no full block is shared",
     ),
     Example(
         "chained-parent",
@@ -94,7 +96,7 @@ EXAMPLES: tuple[Example, ...] = (
         4,
         ((_t([3, 3, 2, 2, 1, 1, 1, 1]), _EMPTY), (_t([3, 3, 2, 3, 1, 1, 1, 1]), _EMPTY)),
         {"hash_chain@B": 0, "radix@1": 3, "radix@B": 0},
-        "note 2: block AAAA has another parent hash, so it is not a hit",
+        "radix-tree note: block AAAA has another parent hash, so it is not a hit",
     ),
     Example(
         "next-turn",
@@ -105,7 +107,7 @@ EXAMPLES: tuple[Example, ...] = (
             (_t(range(20), range(200, 212), range(300, 310)), _EMPTY),
         ),
         {"hash_chain@B": 32, "radix@1": 32, "radix@B": 32},
-        "note 1: the decode block is cached when it fills; radix inserts it at finish",
+        "hash-chain note: the decode block is cached when it fills; radix inserts it at finish",
     ),
     Example(
         "shared-6448",
@@ -113,7 +115,7 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         _prefix_pair(6448),
         {"hash_chain@B": 6448, "radix@1": 6448, "radix@B": 6448},
-        "note 2: 6,448 = 403 x 16, nothing lost",
+        "radix-tree note: 6,448 = 403 x 16, nothing lost",
     ),
     Example(
         "shared-6463",
@@ -121,7 +123,7 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         _prefix_pair(6463),
         {"hash_chain@B": 6448, "radix@1": 6463, "radix@B": 6448},
-        "note 2: at most 15 tokens lost, 0.23% of the prefix",
+        "radix-tree note: at most 15 tokens lost, 0.23% of the prefix",
     ),
     Example(
         "evict-tail-first",
@@ -129,7 +131,8 @@ EXAMPLES: tuple[Example, ...] = (
         16,
         ((_t(range(80)), _EMPTY), (_t(range(9000, 9064)), _EMPTY), (_t(range(80)), _EMPTY)),
         {"hash_chain@B": 48, "radix@1": 0, "radix@B": 0},
-        "note 1: chain tails are evicted first, a prefix survives; the tree evicts a leaf whole",
+        "hash-chain note: chain tails are evicted first, a prefix survives; the tree evicts a "
+        "leaf whole",
         capacity_tokens=112,
     ),
 )

@@ -58,7 +58,17 @@ class Request:
 
 
 class Workload:
-    """Requests plus their token content (subclasses say where prompts come from)."""
+    """Requests plus their token content (subclasses say where prompts come from).
+
+    :attr:`outputs_only_in_followers` is a promise a workload may make: a request's output
+    tokens appear only in prompts of requests that follow it (``after`` chains), and output
+    ranges do not overlap. The simulator then does not show a finished request without
+    followers to its exact matcher (no later prompt can match past its prompt, which the
+    matcher already holds). False (no promise) for workloads built by hand.
+    """
+
+    #: See the class docstring; the chat generator and Mooncake traces set it.
+    outputs_only_in_followers: bool = False
 
     def __init__(
         self,
@@ -86,6 +96,10 @@ class Workload:
     def prompt(self, rid: int) -> Tokens:
         """Prompt tokens of request ``rid`` (int32, C-contiguous)."""
         raise NotImplementedError
+
+    def output_start(self, rid: int) -> int:
+        """First output token of request ``rid`` (its outputs are consecutive from there)."""
+        return OUTPUT_BASE + int(self._out[rid])
 
     def output(self, rid: int) -> Tokens:
         """Output tokens of request ``rid``: a range unique to it."""
@@ -259,4 +273,7 @@ def chat_workload(num_requests: int = 1000, seed: int = 0, *, mean_gap: float = 
             )
     offsets = np.array([d.output_offset for d in drafts], dtype=np.int64)
     params = {"num_requests": num_requests, "seed": seed, "mean_gap": mean_gap}
-    return ArrayWorkload("chat", requests, [d.prompt for d in drafts], offsets, params)
+    wl = ArrayWorkload("chat", requests, [d.prompt for d in drafts], offsets, params)
+    # A turn's prompt holds the outputs of the turns it follows only; offsets only grow.
+    wl.outputs_only_in_followers = True
+    return wl

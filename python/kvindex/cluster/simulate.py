@@ -1,0 +1,415 @@
+"""``kvindex simulate --cluster W --route LIST``: W engine replicas behind a router.
+
+Each engine is a ``HashChainCache`` (``--hash``, block size, ``--cluster-blocks`` pool)
+with ``enable_events`` and an :class:`~kvindex.events.EventPublisher` on its own ipc
+endpoints (replay included); one :class:`~kvindex.cluster.ClusterListener` feeds a
+:class:`~kvindex.ClusterIndex` from all of them over real ZMQ sockets, and a
+:class:`~kvindex.cluster.Router` places every arriving request.
+
+The engine model is a compact continuous-batching loop, per step and engine: decode one
+token for every running request (one ``append_batch``; when blocks run short the newest
+request is preempted: freed and put back at the front of its queue, to be recomputed),
+free finished requests, admit from the queue in order while fewer than ``--max-running``
+run and the step's token budget (``--max-batched-tokens``) lasts (a prompt is prefilled
+within its admission step), then publish the step's events. Follow-up turns arrive their
+think time after the turn they follow finishes. Before requests are routed, the index is
+brought up to date with every batch published so far (the router sees the last step).
+
+Reported per policy: cluster hit rate (prompt tokens served from the chosen engine's cache),
+prefill tokens, load imbalance (max/mean running and queued, averaged over steps), mean
+queueing delay (steps from arrival to admission), index cost per block event (the
+listener's ``apply`` calls) and per routing decision, batches repaired or lost. Two
+reference rows: ``global`` (one engine with W times the pool, running limit and budget:
+the upper bound) and per-node caches under ``random`` routing (Mooncake's comparison).
+With ``check``, every step compares each engine's blocks in the index with the engine's
+own cache (raises on a difference).
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import json
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kvindex._core import ClusterIndex, HashChainCache
+from kvindex.cluster._router import POLICIES, Decision, Router
+from kvindex.simulate.workloads import Workload, chat_workload
+
+__all__ = ["ClusterResult", "run_cluster", "simulate_cluster"]
+
+
+@dataclass
+class ClusterResult:
+    """One policy's run (see the module docstring for each figure)."""
+
+    route: str
+    workers: int
+    requests: int = 0
+    prompt_tokens: int = 0
+    hit_tokens: int = 0
+    prefill_tokens: int = 0
+    preemptions: int = 0
+    steps: int = 0
+    imbalance_running: float = 0.0
+    imbalance_queued: float = 0.0
+    mean_queue_delay: float = 0.0
+    index_ns_per_event: float = 0.0
+    route_ns_per_decision: float = 0.0
+    block_events: int = 0
+    batches: int = 0
+    repaired: int = 0
+    lost: int = 0
+    flagged_decisions: int = 0
+    wall_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def hit_rate(self) -> float:
+        """Prompt tokens hit / prompt tokens."""
+        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """Every field plus ``hit_rate``."""
+        d = asdict(self)
+        d["hit_rate"] = self.hit_rate
+        return d
+
+
+@dataclass
+class _Req:
+    rid: int
+    prompt: np.ndarray
+    output: np.ndarray
+    arrived: int
+    decision: Decision | None = None
+    done: int = 0  # output tokens computed
+
+
+class _Engine:
+    def __init__(self, i: int, blocks: int, bs: int, algo: str, tmp: str, publish: bool) -> None:
+        self.cache = HashChainCache(blocks + 1, bs, algo=algo, enable_events=publish)
+        self.waiting: deque[_Req] = deque()
+        self.running: list[_Req] = []
+        self.pub: Any = None
+        if publish:
+            from kvindex.events import EventPublisher
+
+            self.pub = EventPublisher(
+                f"ipc://{tmp}/engine{i}", replay_endpoint=f"ipc://{tmp}/engine{i}-replay"
+            )
+
+
+def _cache_blocks(cache: HashChainCache) -> list[int]:
+    out = set()
+    for b in range(1, cache.num_blocks):
+        h = cache.block_hash(b)
+        if h is not None:
+            out.add(int.from_bytes(h[-8:], "big"))
+    return sorted(out)
+
+
+def simulate_cluster(
+    workload: Workload,
+    workers: int,
+    route: str,
+    *,
+    blocks: int = 2048,
+    block_size: int = 16,
+    max_running: int = 64,
+    max_batched_tokens: int = 8192,
+    algo: str = "xxh3_128",
+    seed: int = 0,
+    check: bool = False,
+    progress: Callable[[int], None] | None = None,
+) -> ClusterResult:
+    """Runs ``workload`` on ``workers`` engines routed by ``route``; see the module docstring."""
+    if route not in POLICIES:
+        raise ValueError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
+    need = max(-(-(r.prompt_len + r.output_len) // block_size) for r in workload.requests)
+    if need > blocks:
+        raise ValueError(f"a request needs {need} blocks; the pool has {blocks}")
+    t_start = time.perf_counter()
+    res = ClusterResult(route, workers)
+    events = route != "approx"
+    index = ClusterIndex(block_size, algo=algo)
+    with tempfile.TemporaryDirectory(prefix="kvindex-cluster-") as tmp:
+        engines = [_Engine(i, blocks, block_size, algo, tmp, events) for i in range(workers)]
+        listener: Any = None
+        if events:
+            from kvindex.cluster._listener import ClusterListener
+
+            listener = ClusterListener(index, replay_timeout=2.0)
+            for i, e in enumerate(engines):
+                listener.add_worker(
+                    f"engine{i}", e.pub.endpoint, replay_endpoint=e.pub.replay_endpoint
+                )
+            _warm_up(engines, index)
+        else:
+            for i in range(workers):
+                index.add_worker(f"engine{i}")
+        router = Router(index, route, seed=seed)
+        try:
+            _loop(
+                workload,
+                engines,
+                index,
+                router,
+                listener,
+                res,
+                max_running,
+                max_batched_tokens,
+                check,
+                progress,
+            )
+        finally:
+            if listener is not None:
+                listener.close()
+                st = listener.stats
+                res.repaired, res.lost, res.batches = st["repaired"], st["given_up"], st["applied"]
+                for slot in range(workers):
+                    info = index.worker_info(slot)
+                    res.block_events += info["stored"] + info["removed"]
+                res.index_ns_per_event = st["apply_ns"] / max(res.block_events, 1)
+            for e in engines:
+                if e.pub is not None:
+                    e.pub.close()
+    res.wall_s = time.perf_counter() - t_start
+    return res
+
+
+def _warm_up(engines: list[_Engine], index: ClusterIndex) -> None:
+    """ZMQ's slow joiner: each engine publishes an empty-cache batch until one lands (the
+    first batch then either arrived or is repaired through replay)."""
+    from kvindex.events import AllBlocksCleared
+
+    deadline = time.monotonic() + 10.0
+    for slot, e in enumerate(engines):
+        while index.worker_info(slot)["next_seq"] == 0:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"engine {slot}'s event stream never reached the index")
+            e.pub.publish_events([AllBlocksCleared()])
+            time.sleep(0.002)
+
+
+def _sync(engines: list[_Engine], index: ClusterIndex, listener: Any) -> None:
+    """Waits (bounded) until the index has every batch the engines published."""
+    if listener is None:
+        return
+    deadline = time.monotonic() + 5.0
+    for slot, e in enumerate(engines):
+        want = e.pub.next_seq
+        while index.worker_info(slot)["next_seq"] < want:
+            if time.monotonic() > deadline:
+                return  # late batches are the listener's to repair or give up
+            time.sleep(0.0001)
+
+
+def _loop(
+    workload: Workload,
+    engines: list[_Engine],
+    index: ClusterIndex,
+    router: Router,
+    listener: Any,
+    res: ClusterResult,
+    max_running: int,
+    budget_per_step: int,
+    check: bool,
+    progress: Callable[[int], None] | None,
+) -> None:
+    reqs = workload.requests
+    followers: dict[int, list[int]] = {}
+    arrivals: list[tuple[int, int]] = []
+    for r in reqs:
+        if r.after >= 0:
+            followers.setdefault(r.after, []).append(r.rid)
+        else:
+            heapq.heappush(arrivals, (r.arrival, r.rid))
+    finished = 0
+    step = 0
+    route_ns = 0
+    delays = 0
+    run_ratio = queue_ratio = 0.0
+    while finished < len(reqs):
+        if not arrivals and all(not e.running and not e.waiting for e in engines):
+            raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
+        if arrivals and arrivals[0][0] <= step:
+            _sync(engines, index, listener)
+        while arrivals and arrivals[0][0] <= step:
+            _, rid = heapq.heappop(arrivals)
+            rq = _Req(rid, workload.prompt(rid), workload.output(rid), step)
+            t0 = time.perf_counter_ns()
+            d = router.route(rq.prompt)
+            route_ns += time.perf_counter_ns() - t0
+            assert d is not None
+            rq.decision = d
+            res.flagged_decisions += d.flagged
+            engines[d.worker].waiting.append(rq)
+        for e in engines:
+            c = e.cache
+            # decode
+            while True:
+                dec = [q for q in e.running if q.done < len(q.output)]
+                if not dec:
+                    break
+                ids = np.array([q.rid for q in dec], dtype=np.int64)
+                toks = np.array([q.output[q.done] for q in dec], dtype=np.int32)
+                if c.append_batch(ids, toks):
+                    for q in dec:
+                        q.done += 1
+                    break
+                victim = e.running.pop()
+                c.free(victim.rid)
+                victim.done = 0
+                e.waiting.appendleft(victim)
+                res.preemptions += 1
+            # finish
+            keep = []
+            for q in e.running:
+                if q.done >= len(q.output):
+                    c.free(q.rid)
+                    finished += 1
+                    if q.decision is not None:
+                        router.finish(q.decision)
+                    for f in followers.get(q.rid, ()):
+                        heapq.heappush(arrivals, (step + 1 + reqs[f].arrival, f))
+                    if progress is not None:
+                        progress(1)
+                else:
+                    keep.append(q)
+            e.running = keep
+            # admit
+            budget = budget_per_step
+            while e.waiting and len(e.running) < max_running and budget > 0:
+                q = e.waiting[0]
+                prompt = q.prompt if q.done == 0 else np.concatenate([q.prompt, q.output[: q.done]])
+                adm = c.admit(q.rid, prompt)
+                if adm is None:
+                    break
+                e.waiting.popleft()
+                hit = adm.num_cached_tokens
+                if q.done == 0 and q.decision is not None and q.arrived >= 0:
+                    res.requests += 1
+                    res.prompt_tokens += len(prompt)
+                    res.hit_tokens += hit
+                    delays += step - q.arrived
+                    q.arrived = -1
+                res.prefill_tokens += len(prompt) - hit
+                budget -= len(prompt) - hit
+                e.running.append(q)
+            if e.pub is not None:
+                e.pub.publish(c, ts=float(step))
+        if check and listener is not None:
+            _sync(engines, index, listener)
+            for slot, e in enumerate(engines):
+                got = index.worker_blocks(slot).tolist()
+                if got != _cache_blocks(e.cache):
+                    raise AssertionError(f"step {step}: the index disagrees with engine {slot}")
+        running = [len(e.running) for e in engines]
+        queued = [len(e.waiting) for e in engines]
+        if sum(running):
+            run_ratio += max(running) / (sum(running) / len(engines))
+        if sum(queued):
+            queue_ratio += max(queued) / (sum(queued) / len(engines))
+        step += 1
+    res.steps = step
+    res.imbalance_running = run_ratio / step
+    res.imbalance_queued = queue_ratio / step
+    res.mean_queue_delay = delays / max(res.requests, 1)
+    res.route_ns_per_decision = route_ns / max(res.requests, 1)
+
+
+def run_cluster(args: argparse.Namespace) -> int:
+    """The ``--cluster`` mode of ``kvindex simulate``: one row per ``--route`` policy plus
+    the ``global`` pool; ``--json`` writes every figure."""
+    workers = int(args.cluster)
+    routes = [r.strip() for r in str(args.route).split(",") if r.strip()]
+    for r in routes:
+        if r not in POLICIES:
+            raise ValueError(f"--route: unknown policy {r!r}; expected {', '.join(POLICIES)}")
+    if workers < 1:
+        raise ValueError(f"--cluster must be >= 1, got {workers}")
+    seed = int(getattr(args, "seed", None) or 0)
+    workload: Workload
+    if getattr(args, "trace", None):
+        from kvindex.simulate.trace import read_mooncake_trace
+
+        workload = read_mooncake_trace(
+            args.trace,
+            step_ms=args.step_ms if args.step_ms is not None else 20.0,
+            limit=args.requests,
+            tokens_per_hash=getattr(args, "tokens_per_hash", None) or 512,
+        )
+    else:
+        workload = chat_workload(getattr(args, "requests", None) or 1000, seed)
+    bs_arg = getattr(args, "block_size", None)
+    bs = int(str(bs_arg).split(",")[0]) if bs_arg else 16
+    kw: dict[str, Any] = {
+        "blocks": int(args.cluster_blocks),
+        "block_size": bs,
+        "max_running": int(getattr(args, "max_running", 64)),
+        "max_batched_tokens": int(getattr(args, "max_batched_tokens", 8192)),
+        "algo": getattr(args, "hash", "xxh3_128"),
+        "seed": seed,
+    }
+    from kvindex.simulate.progress import Progress
+
+    plan = [(r, workers) for r in routes] + [("global", 1)]
+    bar = Progress(len(plan) * len(workload), enabled=not args.quiet and sys.stderr.isatty())
+    results: list[ClusterResult] = []
+    try:
+        for r, w in plan:
+            bar.set_label(f"{r} x{w}")
+            if r == "global":
+                g = dict(kw)
+                g["blocks"] *= workers
+                g["max_running"] *= workers
+                g["max_batched_tokens"] *= workers
+                res = simulate_cluster(workload, 1, "round_robin", progress=bar.advance, **g)
+                res.route = "global"
+            else:
+                res = simulate_cluster(workload, w, r, progress=bar.advance, **kw)
+            results.append(res)
+    finally:
+        bar.close()
+    print(_table(results, workers, kw))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {
+                    "workload": workload.summary(),
+                    "settings": kw,
+                    "runs": [r.as_dict() for r in results],
+                },
+                f,
+                indent=1,
+            )
+    return 0
+
+
+def _table(results: list[ClusterResult], workers: int, kw: dict[str, Any]) -> str:
+    head = (
+        f"cluster of {workers} engines, {kw['blocks']} blocks of {kw['block_size']} tokens each "
+        f"(global: one engine with {workers}x pool, running limit and budget)"
+    )
+    cols = (
+        "route          hit rate  prefill tok  run max/mean  queue max/mean  delay  "
+        "ns/event  us/route  repaired  lost  wall s"
+    )
+    rows = [head, cols]
+    for r in results:
+        rows.append(
+            f"{r.route:14s} {r.hit_rate:8.3f}  {r.prefill_tokens:11d}  "
+            f"{r.imbalance_running:12.2f}  "
+            f"{r.imbalance_queued:14.2f}  {r.mean_queue_delay:5.1f}  {r.index_ns_per_event:8.0f}  "
+            f"{r.route_ns_per_decision / 1000:8.1f}  {r.repaired:8d}  {r.lost:4d}  {r.wall_s:6.1f}"
+        )
+    return "\n".join(rows)

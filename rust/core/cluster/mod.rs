@@ -1,0 +1,61 @@
+//! Cluster prefix index: which engine replicas (workers) hold which KV
+//! blocks, fed by their vLLM-style KV-event streams, and the scoring a
+//! KV-aware router puts on top.
+//!
+//! | module | what it holds |
+//! |---|---|
+//! | [`holders`] | the holder set of one block (inline id, sorted list, bitset) |
+//! | [`ops`] | a batch payload as block operations (one pass, reused buffers) |
+//! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
+//! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
+//!
+//! # Layout
+//! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
+//!   in a dense slot ([`WorkerId`]); removed workers' slots are reused.
+//! - `blocks: hash -> u32`: the holder itself when one worker holds the
+//!   block, else `SET_TAG | slab index` of a [`holders::Set`] (sorted id
+//!   list up to 32 holders, a bitset over worker ids above). An entry is 12
+//!   bytes (the hash split in two `u32`s) plus hashbrown's control byte.
+//! - `extra: (hash, worker) -> n`: announcements of a block by a worker
+//!   beyond its first (a stream may store the same block more than once
+//!   before removing it). A removal takes one announcement back; the pair
+//!   disappears with the last one. Empty in the common case, so it costs
+//!   nothing then.
+//! - Per worker: status ([`Status`]), distinct block count, next expected
+//!   sequence number, a ring of the last 256 `(seq, payload digest)` pairs
+//!   (a batch seen again is a duplicate; a different batch at an old
+//!   sequence number is a publisher restart), counters.
+//! - No parent links: a query hashes the prompt's chain itself (the
+//!   workers' algorithm, block size, root seed and extra keys), so it needs
+//!   only membership per block.
+//!
+//! # Invariants (checked by [`ClusterIndex::check_invariants`])
+//! - Every holder id names a present worker; lists are sorted and distinct;
+//!   a set has at least two holders; bitset counts match their bits.
+//! - Every slab slot is referenced by exactly one block or is on the free list.
+//! - `extra` entries are >= 1 and name held pairs.
+//! - Each worker's block count equals the number of blocks naming it.
+//!
+//! # Costs
+//! - Applying a batch: O(payload bytes) to decode (the wire decoder, whole
+//!   batch first, so a malformed payload changes nothing) + O(1) expected
+//!   per stored/removed hash (a list holder set: O(holders)).
+//!   `AllBlocksCleared`, a restart and removing a worker: O(blocks in the
+//!   index) (a scan; they are rare and avoid a per-worker block list, which
+//!   would double the memory per pair).
+//! - Query ([`ClusterIndex::overlaps`]): walks the prompt's block hashes
+//!   with a bitset of still-matching workers, O(words + holders) per block,
+//!   and stops at the first block no worker holds.
+//! - Memory per (block, worker) pair: 13 bytes / the table's load factor
+//!   (0.44..0.875) for singly held blocks; 4 bytes (list) or W/8 bytes per
+//!   block (bitset) for shared ones.
+
+pub mod holders;
+pub mod index;
+pub mod ops;
+pub mod route;
+
+#[cfg(test)]
+mod tests;
+
+pub use index::{ClusterIndex, Outcome, Status, Worker, WorkerId, WorkerStats};

@@ -1,0 +1,435 @@
+//! `ClusterIndex`: the Python face of [`core::ClusterIndex`].
+//!
+//! Threading: the index sits behind a read-write lock, the query hasher
+//! behind its own mutex, and methods take `&self`, so a receive thread
+//! applying batches and scheduler threads querying never see a half-applied
+//! batch and never get "already borrowed". Large payloads are applied with
+//! the GIL released (bytes objects are immutable, so the borrowed buffer
+//! stays valid).
+// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
+// use states why no Python code runs while the view lives.
+#![allow(unsafe_code)]
+
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+
+use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict};
+
+use super::arrays::{self, with_tokens};
+use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
+use super::keys;
+use crate::core::cluster::{self as core, route, Outcome, WorkerId};
+use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
+use crate::core::ids::BlockHash;
+
+/// Payloads at least this long are applied with the GIL released.
+const DETACH_MIN_BYTES: usize = 64 * 1024;
+
+struct Scratch {
+    hasher: BlockHasher,
+    chain: Vec<BlockHash>,
+    hashes: Vec<u64>,
+    overlaps: Vec<u32>,
+    /// Full blocks of the last prompt given to `overlaps_of_tokens`.
+    blocks: usize,
+}
+
+impl Scratch {
+    fn hash<T: Token>(&mut self, tokens: &[T], bs: usize, spec: &KeySpec) {
+        self.chain.clear();
+        self.hasher.extend_chain(tokens, bs, spec, &mut self.chain);
+        self.hashes.clear();
+        self.hashes.extend(self.chain.iter().map(BlockHash::low_u64));
+    }
+}
+
+/// Prefix index of a cluster of workers (one per engine and data-parallel rank),
+/// fed by their KV-event batches. Thread-safe: one thread may apply batches while
+/// others query. Per-worker answers are int32 arrays of length :attr:`slots`.
+///
+/// ``apply`` outcomes: ``"applied"``; ``"duplicate"`` (sequence number already
+/// applied with the same payload, ignored); ``"gap"`` (not applied; the second
+/// element is the first missing sequence number: replay from it, or ``give_up``);
+/// ``"restarted"`` (sequence went back: the worker's blocks were dropped and this
+/// batch, sequence 0, applied); ``"malformed: <why>"`` (undecodable, another
+/// block size or data-parallel rank: counted, worker degraded, nothing applied);
+/// ``"unknown_worker"`` (counted in
+/// :attr:`unknown_worker_batches`).
+#[pyclass(module = "kvindex._core", name = "ClusterIndex")]
+pub struct PyClusterIndex {
+    inner: RwLock<core::ClusterIndex>,
+    scratch: Mutex<Scratch>,
+    algo: HashAlgo,
+    seed: Option<String>,
+}
+
+impl PyClusterIndex {
+    fn read(&self) -> RwLockReadGuard<'_, core::ClusterIndex> {
+        self.inner.read().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn write(&self) -> RwLockWriteGuard<'_, core::ClusterIndex> {
+        self.inner.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn scratch(&self) -> MutexGuard<'_, Scratch> {
+        self.scratch.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn bs(&self) -> usize {
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        let bs = self.read().block_size() as usize;
+        bs
+    }
+
+    /// Fills the scratch's overlaps (and `blocks`) for `tokens`, hashing as it walks.
+    fn overlaps_of_tokens(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'_, PyAny>>,
+        mm_items: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<MutexGuard<'_, Scratch>> {
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        let bs = self.bs();
+        let mut s = self.scratch();
+        // SAFETY: read after every argument that may run Python code; only
+        // Rust runs while the view lives (no Python object is made, the GIL
+        // is kept).
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+        let ix = self.read();
+        let sc = &mut *s;
+        sc.blocks = with_tokens!(arr, t => ix.overlaps_tokens(
+            &mut sc.hasher, t, bs, &spec, &mut sc.chain, &mut sc.hashes, &mut sc.overlaps
+        ));
+        drop(ix);
+        Ok(s)
+    }
+}
+
+fn worker_id(worker: i64) -> PyResult<WorkerId> {
+    u32::try_from(worker)
+        .map(WorkerId)
+        .map_err(|_| invalid(format!("worker must be a slot number, got {worker}")))
+}
+
+fn seq_number(seq: i64) -> PyResult<u64> {
+    u64::try_from(seq).map_err(|_| invalid(format!("sequence numbers are >= 0, got {seq}")))
+}
+
+fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    let a = obj
+        .cast::<PyArray1<u64>>()
+        .map_err(|_| dtype(format!("{what} must be a 1-D numpy array of dtype uint64")))?;
+    if !a.is_contiguous() {
+        return Err(dtype(format!("{what} must be C-contiguous")));
+    }
+    a.to_vec().map_err(|_| dtype(format!("{what} must be C-contiguous")))
+}
+
+fn overlaps_array<'py>(py: Python<'py>, v: &[u32]) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    arrays::filled_i32(py, v.len(), |buf| {
+        for (d, &x) in buf.iter_mut().zip(v) {
+            #[allow(clippy::cast_possible_wrap)]
+            d.write(x as i32);
+        }
+        v.len()
+    })
+}
+
+#[pymethods]
+impl PyClusterIndex {
+    #[new]
+    #[pyo3(signature = (block_size, *, algo = "xxh3_128", seed = None))]
+    fn new(block_size: i64, algo: &str, seed: Option<String>) -> PyResult<Self> {
+        let algo = HashAlgo::parse(algo).py()?;
+        let inner = core::ClusterIndex::new(block_size).py()?;
+        Ok(PyClusterIndex {
+            inner: RwLock::new(inner),
+            scratch: Mutex::new(Scratch {
+                hasher: BlockHasher::new(algo, seed.as_deref()),
+                chain: Vec::new(),
+                hashes: Vec::new(),
+                overlaps: Vec::new(),
+                blocks: 0,
+            }),
+            algo,
+            seed,
+        })
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> i64 {
+        self.read().block_size()
+    }
+
+    /// The workers' hash algorithm (for queries by tokens).
+    #[getter]
+    fn algo(&self) -> &'static str {
+        self.algo.name()
+    }
+
+    /// The workers' chain seed (None: the algorithm's default).
+    #[getter]
+    fn seed(&self) -> Option<String> {
+        self.seed.clone()
+    }
+
+    /// Number of worker slots: the length of every per-worker answer.
+    #[getter]
+    fn slots(&self) -> usize {
+        self.read().slots()
+    }
+
+    /// Distinct blocks in the index.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.read().num_blocks()
+    }
+
+    /// (block, worker) pairs in the index.
+    #[getter]
+    fn num_pairs(&self) -> u64 {
+        self.read().num_pairs()
+    }
+
+    /// Bytes held by the index's tables.
+    #[getter]
+    fn memory_bytes(&self) -> usize {
+        self.read().memory_bytes()
+    }
+
+    /// A counter bumped by every worker added or removed.
+    #[getter]
+    fn membership(&self) -> u64 {
+        self.read().membership()
+    }
+
+    /// Batches addressed to a slot without a worker.
+    #[getter]
+    fn unknown_worker_batches(&self) -> u64 {
+        self.read().unknown_worker_batches()
+    }
+
+    /// Adds a worker (one event stream); returns its slot. Resyncing until its first batch.
+    #[pyo3(signature = (name, dp_rank = 0))]
+    fn add_worker(&self, name: &str, dp_rank: i64) -> PyResult<u32> {
+        Ok(self.write().add_worker(name, dp_rank).py()?.0)
+    }
+
+    /// Removes a worker and its blocks; its slot may be reused.
+    fn remove_worker(&self, worker: i64) -> PyResult<()> {
+        self.write().remove_worker(worker_id(worker)?).py()
+    }
+
+    /// Applies one batch payload of `worker` with sequence number `seq`.
+    /// Returns `(outcome, expected_seq)`; outcomes are listed in the class docstring.
+    #[pyo3(signature = (worker, seq, payload))]
+    fn apply(
+        &self,
+        py: Python<'_>,
+        worker: i64,
+        seq: Option<i64>,
+        payload: &Bound<'_, PyBytes>,
+    ) -> PyResult<(String, i64)> {
+        let seq = seq.map(seq_number).transpose()?;
+        let Ok(w) = worker_id(worker) else {
+            return Ok(("unknown_worker".to_owned(), -1));
+        };
+        let bytes = payload.as_bytes();
+        let run = || self.write().apply(w, seq, bytes);
+        let r = if bytes.len() >= DETACH_MIN_BYTES { py.detach(run) } else { run() };
+        Ok(match r {
+            Err(_) => ("unknown_worker".to_owned(), -1),
+            Ok(Outcome::Applied) => ("applied".to_owned(), -1),
+            Ok(Outcome::Duplicate) => ("duplicate".to_owned(), -1),
+            Ok(Outcome::Restarted) => ("restarted".to_owned(), -1),
+            #[allow(clippy::cast_possible_wrap)]
+            Ok(Outcome::Gap { expected }) => ("gap".to_owned(), expected as i64),
+            Ok(Outcome::Malformed(msg)) => (format!("malformed: {msg}"), -1),
+        })
+    }
+
+    /// Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`.
+    fn give_up(&self, worker: i64, seq: i64) -> PyResult<()> {
+        self.write().give_up(worker_id(worker)?, seq_number(seq)?).py()
+    }
+
+    /// Records `hashes` (uint64) as held by `worker`, without a stream.
+    fn store_hashes(&self, worker: i64, hashes: &Bound<'_, PyAny>) -> PyResult<()> {
+        let h = u64_array(hashes, "hashes")?;
+        self.write().store_hashes(worker_id(worker)?, &h).py()
+    }
+
+    /// Drops one reference of `worker` to each of `hashes`; returns how many were not held.
+    fn remove_hashes(&self, worker: i64, hashes: &Bound<'_, PyAny>) -> PyResult<u64> {
+        let h = u64_array(hashes, "hashes")?;
+        self.write().remove_hashes(worker_id(worker)?, &h).py()
+    }
+
+    /// The prompt's block hashes as events carry them (uint64).
+    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
+    fn hashes<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        let bs = self.bs();
+        let mut s = self.scratch();
+        // SAFETY: as in `overlaps_of_tokens`.
+        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+        with_tokens!(arr, t => s.hash(t, bs, &spec));
+        Ok(PyArray1::from_slice(py, &s.hashes))
+    }
+
+    /// Per worker slot: leading blocks of the prompt it holds (int32).
+    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
+    fn overlaps<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let s = self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?;
+        overlaps_array(py, &s.overlaps)
+    }
+
+    /// Per worker slot: leading `hashes` (uint64) it holds (int32).
+    fn overlaps_for_hashes<'py>(
+        &self,
+        py: Python<'py>,
+        hashes: &Bound<'py, PyAny>,
+    ) -> PyResult<Bound<'py, PyArray1<i32>>> {
+        let h = u64_array(hashes, "hashes")?;
+        let mut out = Vec::new();
+        self.read().overlaps(&h, &mut out);
+        overlaps_array(py, &out)
+    }
+
+    /// Picks the worker of lowest `overlap_weight * (blocks - overlap) + load`
+    /// (`load`: float64 per slot, NaN = not eligible). Returns `(slot or -1,
+    /// its overlap in blocks, the prompt's full blocks)`.
+    #[pyo3(signature = (tokens, load, *, overlap_weight = 1.0, start = 0, cache_salt = None, lora = None, mm_items = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        load: &Bound<'_, PyAny>,
+        overlap_weight: f64,
+        start: usize,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'_, PyAny>>,
+        mm_items: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(i64, u32, usize)> {
+        let load = load
+            .cast::<PyArray1<f64>>()
+            .map_err(|_| dtype("load must be a 1-D numpy array of dtype float64"))?
+            .try_readonly()
+            .map_err(|_| invalid("load is being written elsewhere"))?;
+        let load = load.as_slice().map_err(|_| dtype("load must be C-contiguous"))?;
+        let s = self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?;
+        if load.len() != s.overlaps.len() {
+            return Err(invalid(format!(
+                "load has {} entries for {} worker slots",
+                load.len(),
+                s.overlaps.len()
+            )));
+        }
+        let n = s.blocks;
+        Ok(match route::pick_min_cost(&s.overlaps, n, load, overlap_weight, start) {
+            #[allow(clippy::cast_possible_wrap)]
+            Some(w) => (w as i64, s.overlaps[w], n),
+            None => (-1, 0, n),
+        })
+    }
+
+    /// Per slot: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker).
+    fn statuses(&self) -> Vec<&'static str> {
+        let ix = self.read();
+        let mut out = vec![""; ix.slots()];
+        for (w, wk) in ix.workers() {
+            out[w.0 as usize] = wk.status.name();
+        }
+        out
+    }
+
+    /// One slot's status: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker).
+    fn status(&self, worker: i64) -> &'static str {
+        let ix = self.read();
+        worker_id(worker).ok().and_then(|w| ix.worker(w)).map_or("", |w| w.status.name())
+    }
+
+    /// Per slot: the worker's incarnation (a number no earlier worker of any slot had),
+    /// 0 for an empty slot.
+    fn incarnations(&self) -> Vec<u64> {
+        let ix = self.read();
+        let mut out = vec![0; ix.slots()];
+        for (w, wk) in ix.workers() {
+            out[w.0 as usize] = wk.incarnation;
+        }
+        out
+    }
+
+    /// One worker's name, dp rank, status, block count, next sequence number,
+    /// incarnation and counters.
+    fn worker_info<'py>(&self, py: Python<'py>, worker: i64) -> PyResult<Bound<'py, PyDict>> {
+        let ix = self.read();
+        let w =
+            ix.worker(worker_id(worker)?).ok_or_else(|| invalid(format!("no worker in slot {worker}")))?;
+        let d = PyDict::new(py);
+        d.set_item("name", &w.name)?;
+        d.set_item("dp_rank", w.dp_rank)?;
+        d.set_item("status", w.status.name())?;
+        d.set_item("blocks", w.blocks)?;
+        d.set_item("next_seq", w.next_seq)?;
+        d.set_item("incarnation", w.incarnation)?;
+        let s = w.stats;
+        for (k, v) in [
+            ("batches", s.batches),
+            ("stored", s.stored),
+            ("removed", s.removed),
+            ("unknown_removals", s.unknown_removals),
+            ("cleared", s.cleared),
+            ("skipped_events", s.skipped_events),
+            ("duplicates", s.duplicates),
+            ("gaps", s.gaps),
+            ("lost", s.lost),
+            ("restarts", s.restarts),
+            ("malformed", s.malformed),
+        ] {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Every block hash `worker` holds, sorted (uint64). O(blocks in the index).
+    fn worker_blocks<'py>(&self, py: Python<'py>, worker: i64) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let mut v = self.read().worker_blocks(worker_id(worker)?);
+        v.sort_unstable();
+        Ok(PyArray1::from_vec(py, v))
+    }
+
+    /// Raises `InvariantViolation` if the index is inconsistent.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.read().check_invariants().map_err(inv_to_py)
+    }
+
+    fn __repr__(&self) -> String {
+        let ix = self.read();
+        format!(
+            "ClusterIndex(block_size={}, workers={}, blocks={}, pairs={})",
+            ix.block_size(),
+            ix.workers().count(),
+            ix.num_blocks(),
+            ix.num_pairs()
+        )
+    }
+}
