@@ -48,12 +48,12 @@ LEGEND = (
     "prefill: prompt tokens computed, recomputation after preemption included. "
     "lost (% of prompt tokens): tokens of the exact match that were not hit — partial block: "
     "in a block that only partly matches; last block: the block of the last prompt token, "
-    "which is always recomputed (full-hit rule); evicted: evicted or not inserted yet. "
+    "which is always recomputed (full-hit rule); evicted: evicted or not cached yet. "
     "evicted blocks: cached blocks dropped. waits: steps the queue head waited for free "
     "blocks. preempted: requests pushed back to the queue. peak blocks: most blocks held by "
     "running requests. index µs: the index's own time per request (median over requests: "
-    "admit, failed attempts that could have passed included, free, checkpoint) and per decode "
-    "step (append_batch); "
+    "admission, failed attempts that could have passed included, prefill chunks, preempt, "
+    "free, checkpoint) and per decode step (append_batch); "
     "measured, so it varies between runs."
 )
 

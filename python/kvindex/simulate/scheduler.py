@@ -138,8 +138,9 @@ class RunSpec:
 class Timing:
     """Measured wall-clock costs (not reproducible, reported apart from the exact figures).
 
-    ``request_ns[rid]`` is the index time spent on request ``rid`` (admit, failed attempts
-    included, free, checkpoint); ``step_ns`` one entry per decode step (append_batch). The
+    ``request_ns[rid]`` is the index time spent on request ``rid`` (admission, failed
+    attempts included, its prefill chunks' share of each ``schedule_batch``, preempt, free,
+    checkpoint); ``step_ns`` one entry per decode step (append_batch). The
     medians are robust against the other processes of a shared machine (a call descheduled
     for a few ms moves the mean, not the median).
     """
