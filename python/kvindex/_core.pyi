@@ -452,7 +452,9 @@ class HashChainCache:
         concatenated. An output this machine cannot allocate raises ``CapacityError``.
         """
     def num_tokens(self, request_id: int) -> int:
-        """Tokens a running request holds."""
+        """Tokens a running request holds KV positions for (prompt + appended tokens; with
+        the lifecycle calls, the positions computed or scheduled, drafts included).
+        """
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
         """A running request's block table."""
     def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
@@ -872,7 +874,9 @@ class RadixPrefixCache:
         concatenated. An output this machine cannot allocate raises ``CapacityError``.
         """
     def num_tokens(self, request_id: int) -> int:
-        """Tokens a running request holds."""
+        """Tokens a running request holds KV positions for (prompt + appended tokens; with
+        the lifecycle calls, the positions computed or scheduled, drafts included).
+        """
     def num_cached_tokens(self, request_id: int) -> int:
         """Leading tokens of a running request served by cached tree pages."""
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:

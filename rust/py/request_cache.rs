@@ -569,7 +569,8 @@ macro_rules! request_cache_class {
                 a.run(slf.py(), &me.inner)
             }
 
-            /// Tokens a running request holds.
+            /// Tokens a running request holds KV positions for (prompt + appended tokens; with
+            /// the lifecycle calls, the positions computed or scheduled, drafts included).
             fn num_tokens(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
