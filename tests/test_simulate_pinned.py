@@ -4,10 +4,15 @@ the simulator faster (parallel processes, a different exact matcher, vectorised 
 bookkeeping).
 
 ``data/simulate_pinned.json`` was written by the simulator before those changes, with the
-arguments stored next to each case. ``data/mooncake_synthetic_head150.jsonl`` is the first
-150 lines of the Mooncake FAST'25 synthetic trace (kvcache-ai/Mooncake,
-``FAST25-release/traces/synthetic_trace.jsonl``, Apache-2.0), copied from the project's
-shared trace directory.
+arguments stored next to each case. When the simulator moved both designs onto one chunk
+semantics (vLLM's: a chunk's blocks are cacheable from the step that schedules them), the
+default cases ``trace150`` and ``chat150`` were recorded again; ``*_prefill`` and
+``chat150_finish`` keep the earlier figures of the alternative whole-prompt-admission model
+(``--radix-insert prefill|finish``), unchanged.
+
+``data/mooncake_synthetic_head150.jsonl`` is the first 150 lines of the Mooncake FAST'25
+synthetic trace (kvcache-ai/Mooncake, ``FAST25-release/traces/synthetic_trace.jsonl``,
+Apache-2.0), copied from the project's shared trace directory.
 """
 
 from __future__ import annotations

@@ -42,16 +42,21 @@ Scheduling model (continuous batching, one step = one forward pass):
   1. arrivals join the queue (trace: timestamp // --step-ms; chat follow-up turns: a
      think time after the previous turn finishes);
   2. every running request past its prefill decodes one token (one append_batch); if
-     blocks run short the most recently admitted request is preempted (freed, re-queued at
-     the front, later re-admitted with its output so far);
-  3. admitted requests continue a chunked prefill within --max-batched-tokens;
+     blocks run short the most recently admitted request is preempted (re-queued at the
+     front, later resumed with its output so far);
+  3. admitted requests continue a chunked prefill within --max-batched-tokens (one
+     schedule_batch; if blocks run short the most recently admitted request is preempted);
   4. the queue head is admitted (first come, first served) while the step's token budget
      lasts and fewer than --max-running run: the cache hits its longest cached prefix and
-     allocates the whole prompt; if blocks run short the head waits (counted) until the
+     allocates the first chunk; if blocks run short the head waits (counted) until the
      next step;
-  5. the radix design inserts a prompt when its prefill completes (--radix-insert
-     prefill, SGLang's cache_unfinished_req) or when the request finishes (finish);
-  6. finished requests are freed; their blocks stay cached until evicted.
+  5. finished requests are freed; their blocks stay cached until evicted.
+Chunk semantics, the same for both designs (vLLM's): a prefill chunk's full blocks are
+cacheable by other requests from the step that schedules them (the engine-lifecycle
+calls admit_chunk, schedule_batch, preempt, resume). --radix-insert prefill|finish
+selects instead the alternative whole-prompt-admission model of earlier reports: the
+whole prompt is allocated at admission and the hash chain caches it then, while the radix
+tree inserts it when its prefill completes (prefill) or when the request finishes (finish).
 Every request must fit alone in the pool. Figures are exact and reproducible (same seed,
 same numbers) except the measured µs, reported apart (JSON: "timing"). Configurations run
 in parallel, one process each, on up to --jobs cores (default: all).
@@ -144,9 +149,11 @@ def add_arguments(
     opt(
         d,
         "--radix-insert",
-        default="prefill",
+        default=RADIX_INSERT[0],
         choices=RADIX_INSERT,
-        help="when the radix design inserts a request (default prefill)",
+        help="schedule (default): both designs on vLLM's chunk semantics; prefill | finish: "
+        "the alternative whole-prompt-admission model, the radix tree inserting a prompt "
+        "when its prefill completes | when the request finishes",
     )
     opt(
         d,

@@ -22,6 +22,7 @@ __all__ = [
     "JSON_SCHEMA_VERSION",
     "LEGEND",
     "SimulationReport",
+    "chunk_semantics",
     "format_full",
     "format_seeds",
     "format_summary",
@@ -47,12 +48,12 @@ LEGEND = (
     "prefill: prompt tokens computed, recomputation after preemption included. "
     "lost (% of prompt tokens): tokens of the exact match that were not hit — partial block: "
     "in a block that only partly matches; last block: the block of the last prompt token, "
-    "which is always recomputed (full-hit rule); evicted: evicted or not inserted yet. "
+    "which is always recomputed (full-hit rule); evicted: evicted or not cached yet. "
     "evicted blocks: cached blocks dropped. waits: steps the queue head waited for free "
     "blocks. preempted: requests pushed back to the queue. peak blocks: most blocks held by "
     "running requests. index µs: the index's own time per request (median over requests: "
-    "admit, failed attempts that could have passed included, free, checkpoint) and per decode "
-    "step (append_batch); "
+    "admission, failed attempts that could have passed included, prefill chunks, preempt, "
+    "free, checkpoint) and per decode step (append_batch); "
     "measured, so it varies between runs."
 )
 
@@ -238,6 +239,21 @@ def text_table(
     return out
 
 
+def chunk_semantics(radix_insert: str) -> str:
+    """The report header's line saying when each design caches a prompt's blocks."""
+    if radix_insert == "schedule":
+        return (
+            "chunk semantics (both designs, vLLM's): a prefill chunk's full blocks are "
+            "cacheable from the step that schedules them"
+        )
+    when = "its prefill completes" if radix_insert == "prefill" else "the request finishes"
+    return (
+        f"alternative model (--radix-insert {radix_insert}): whole-prompt admission; the "
+        f"hash chain caches the whole prompt at admission, the radix tree inserts it when "
+        f"{when}"
+    )
+
+
 def _heading(rep: SimulationReport, width: int) -> list[str]:
     w = rep.workload
     sch = rep.scheduler
@@ -246,8 +262,9 @@ def _heading(rep: SimulationReport, width: int) -> list[str]:
         f"{plural(w['prompt_tokens'], 'prompt token')} + "
         f"{plural(w['output_tokens'], 'output token')})",
         f"scheduler: at most {sch['max_running']} running, "
-        f"{plural(sch['max_batched_tokens'], 'token')} per step; radix inserts at "
-        f"{sch['radix_insert']}, evicts by {sch['policy']}; hash {sch['hash_algo']}",
+        f"{plural(sch['max_batched_tokens'], 'token')} per step; radix evicts by "
+        f"{sch['policy']}; hash {sch['hash_algo']}",
+        chunk_semantics(sch["radix_insert"]),
     ]
     if rep.model_shape is not None:
         lines.append(f"model shape {rep.model_shape}: {rep.bytes_per_token:,} KV bytes per token")

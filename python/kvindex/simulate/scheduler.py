@@ -6,41 +6,62 @@ Time advances in steps (one forward pass). Each step, in this order:
    follow-up turn its think time after the turn it follows has finished.
 2. **Decode**: every running request whose prefill is done computes one output token
    (one ``append_batch`` call for all of them). If blocks run short, the most recently
-   admitted running request is **preempted** (freed; it goes back to the front of the queue
-   and is later re-admitted with its prompt and the output so far, recomputing what the
-   cache no longer holds), and the batch is retried.
+   admitted running request is **preempted** (it goes back to the front of the queue and is
+   later re-admitted with its prompt and the output so far, recomputing what the cache no
+   longer holds), and the batch is retried.
 3. **Prefill**: requests admitted earlier continue their prefill (chunked prefill, in
    admission order) within the per-step token budget left after decode.
 4. **Admission**, in arrival order (first come, first served, no skipping): while the
    budget is not spent and fewer than ``max_running`` requests run, the head of the queue is
-   admitted — the cache hits its longest cached prefix and allocates blocks for the whole
-   prompt; its uncached tokens start prefilling in this step's budget. If the cache is out of
-   blocks the head **waits** (counted once per step) and admission stops for this step.
-5. A request whose prefill completed decodes from the next step on; with the radix design
-   and ``radix_insert="prefill"`` its prompt is inserted into the tree now (SGLang's
-   ``cache_unfinished_req``), with ``"finish"`` only when it is freed.
+   admitted — the cache hits its longest cached prefix; its uncached tokens start
+   prefilling in this step's budget. If the cache is out of blocks the head **waits**
+   (counted once per step) and admission stops for this step.
+5. A request whose prefill completed decodes from the next step on.
 6. Requests that produced their last output token are **freed** (their blocks stay cached).
+
+**Chunk semantics** (``radix_insert="schedule"``, the default): both designs are driven
+through the engine-lifecycle calls, so both see vLLM's chunk semantics: a prefill chunk's
+full blocks are cacheable (hittable by other requests) from the step that schedules them.
+Admission is ``admit_chunk(chunk=budget left)`` (``resume`` for a preempted request) and
+allocates blocks for that chunk only; later chunks are one ``schedule_batch`` call per
+step; when a chunk's blocks run short the most recently admitted running request is
+preempted (``preempt``) and the rest retried, as vLLM's running loop does. Decode blocks
+are cached as they fill (hash chain) or when the request is freed or preempted (radix:
+``checkpoint``, then ``preempt``).
+
+**Alternative model** ``radix_insert="prefill"`` / ``"finish"`` (whole-prompt admission,
+the model of earlier reports, kept for comparison): ``admit`` allocates the whole prompt
+at once and preemption frees the request; the hash chain caches every full prompt block at
+admission, before its KV exists (a request admitted right after hits tokens still being
+prefilled), while the radix tree inserts the prompt when its prefill completes
+(``checkpoint``, SGLang's ``cache_unfinished_req``) or only when the request is freed. The
+two designs then see different chunk semantics: on identical long prompts arriving
+together the hash chain hits and the radix tree does not.
 
 A step with nothing running and nothing waiting jumps to the next arrival. Capacity is in
 blocks of the pool (kvindex's null block excluded); every request must fit alone
 (``ceil((prompt + output) / block_size)`` blocks), so the model always makes progress. The
-index's CPU time is measured around its own calls only (admit, free, checkpoint — failed
-admission attempts included: per request; append_batch: per decode step) and reported
-apart from the exact figures. A waiting head's admission is not called again while nothing
-was freed, checkpointed or admitted since it failed (it would fail the same way; see
-:func:`simulate_run`), so only attempts that could succeed are timed.
+index's CPU time is measured around its own calls only (admission, chunk schedules,
+free, preempt, checkpoint — failed admission attempts included: per request; append_batch:
+per decode step) and reported apart from the exact figures. A waiting head's admission is
+not called again while nothing was freed, preempted, checkpointed, scheduled or admitted
+since it failed (it would fail the same way; see :func:`simulate_run`), so only attempts
+that could succeed are timed.
 
-Evictions count, per admit / append_batch call, the cached block hashes (radix: tree pages)
-that the call removed for good. The hash chain's count is derived from
-``num_cached_blocks`` and the blocks each call caches; ``tests/test_simulate.py`` checks it
-against the caches' KV events.
+Evictions count cached blocks that lost their hash (radix: tree pages evicted). Under the
+chunk semantics they are the cache's own count (``stats["evictions"]``: a hash that two
+physical copies hold counts once per copy). Under the alternative model they are the
+cached block hashes that each admit / append_batch call removed for good, derived from
+``num_cached_blocks`` and the blocks each call caches. ``tests/test_simulate.py`` checks
+both against the caches' KV events.
 
-**More capacity can lower the hit rate.** Capacity changes the schedule: a small pool makes
-a request wait until an earlier one finishes, a large one runs them together. Two identical
-prompts arriving together under the radix design with ``radix_insert="finish"``: in a pool
-that holds one of them the second waits and then hits the whole prompt; in a larger pool both
-run at once and the second hits nothing (``test_more_capacity_can_lower_the_hit_rate``).
-The hash chain registers a prompt's blocks at admission, so this case does not affect it.
+**More capacity can lower the hit rate** under the alternative model. Capacity changes the
+schedule: a small pool makes a request wait until an earlier one finishes, a large one runs
+them together. Two identical prompts arriving together under the radix design with
+``radix_insert="finish"``: in a pool that holds one of them the second waits and then hits
+the whole prompt; in a larger pool both run at once and the second hits nothing
+(``test_more_capacity_can_lower_the_hit_rate``). Under the chunk semantics the second hits
+the first's scheduled chunks in both designs, whatever the pool.
 """
 
 from __future__ import annotations
@@ -71,8 +92,10 @@ __all__ = [
     "simulate_run",
 ]
 
-#: When the radix design inserts a request's sequence into its tree.
-RADIX_INSERT: tuple[str, ...] = ("prefill", "finish")
+#: ``"schedule"``: both designs on vLLM's chunk semantics (a chunk's blocks are cacheable
+#: from the step that schedules them); ``"prefill"`` / ``"finish"``: the alternative
+#: whole-prompt-admission model, named for when its radix tree inserts a prompt.
+RADIX_INSERT: tuple[str, ...] = ("schedule", "prefill", "finish")
 _SENTINEL = np.array([SENTINEL], dtype=np.int32)
 
 
@@ -98,7 +121,7 @@ class RunSpec:
     max_batched_tokens: int = 8192
     hash_algo: str = "xxh3_128"
     policy: str = "lru"
-    radix_insert: str = "prefill"
+    radix_insert: str = "schedule"
 
     def cache_kwargs(self) -> dict[str, Any]:
         """Keywords of :func:`kvindex.make_cache` for this design."""
@@ -115,8 +138,9 @@ class RunSpec:
 class Timing:
     """Measured wall-clock costs (not reproducible, reported apart from the exact figures).
 
-    ``request_ns[rid]`` is the index time spent on request ``rid`` (admit, failed attempts
-    included, free, checkpoint); ``step_ns`` one entry per decode step (append_batch). The
+    ``request_ns[rid]`` is the index time spent on request ``rid`` (admission, failed
+    attempts included, its prefill chunks' share of each ``schedule_batch``, preempt, free,
+    checkpoint); ``step_ns`` one entry per decode step (append_batch). The
     medians are robust against the other processes of a shared machine (a call descheduled
     for a few ms moves the mean, not the median).
     """
@@ -412,6 +436,7 @@ def simulate_run(
     )
     counts = cast(_CountsCached, cache)
     hash_chain = spec.design == "hash_chain"
+    chunked = spec.radix_insert == "schedule"
     checkpoint = (
         cache.checkpoint
         if not hash_chain and spec.radix_insert == "prefill" and isinstance(cache, _Checkpoints)
@@ -441,6 +466,38 @@ def simulate_run(
     # Bumped by every free, checkpoint and admission: what can let a failed admission pass.
     version = 0
     blocked: tuple[_Live | None, int] = (None, -1)
+    # Running requests with prefill left, in running order (step 3 walks only these).
+    prefilling: list[_Live] = []
+
+    def admit_chunk(lv: _Live, budget: int) -> int:
+        """Admits (or resumes) ``lv`` with a first chunk of at most ``budget`` tokens;
+        returns the tokens scheduled, -1 when refused (chunk semantics)."""
+        nonlocal version, blocked
+        if skip_futile_retries and blocked[0] is lv and blocked[1] == version:
+            return -1
+        rid = lv.req.rid
+        t0 = perf()
+        if lv.admitted_once:
+            adm = cache.resume(rid, chunk=budget)
+        else:
+            adm = cache.admit_chunk(rid, lv.prompt, chunk=budget)
+        req_ns[rid] += perf() - t0
+        if adm is None:
+            blocked = (lv, version)
+            return -1
+        version += 1
+        hit, take = adm[0], adm[1]
+        n = len(lv.prompt) + lv.generated
+        if lv.admitted_once:
+            res.resumed_tokens += n
+            res.resumed_hit_tokens += hit
+        else:
+            lv.admitted_once = True
+            res.tally.add(n, hit, matcher.match_and_insert(lv.prompt))
+        res.prefill_tokens += n - hit
+        lv.held = n
+        lv.prefill_left = n - hit - take
+        return take
 
     def admit(lv: _Live) -> bool:
         nonlocal version, blocked
@@ -493,14 +550,75 @@ def simulate_run(
         if not (at_finish and finish_unseen and rid not in followers):
             matcher.insert(lv.sequence())
 
+    def preempt_last() -> _Live:
+        """Preempts the most recently admitted running request and requeues it (the
+        decode set must be synced first)."""
+        nonlocal version, prefilling
+        victim = running.pop()
+        if chunked:
+            version += 1
+            rid = victim.req.rid
+            t0 = perf()
+            if not hash_chain:
+                cache.checkpoint(rid)  # its decode pages stay hittable, as after a free
+            cache.preempt(rid)
+            req_ns[rid] += perf() - t0
+            matcher.insert(victim.sequence())
+        else:
+            release(victim)
+        res.preemptions += 1
+        if prefilling and prefilling[-1] is victim:
+            prefilling.pop()
+        victim.decoding = False
+        victim.prefill_left = 0
+        victim.held = 0
+        waiting.appendleft(victim)
+        return victim
+
+    def prefill_chunks(budget: int, prefilled: list[_Live]) -> int:
+        """Chunk semantics, step 3: schedules the next chunk of the requests in
+        ``prefilling`` (one ``schedule_batch`` call, preempting from the back while blocks
+        run short); returns the budget left."""
+        nonlocal version, prefilling
+        todo = prefilling
+        while todo and budget > 0:
+            takes: list[int] = []
+            left = budget
+            for lv in todo:
+                if left <= 0:
+                    break
+                take = min(lv.prefill_left, left)
+                takes.append(take)
+                left -= take
+            batch = todo[: len(takes)]
+            ids = np.fromiter((lv.req.rid for lv in batch), dtype=np.int64, count=len(batch))
+            t0 = perf()
+            done = cache.schedule_batch(ids, np.array(takes, dtype=np.int64))[0]
+            spent = perf() - t0
+            for lv in batch[: max(done, 1)]:
+                req_ns[lv.req.rid] += spent // max(done, 1)
+            if done:
+                version += 1
+            for lv, take in zip(batch[:done], takes[:done], strict=True):
+                budget -= take
+                lv.prefill_left -= take
+                if not lv.prefill_left:
+                    prefilled.append(lv)
+            if done == len(batch):
+                break
+            dset.sync()
+            victim = preempt_last()
+            dset.rebuild(running)
+            todo = [lv for lv in batch[done:] if lv is not victim]
+        prefilling = [lv for lv in prefilling if lv.prefill_left]
+        return budget
+
     # The decoding requests as arrays (one append_batch per step without a Python loop over
-    # them); rebuilt when the set changes. `prefilling`: running requests with prefill left,
-    # in running order (step 3 walks only these).
+    # them); rebuilt when the set changes.
     consecutive = type(workload).output is Workload.output
     dset = _Decoding(b, hash_chain, consecutive)
     out_start = workload.output_start
     dirty = False
-    prefilling: list[_Live] = []
 
     while finished < len(reqs):
         while arrivals and arrivals[0][0] <= now:
@@ -528,12 +646,14 @@ def simulate_run(
         spent = 0
         while dset.lives:
             toks = dset.tokens()
-            before = counts.num_cached_blocks
+            before = 0 if chunked else counts.num_cached_blocks
             t0 = perf()
             ok = cache.append_batch(dset.ids, toks)
             spent += perf() - t0
             if ok:
                 step_ns.append(spent)
+                if chunked:
+                    break
                 after = counts.num_cached_blocks
                 if hash_chain:
                     res.evicted_blocks += dset.filled() - (after - before)
@@ -541,15 +661,7 @@ def simulate_run(
                     res.evicted_blocks += before - after
                 break
             dset.sync()
-            victim = running.pop()
-            release(victim)
-            res.preemptions += 1
-            if prefilling and prefilling[-1] is victim:
-                prefilling.pop()
-            victim.decoding = False
-            victim.prefill_left = 0
-            victim.held = 0
-            waiting.appendleft(victim)
+            preempt_last()
             dset.rebuild(running)
         ndec = len(dset.lives)
         if ndec:
@@ -559,7 +671,10 @@ def simulate_run(
 
         # 3. Chunked prefill of requests admitted in earlier steps.
         prefilled: list[_Live] = []
-        if prefilling and budget > 0:
+        if chunked:
+            if prefilling and budget > 0:
+                budget = prefill_chunks(budget, prefilled)
+        elif prefilling and budget > 0:
             for lv in prefilling:
                 if budget <= 0:
                     break
@@ -574,7 +689,18 @@ def simulate_run(
         # 4. First-come-first-served admission.
         while waiting and budget > 0 and len(running) < spec.max_running:
             lv = waiting[0]
-            if not admit(lv):
+            if chunked:
+                take = admit_chunk(lv, budget)
+                if take >= 0:
+                    waiting.popleft()
+                    running.append(lv)
+                    budget -= take
+                    if lv.prefill_left:
+                        prefilling.append(lv)
+                    else:
+                        prefilled.append(lv)
+                    continue
+            if chunked or not admit(lv):
                 res.waits += 1
                 if not lv.waited:
                     lv.waited = True
@@ -626,6 +752,8 @@ def simulate_run(
             cache.check_invariants()
         now += 1
 
+    if chunked:
+        res.evicted_blocks = int(cache.stats["evictions"])
     if cache.num_requests:
         raise RuntimeError(f"{cache.num_requests} requests still held after the run")
     if check_every:
