@@ -1,9 +1,14 @@
 """Native core of kvindex (Rust, PyO3). Import from :mod:`kvindex`, not from here.
 
 Conventions: token arrays are 1-D C-contiguous ``int32`` or ``int64`` numpy arrays;
-id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
-``TypeError``) instead of being copied silently. Input arrays are read in place
-for the duration of a call (never kept); returned arrays are new and the caller's.
+id arrays are ``int64``. Both caches take token ids in int32 (``-2**31 <= id < 2**31``):
+ids index a model's vocabulary, which vLLM and SGLang hold in int32 tensors (vLLM's
+server rejects out-of-vocabulary ids before hashing), so a wider id in an ``int64``
+array raises ``InvalidArgumentError``, nothing changed. ``block_hashes`` alone hashes
+any ``int64`` id, as vLLM's hashing of a Python int does. A wrong dtype, rank or layout
+raises ``DTypeError`` (a ``TypeError``) instead of being copied silently. Input arrays
+are read in place for the duration of a call (never kept); returned arrays are new and
+the caller's.
 Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
 (out of blocks) is a return value (``None`` / ``False``). A constructor or an output
@@ -264,9 +269,11 @@ class HashChainCache:
         or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
         read from the cache but the prompt is still cached. The radix cache keys on
         ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
-        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
-        first; ``reset()`` releases them).
+        ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
+        ``CapacityError``) for a prompt that needs more blocks than the pool's usable
+        ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
+        keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
+        32 prompts, oldest dropped first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -562,9 +569,11 @@ class RadixPrefixCache:
         or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
         read from the cache but the prompt is still cached. The radix cache keys on
         ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
-        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
-        first; ``reset()`` releases them).
+        ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
+        ``CapacityError``) for a prompt that needs more blocks than the pool's usable
+        ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
+        keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
+        32 prompts, oldest dropped first; ``reset()`` releases them).
         """
     def lookup(
         self,
