@@ -164,6 +164,9 @@ impl Model {
         if tokens.is_empty() {
             return Err(ErrorKind::InvalidArgument);
         }
+        if tokens.len().div_ceil(self.bs) > self.refs.len() - 1 {
+            return Err(ErrorKind::RequestTooLarge); // more blocks than the pool's usable ones
+        }
         let k = if skip { 0 } else { self.hit_blocks(spec, tokens) };
         let mut blocks: Vec<usize> = (0..k).map(|i| self.map[&self.key(spec, tokens, i)][0]).collect();
         let new = tokens.len().div_ceil(self.bs) - k;
@@ -539,12 +542,15 @@ fn fixed_sequences_match_model() {
 fn reset_releases_refused_prompts() {
     let mut c =
         HashChainCache::new(4, 4, HashAlgo::parse("sha256").expect("known"), None, false).expect("valid");
+    let spec = KeySpec::new(None, None, Vec::new()).expect("valid");
+    // Request 100 holds 2 of the 3 usable blocks: 3-block prompts fit the pool, not now.
+    assert!(matches!(c.admit(RequestId(100), &[7; 8], spec.clone(), false), Ok(Some(_))));
     for id in 0..40u64 {
-        let p: Vec<i64> = (0..100).map(|t| t + 1000 * i64::try_from(id).expect("small")).collect();
-        let spec = KeySpec::new(None, None, Vec::new()).expect("valid");
-        assert_eq!(c.admit(RequestId(id), &p, spec, false), Ok(None));
+        let p: Vec<i64> = (0..12).map(|t| t + 1000 * i64::try_from(id).expect("small")).collect();
+        assert_eq!(c.admit(RequestId(id), &p, spec.clone(), false), Ok(None));
     }
     assert_eq!(c.num_pending_prompts(), 32);
+    c.free(RequestId(100)).expect("running");
     c.reset().expect("no request runs");
     assert_eq!(c.num_pending_prompts(), 0);
     c.check_invariants().expect("consistent");

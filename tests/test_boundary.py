@@ -120,8 +120,19 @@ TOKEN_ENTRY_POINTS = {
 }
 
 
-@pytest.mark.parametrize("entry", sorted(TOKEN_ENTRY_POINTS))
-@pytest.mark.parametrize("bad", sorted(BAD_ARRAYS))
+# block_hashes is off the hot path: it takes lists and tuples too (tests/test_sequence_args.py).
+SEQUENCE_OK = {("list", "block_hashes"), ("tuple", "block_hashes")}
+
+
+@pytest.mark.parametrize(
+    ("bad", "entry"),
+    [
+        (bad, entry)
+        for bad in sorted(BAD_ARRAYS)
+        for entry in sorted(TOKEN_ENTRY_POINTS)
+        if (bad, entry.removesuffix("_vllm")) not in SEQUENCE_OK
+    ],
+)
 def test_bad_token_arrays(cache, entry, bad):
     arr = BAD_ARRAYS[bad]
     copy = arr.copy() if isinstance(arr, np.ndarray) else arr
@@ -668,21 +679,76 @@ def test_null_block_introspection(cache):
 # ---------------------------------------------------------------------------------------
 
 
+I32_MIN, I32_MAX = -(2**31), 2**31 - 1
+
+
 @pytest.mark.parametrize("algo", kvindex.HASH_ALGOS)
-def test_negative_and_int64_extreme_tokens_accepted(algo):
-    t = np.array([-1, -(2**63), 2**63 - 1, 0, 2**31, -(2**31) - 1, 5, 6, 7], dtype=np.int64)
+def test_int32_extreme_and_negative_tokens_accepted(algo):
+    # Token ids anywhere in int32 (negative ones included) are keys like any other.
+    t = np.array([-1, I32_MIN, I32_MAX, 0, 2**30, -(2**30), 5, 6, 7], dtype=np.int64)
     c = kvindex.HashChainCache(8, 4, algo=algo)
     adm = c.admit(1, t)
     assert adm is not None
     assert np.array_equal(c.request_block_hashes(1), kvindex.block_hashes(t, 4, algo=algo))
-    assert c.append(1, np.array([-(2**63)] * 3, dtype=np.int64))
+    assert c.append(1, np.array([I32_MIN] * 3, dtype=np.int64))
     assert np.array_equal(
         c.request_block_hashes(1),
-        kvindex.block_hashes(np.concatenate([t, [-(2**63)] * 3]), 4, algo=algo),
+        kvindex.block_hashes(np.concatenate([t, [I32_MIN] * 3]), 4, algo=algo),
     )
     c.free(1)
     assert c.lookup(t) == 8
     c.check_invariants()
+
+
+BEYOND_INT32 = [2**31, I32_MIN - 1, 2**40, 2**63 - 1, -(2**63)]
+
+
+@pytest.mark.parametrize("design", ["hash_chain", "radix"])
+@pytest.mark.parametrize("bad", BEYOND_INT32)
+def test_both_caches_reject_token_ids_beyond_int32(design, bad):
+    # One rule for both caches: token ids index a vocabulary, so they fit in int32.
+    c = kvindex.make_cache(design, 16, 4)
+    assert c.admit(1, np.arange(6, dtype=np.int64)) is not None
+
+    def state():
+        return (c.stats, c.num_free_blocks, c.block_tables(np.array([1])).tolist(), c.num_tokens(1))
+
+    before = state()
+    prompt = np.array([1, 2, 3, bad, 5], dtype=np.int64)
+    for call in (
+        lambda: c.admit(2, prompt),
+        lambda: c.lookup(prompt),
+        lambda: c.append(1, np.array([bad], dtype=np.int64)),
+        lambda: c.append_batch(np.array([1]), np.array([7, bad], dtype=np.int64), np.array([0, 2])),
+    ):
+        with pytest.raises(InvalidArgumentError, match=f"token id {bad} does not fit in int32"):
+            call()
+        assert state() == before
+        assert 2 not in c
+        c.check_invariants()
+    # block_hashes, vLLM's hashing on its own, hashes any int64 as vLLM hashes any int.
+    assert kvindex.block_hashes(np.array([bad] * 4, dtype=np.int64), 4).shape[0] == 1
+
+
+@pytest.mark.parametrize("design", ["hash_chain", "radix"])
+@pytest.mark.parametrize("bs", [1, 4])
+def test_prompt_larger_than_the_pool_raises_request_too_large(design, bs):
+    # 9 blocks, 8 usable: 8 blocks' worth of prompt can wait for room (None while held),
+    # one token more can never be admitted: an error, not None, and nothing changes.
+    c = kvindex.make_cache(design, 9, bs)
+    fits = np.arange(8 * bs, dtype=np.int32)
+    assert c.admit(1, np.arange(1000, 1000 + bs, dtype=np.int32)) is not None
+    assert c.admit(2, fits) is None  # not now: request 1 holds a block
+    before = (c.stats, c.num_free_blocks, c.num_requests)
+    too_big = np.arange(8 * bs + 1, dtype=np.int64)
+    with pytest.raises(kvindex.RequestTooLargeError, match="never be admitted") as ei:
+        c.admit(3, too_big)
+    assert isinstance(ei.value, kvindex.CapacityError) and isinstance(ei.value, MemoryError)
+    assert f"needs 9 {'blocks' if design == 'hash_chain' else 'pages'}" in str(ei.value)
+    assert (c.stats, c.num_free_blocks, c.num_requests) == before and 3 not in c
+    c.check_invariants()
+    c.free(1)
+    assert c.admit(2, fits) is not None  # the largest prompt the pool holds
 
 
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])

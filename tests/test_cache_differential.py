@@ -26,6 +26,7 @@ protocol. Where their semantics agree they must report the same hit lengths:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -118,6 +119,14 @@ def drive(
             rid = next_id
             next_id += 1
             ideal = ideal_hit(seen + [(salt_of[r], toks_of[r]) for r in running], toks, salt, bs)  # type: ignore[arg-type]
+            if -(-len(toks) // bs) > num_blocks - 1:
+                # Larger than the whole pool: both caches refuse it for good (an error,
+                # nothing changed); counted as refused.
+                for c in (hc, rc):
+                    with pytest.raises(kvindex.RequestTooLargeError):
+                        c.admit(rid, a32(toks), cache_salt=salt)  # type: ignore[arg-type]
+                hits.append((None, None, ideal))
+                continue
             a = hc.admit(rid, a32(toks), cache_salt=salt)  # type: ignore[arg-type]
             b = rc.admit(rid, a32(toks), cache_salt=salt)  # type: ignore[arg-type]
             hits.append((a and a.num_cached_tokens, b and b.num_cached_tokens, ideal))

@@ -40,6 +40,7 @@ def test_native_errors_use_the_classes_imported_once(monkeypatch: pytest.MonkeyP
         (exc.StaleHandleError, KeyError),
         (exc.LockError, RuntimeError),
         (exc.CapacityError, MemoryError),
+        (exc.RequestTooLargeError, exc.CapacityError),
     ],
 )
 def test_every_caller_error_is_a_kvindex_error(cls: type, builtin: type) -> None:

@@ -63,6 +63,12 @@ class HashChainMachine(RuleBasedStateMachine):
         assert self.cache.lookup(arr, cache_salt=salt, lora=lora) == self.model.lookup(
             tokens, salt, lora
         )
+        if -(-len(tokens) // self.model.block_size) > self.model.num_blocks - 1:
+            # Larger than the whole pool: never admissible, an error and nothing changes
+            # (the invariants below compare the whole state with the untouched model).
+            with pytest.raises(kvindex.RequestTooLargeError):
+                self.cache.admit(rid, arr, cache_salt=salt, lora=lora, skip_reading=skip)
+            return rid
         got = self.cache.admit(rid, arr, cache_salt=salt, lora=lora, skip_reading=skip)
         want = self.model.admit(rid, tokens, salt, lora, skip)
         if want is None:

@@ -253,6 +253,12 @@ class RadixRequestMachine(RuleBasedStateMachine):
         self.next_id += 1
         ns = None if salt is None else f"lora=\x1f\x1esalt={salt}"
         assert self.cache.lookup(a32(toks), cache_salt=salt) == self.model.lookup(toks, ns)
+        if -(-len(toks) // self.model.ps) > self.model.num_blocks - 1:
+            # Larger than the whole pool: never admissible, an error and nothing changes
+            # (the invariants compare the whole state with the untouched model).
+            with pytest.raises(kvindex.RequestTooLargeError):
+                self.cache.admit(rid, a32(toks), cache_salt=salt, skip_reading=skip)
+            return
         got = self.cache.admit(rid, a32(toks), cache_salt=salt, skip_reading=skip)
         want = self.model.admit(rid, toks, ns, skip)
         if want is None:

@@ -457,8 +457,10 @@ def test_reset_releases_refused_prompts() -> None:
     # A refused prompt is kept for the retry; reset() drops it, so a retry after
     # reset hashes again and is admitted normally.
     c = kvindex.HashChainCache(4, 4, algo="sha256")
-    big = np.arange(100, dtype=np.int32)
+    assert c.admit(2, np.arange(200, 208, dtype=np.int32)) is not None  # holds 2 of 3 blocks
+    big = np.arange(100, 112, dtype=np.int32)  # 3 blocks: fits the pool, not now
     assert c.admit(1, big) is None
+    c.free(2)
     c.reset()
     assert c.admit(1, np.arange(8, dtype=np.int32)) is not None
     c.check_invariants()

@@ -219,8 +219,17 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
             let flags = inp.u8();
             let Ok(spec) = spec else { return };
             let skip = flags & 1 != 0;
-            let look = c.lookup(&tokens, &spec).expect("a hash-chain lookup cannot fail");
+            // Token ids outside int32 are refused by every call that takes tokens.
+            let fits = narrow(&tokens).is_some();
+            let look = match c.lookup(&tokens, &spec) {
+                Ok(look) => look,
+                Err(e) => {
+                    assert!(!fits && e.kind == ErrorKind::InvalidArgument, "lookup: {e:?}");
+                    0
+                }
+            };
             let free = c.pool().num_free();
+            let too_large = tokens.len().div_ceil(bs) >= c.pool().num_blocks();
             let res = match narrow(&tokens).filter(|_| flags & 2 != 0) {
                 Some(t32) => c.admit(RequestId(id), &t32, spec.clone(), skip),
                 None => c.admit(RequestId(id), &tokens, spec.clone(), skip),
@@ -228,7 +237,7 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
             let n = tokens.len();
             match res {
                 Ok(Some(hit)) => {
-                    assert!(!mirror.contains_key(&id) && n > 0, "admit accepted a bad request");
+                    assert!(!mirror.contains_key(&id) && n > 0 && fits, "admit accepted a bad request");
                     assert_eq!(hit, if skip { 0 } else { look }, "admit hit == lookup before");
                     assert!(hit < n && hit.is_multiple_of(bs), "hit {hit} of {n}");
                     assert!(n.div_ceil(bs) - hit / bs <= free, "admitted beyond the free blocks");
@@ -240,7 +249,7 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
                     false
                 }
                 Ok(None) => {
-                    assert!(!mirror.contains_key(&id) && n > 0);
+                    assert!(!mirror.contains_key(&id) && n > 0 && fits && !too_large);
                     assert!(n.div_ceil(bs) > free, "admission of {n} tokens refused with {free} free blocks");
                     true
                 }
@@ -248,8 +257,15 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
                     assert_eq!(e.kind, ErrorKind::DuplicateRequest, "{e:?}");
                     true
                 }
+                Err(e) if n > 0 && too_large => {
+                    assert_eq!(e.kind, ErrorKind::RequestTooLarge, "admit of {n} tokens: {e:?}");
+                    true
+                }
                 Err(e) => {
-                    assert!(n == 0 && e.kind == ErrorKind::InvalidArgument, "admit of {n} tokens: {e:?}");
+                    assert!(
+                        (n == 0 || !fits) && e.kind == ErrorKind::InvalidArgument,
+                        "admit of {n} tokens: {e:?}"
+                    );
                     true
                 }
             }
@@ -262,12 +278,23 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
                 Some(t32) => c.append(RequestId(id), &t32),
                 None => c.append(RequestId(id), &tokens),
             };
-            check_append(&res, mirror, id, &tokens, bs, before.queue.len())
+            if narrow(&tokens).is_none() && mirror.contains_key(&id) {
+                assert_err(&res, ErrorKind::InvalidArgument);
+                true
+            } else {
+                check_append(&res, mirror, id, &tokens, bs, before.queue.len())
+            }
         }
         op::APPEND_BATCH => {
             let b = Batch::decode(inp);
             let res = c.append_batch(&b.ids, &b.tokens, b.offsets.as_deref());
-            check_append_batch(&res, &b, mirror, bs, before.queue.len())
+            if b.shape_ok && narrow(&b.tokens).is_none() {
+                // Token ids are checked after the offsets, before the ids.
+                assert_err(&res, ErrorKind::InvalidArgument);
+                true
+            } else {
+                check_append_batch(&res, &b, mirror, bs, before.queue.len())
+            }
         }
         op::FREE => {
             let id = inp.id();
@@ -356,14 +383,16 @@ fn step(c: &mut HashChainCache, mirror: &mut Mirror<KeySpec>, inp: &mut Input<'_
         op::LOOKUP => {
             let tokens = inp.prompt();
             let Ok(spec) = inp.spec() else { return };
-            let hit = c.lookup(&tokens, &spec).expect("a hash-chain lookup cannot fail");
+            let Some(t32) = narrow(&tokens) else {
+                assert_err(&c.lookup(&tokens, &spec), ErrorKind::InvalidArgument);
+                return;
+            };
+            let hit = c.lookup(&tokens, &spec).expect("a lookup of int32 token ids cannot fail");
             assert!(
                 hit.is_multiple_of(bs) && hit <= tokens.len().saturating_sub(1) / bs * bs,
                 "lookup {hit}"
             );
-            if let Some(t32) = narrow(&tokens) {
-                assert_eq!(c.lookup(&t32, &spec), Ok(hit), "i32 and i64 tokens hash alike");
-            }
+            assert_eq!(c.lookup(&t32, &spec), Ok(hit), "i32 and i64 tokens hash alike");
             let hashes = c.hash_prompt(&tokens, &spec);
             assert_eq!(hashes.len(), tokens.len() / bs);
             true

@@ -220,7 +220,7 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
                     false
                 }
                 Ok(None) => {
-                    assert!(!mirror.contains_key(&id) && n > 0);
+                    assert!(!mirror.contains_key(&id) && n > 0 && n.div_ceil(ps) < c.pool().num_pages());
                     let look = look.expect("valid spec");
                     let need = n.div_ceil(ps) - if skip { 0 } else { look / ps };
                     assert!(need > c.pool().num_free(), "admission refused with enough free pages");
@@ -228,6 +228,10 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
                 }
                 Err(e) if mirror.contains_key(&id) => {
                     assert_eq!(e.kind, ErrorKind::DuplicateRequest, "{e:?}");
+                    true
+                }
+                Err(e) if n > 0 && n.div_ceil(ps) >= c.pool().num_pages() => {
+                    assert_eq!(e.kind, ErrorKind::RequestTooLarge, "admit of {n} tokens: {e:?}");
                     true
                 }
                 Err(e) => {

@@ -40,6 +40,7 @@ from kvindex.exceptions import (
     InvariantViolation,
     KvIndexError,
     LockError,
+    RequestTooLargeError,
     StaleHandleError,
     UnknownRequestError,
 )
@@ -68,6 +69,7 @@ __all__ = [
     "RadixCache",
     "RadixPrefixCache",
     "RadixTree",
+    "RequestTooLargeError",
     "StaleHandleError",
     "UnknownRequestError",
     "__version__",

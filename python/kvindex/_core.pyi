@@ -1,9 +1,14 @@
 """Native core of kvindex (Rust, PyO3). Import from :mod:`kvindex`, not from here.
 
 Conventions: token arrays are 1-D C-contiguous ``int32`` or ``int64`` numpy arrays;
-id arrays are ``int64``. A wrong dtype, rank or layout raises ``DTypeError`` (a
-``TypeError``) instead of being copied silently. Input arrays are read in place
-for the duration of a call (never kept); returned arrays are new and the caller's.
+id arrays are ``int64``. Both caches take token ids in int32 (``-2**31 <= id < 2**31``):
+ids index a model's vocabulary, which vLLM and SGLang hold in int32 tensors (vLLM's
+server rejects out-of-vocabulary ids before hashing), so a wider id in an ``int64``
+array raises ``InvalidArgumentError``, nothing changed. ``block_hashes`` alone hashes
+any ``int64`` id, as vLLM's hashing of a Python int does. A wrong dtype, rank or layout
+raises ``DTypeError`` (a ``TypeError``) instead of being copied silently. Input arrays
+are read in place for the duration of a call (never kept); returned arrays are new and
+the caller's.
 Caller errors raise
 ``KvIndexError`` subclasses and leave the object unchanged; an expected shortfall
 (out of blocks) is a return value (``None`` / ``False``). A constructor or an output
@@ -17,6 +22,14 @@ value outside the parameter's range raises ``InvalidArgumentError`` (never a bar
 the caller unchanged. Request-id arrays (``request_ids``) and ``query_lens`` /
 ``offsets`` are 1-D C-contiguous ``int64`` arrays; ``block_ids`` takes a token-like
 array (``int32`` or ``int64``) or a list / tuple of ints.
+
+Arrays only on the scheduler's hot path: ``admit``, ``lookup``, ``append``,
+``append_batch``, ``free_batch``, ``block_tables``, ``slot_mapping`` and the radix tree's
+``match_prefix`` / ``probe`` / ``insert`` take numpy arrays (a list raises ``DTypeError``:
+no per-call conversion hides in a scheduler step). Off it, where a copy costs nothing
+that matters, a list or tuple of ints is accepted too (copied): ``block_hashes``'s
+tokens, ``evict_blocks``'s ``block_ids``, and ``ClusterIndex``'s tokens, ``hashes``
+(uint64) and ``load`` (floats).
 
 KV events are buffered between two ``take_events`` calls up to ``max_events``
 (default 100,000); when the buffer is full the oldest event is dropped and counted in
@@ -45,9 +58,13 @@ _Tokens = npt.NDArray[np.int32] | npt.NDArray[np.int64]
 _Lora = tuple[str, str] | None
 _MmItems = Sequence[tuple[str, int, int]] | None
 _BlockIds = npt.NDArray[np.int64] | npt.NDArray[np.int32] | list[int] | tuple[int, ...]
+# Off the hot path (hashing helpers, cluster routing) token arrays may also be lists / tuples.
+_TokensOrSeq = _Tokens | list[int] | tuple[int, ...]
+_Hashes = npt.NDArray[np.uint64] | list[int] | tuple[int, ...]
+_Load = npt.NDArray[np.float64] | list[float] | tuple[float, ...]
 
 def block_hashes(
-    tokens: _Tokens,
+    tokens: _TokensOrSeq,
     block_size: int,
     *,
     algo: str = "xxh3_128",
@@ -264,9 +281,11 @@ class HashChainCache:
         or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
         read from the cache but the prompt is still cached. The radix cache keys on
         ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
-        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
-        first; ``reset()`` releases them).
+        ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
+        ``CapacityError``) for a prompt that needs more blocks than the pool's usable
+        ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
+        keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
+        32 prompts, oldest dropped first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -687,9 +706,11 @@ class RadixPrefixCache:
         or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
         read from the cache but the prompt is still cached. The radix cache keys on
         ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-        ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
-        hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
-        first; ``reset()`` releases them).
+        ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
+        ``CapacityError``) for a prompt that needs more blocks than the pool's usable
+        ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
+        keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
+        32 prompts, oldest dropped first; ``reset()`` releases them).
         """
     def lookup(
         self,
@@ -994,13 +1015,13 @@ class ClusterIndex:
         Returns `(outcome, expected_seq)`; outcomes are listed in the class docstring."""
     def give_up(self, worker: int, seq: int) -> None:
         """Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`."""
-    def store_hashes(self, worker: int, hashes: npt.NDArray[np.uint64]) -> None:
+    def store_hashes(self, worker: int, hashes: _Hashes) -> None:
         """Records `hashes` (uint64) as held by `worker`, without a stream."""
-    def remove_hashes(self, worker: int, hashes: npt.NDArray[np.uint64]) -> int:
+    def remove_hashes(self, worker: int, hashes: _Hashes) -> int:
         """Drops one reference of `worker` to each of `hashes`; returns how many were not held."""
     def hashes(
         self,
-        tokens: _Tokens,
+        tokens: _TokensOrSeq,
         *,
         cache_salt: str | None = None,
         lora: _Lora = None,
@@ -1009,19 +1030,19 @@ class ClusterIndex:
         """The prompt's block hashes as events carry them (uint64)."""
     def overlaps(
         self,
-        tokens: _Tokens,
+        tokens: _TokensOrSeq,
         *,
         cache_salt: str | None = None,
         lora: _Lora = None,
         mm_items: _MmItems = None,
     ) -> npt.NDArray[np.int32]:
         """Per worker slot: leading blocks of the prompt it holds (int32)."""
-    def overlaps_for_hashes(self, hashes: npt.NDArray[np.uint64]) -> npt.NDArray[np.int32]:
+    def overlaps_for_hashes(self, hashes: _Hashes) -> npt.NDArray[np.int32]:
         """Per worker slot: leading `hashes` (uint64) it holds (int32)."""
     def route(
         self,
-        tokens: _Tokens,
-        load: npt.NDArray[np.float64],
+        tokens: _TokensOrSeq,
+        load: _Load,
         *,
         overlap_weight: float = 1.0,
         start: int = 0,

@@ -16,6 +16,7 @@ __all__ = [
     "InvariantViolation",
     "KvIndexError",
     "LockError",
+    "RequestTooLargeError",
     "StaleHandleError",
     "UnknownRequestError",
 ]
@@ -60,7 +61,17 @@ class LockError(KvIndexError, RuntimeError):
 
 
 class CapacityError(KvIndexError, MemoryError):
-    """A size (``num_blocks``, ...) whose tables this machine cannot allocate; nothing was built."""
+    """A size that cannot be held: tables this machine cannot allocate (``num_blocks``, ...;
+    nothing was built), or a request larger than the pool (:class:`RequestTooLargeError`)."""
+
+
+class RequestTooLargeError(CapacityError):
+    """``admit`` of a prompt that needs more blocks than the pool's usable ones
+    (``num_blocks - 1``): no state of the cache could ever hold it.
+
+    ``admit`` returns ``None`` for "not now" (blocks are held or cached and may free up);
+    this error says "never", so a scheduler can reject the request instead of waiting.
+    """
 
 
 class InvariantViolation(AssertionError):

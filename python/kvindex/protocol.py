@@ -147,7 +147,8 @@ class PrefixCache(Protocol):
         mm_items: MmItems = None,
         skip_reading: bool = False,
     ) -> AdmissionLike | None:
-        """Starts a request: hit the cache, allocate the rest; ``None`` if out of blocks."""
+        """Starts a request: hit the cache, allocate the rest; ``None`` if out of blocks now,
+        ``RequestTooLargeError`` if the prompt needs more than the pool's usable blocks."""
         ...
 
     def lookup(

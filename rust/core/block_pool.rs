@@ -79,10 +79,7 @@ impl BlockPool {
         // Largest table first: a size the allocator refuses fails before
         // anything else is touched.
         let meta = try_filled(num_blocks, Meta { hash: None, ref_cnt: 0 }, "block records")?;
-        let mut queue = FreeQueue::new(n)?;
-        for i in 1..n {
-            queue.push_back(BlockId(i));
-        }
+        let queue = FreeQueue::new_full(n)?;
         Ok(BlockPool {
             meta,
             queue,

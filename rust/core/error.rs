@@ -1,7 +1,8 @@
 //! Errors a caller can cause. Each is reported before any state changes.
 //!
 //! Three kinds of failure exist in kvindex:
-//! - an expected shortfall (not enough free blocks) is a return value (`None`);
+//! - an expected shortfall (not enough free blocks now) is a return value (`None`);
+//!   a request that no state of the pool could hold is a caller error (`RequestTooLarge`);
 //! - a caller error is a [`KvError`] (mapped to a `KvIndexError` subclass in Python);
 //! - a broken internal invariant panics loudly (`expect`), or is reported by
 //!   `check_invariants()` as an [`InvariantViolation`].
@@ -28,6 +29,9 @@ pub enum ErrorKind {
     Lock,
     /// A size whose tables cannot be allocated on this machine (`MemoryError`).
     Capacity,
+    /// A request that needs more blocks than the whole pool has: it can
+    /// never be admitted (a `CapacityError`, hence a `MemoryError`).
+    RequestTooLarge,
 }
 
 /// A caller error: its kind and a human-readable message.

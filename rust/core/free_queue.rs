@@ -47,6 +47,31 @@ impl FreeQueue {
         Ok(q)
     }
 
+    /// A queue for block ids `0..n` holding `1..n` in id order (block 0, the
+    /// null block, is never queued): what `new` and `push_back` of each id
+    /// give, with each link written once. O(n).
+    ///
+    /// # Errors
+    /// `Capacity` if the links cannot be allocated.
+    ///
+    /// # Panics
+    /// As [`FreeQueue::new`].
+    pub fn new_full(n: u32) -> KvResult<Self> {
+        let mut q = FreeQueue::new(n)?;
+        let (head, tail) = (q.head, q.tail);
+        if n > 1 {
+            for b in 1..n {
+                let prev = if b == 1 { head } else { b - 1 };
+                let next = if b == n - 1 { tail } else { b + 1 };
+                q.links[b as usize] = [prev, next];
+            }
+            q.links[head as usize][1] = 1;
+            q.links[tail as usize][0] = n - 1;
+            q.len = n as usize - 1;
+        }
+        Ok(q)
+    }
+
     /// Number of queued blocks. O(1).
     #[must_use]
     pub fn len(&self) -> usize {
@@ -164,6 +189,19 @@ mod tests {
 
     fn ids(q: &FreeQueue) -> Vec<u32> {
         q.iter().map(|b| b.0).collect()
+    }
+
+    #[test]
+    fn new_full_equals_pushing_every_id() {
+        for n in 1..8u32 {
+            let mut pushed = FreeQueue::new(n).expect("small queue");
+            for i in 1..n {
+                pushed.push_back(BlockId(i));
+            }
+            let full = FreeQueue::new_full(n).expect("small queue");
+            assert_eq!(full.links, pushed.links, "n = {n}");
+            assert_eq!((full.len(), ids(&full)), (pushed.len(), ids(&pushed)));
+        }
     }
 
     #[test]

@@ -249,6 +249,11 @@ impl<T: Token> Reads<T> for HashChainIndex {
         dst.extend(src.iter().map(|t| t.get()));
     }
 
+    #[inline]
+    fn check_tokens(tokens: &[T]) -> KvResult<()> {
+        T::check_ids(tokens)
+    }
+
     fn lookup(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
         Ok(self.lookup_tokens(tokens, spec))
     }
@@ -548,7 +553,7 @@ impl HashChainCache {
         enable_events: bool,
     ) -> KvResult<Self> {
         if !(1..=1 << 20).contains(&block_size) {
-            return Err(KvError::invalid(format!("block_size must be in 1..=2^20, got {block_size}")));
+            return Err(KvError::invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
         }
         let mut pool = BlockPool::new(num_blocks, enable_events)?;
         num_blocks

@@ -140,12 +140,7 @@ pub fn namespace(spec: &KeySpec) -> KvResult<Option<String>> {
 /// # Errors
 /// `InvalidArgument` for a token outside the int32 range.
 pub fn narrow_tokens(tokens: &[i64]) -> KvResult<Vec<i32>> {
-    tokens
-        .iter()
-        .map(|&t| {
-            i32::try_from(t).map_err(|_| KvError::invalid(format!("token id {t} does not fit in int32")))
-        })
-        .collect()
+    tokens.iter().map(|&t| i32::try_from(t).map_err(|_| crate::core::hash::token_out_of_range(t))).collect()
 }
 
 /// The radix design: the tree, the page pool behind it, and the eviction tally.
@@ -166,7 +161,7 @@ impl RadixIndex {
     /// `page_size` tokens, evicting tree leaves by `policy`.
     ///
     /// # Errors
-    /// `InvalidArgument` for `page_size` outside `1..=2^20` or `num_blocks < 2`.
+    /// `InvalidArgument` for `page_size` outside `1..=2**20` or `num_blocks < 2`.
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         let tree = RadixTree::new(page_size, policy, enable_events)?;
         let pool = PagePool::new(num_blocks)?;
@@ -493,7 +488,7 @@ impl RadixPrefixCache {
     /// tokens, evicting tree leaves by `policy`.
     ///
     /// # Errors
-    /// `InvalidArgument` for `page_size` outside `1..=2^20` or `num_blocks < 2`.
+    /// `InvalidArgument` for `page_size` outside `1..=2**20` or `num_blocks < 2`.
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         Ok(PrefixCache::with_design(RadixIndex::new(num_blocks, page_size, policy, enable_events)?))
     }

@@ -328,3 +328,38 @@ pub fn block_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
     });
     Ok(v)
 }
+
+/// Tokens of a call off the hot path ([`tokens_or_seq`]): a numpy view, or a
+/// list / tuple copied out.
+pub enum TokensArg<'a> {
+    /// A numpy array read in place, as [`tokens`] reads it.
+    View(TokenArray<'a>),
+    /// A list or tuple of ints, copied.
+    Owned(Vec<i64>),
+}
+
+impl TokensArg<'_> {
+    /// The tokens as a [`TokenArray`].
+    pub fn array(&self) -> TokenArray<'_> {
+        match self {
+            TokensArg::View(TokenArray::I32(s)) => TokenArray::I32(s),
+            TokensArg::View(TokenArray::I64(s)) => TokenArray::I64(s),
+            TokensArg::Owned(v) => TokenArray::I64(v),
+        }
+    }
+}
+
+/// Reads tokens where a copy costs nothing that matters (hashing helpers,
+/// cluster routing): a 1-D C-contiguous int32 / int64 array, read in place as
+/// [`tokens`] reads it, or a list or tuple of ints, read as [`block_ids`]
+/// reads them. The scheduler's hot path takes arrays only ([`tokens`]).
+///
+/// # Safety
+/// As [`tokens`], for the array case.
+pub unsafe fn tokens_or_seq<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<TokensArg<'a>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return block_ids(obj, what).map(TokensArg::Owned);
+    }
+    // SAFETY: our caller's contract.
+    unsafe { tokens(obj, what) }.map(TokensArg::View)
+}

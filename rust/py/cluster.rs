@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockW
 
 use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
 use super::arrays::{self, with_tokens};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
@@ -97,7 +97,8 @@ impl PyClusterIndex {
         // SAFETY: read after every argument that may run Python code; only
         // Rust runs while the view lives (no Python object is made, the GIL
         // is kept).
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+        let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
+        let arr = arg.array();
         let ix = self.read();
         let sc = &mut *s;
         sc.blocks = with_tokens!(arr, t => ix.overlaps_tokens(
@@ -118,7 +119,12 @@ fn seq_number(seq: i64) -> PyResult<u64> {
     u64::try_from(seq).map_err(|_| invalid(format!("sequence numbers are >= 0, got {seq}")))
 }
 
+/// Reads block hashes: a 1-D C-contiguous uint64 array, or a list / tuple of
+/// ints in `0..2**64` (copied either way).
 fn u64_array(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
+    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+        return obj.try_iter()?.map(|x| super::args::u64_arg(&x?, what)).collect();
+    }
     let a = obj
         .cast::<PyArray1<u64>>()
         .map_err(|_| dtype(format!("{what} must be a 1-D numpy array of dtype uint64")))?;
@@ -283,8 +289,8 @@ impl PyClusterIndex {
         let bs = self.bs();
         let mut s = self.scratch();
         // SAFETY: as in `overlaps_of_tokens`.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        with_tokens!(arr, t => s.hash(t, bs, &spec));
+        let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
+        with_tokens!(arg.array(), t => s.hash(t, bs, &spec));
         Ok(PyArray1::from_slice(py, &s.hashes))
     }
 
@@ -329,12 +335,24 @@ impl PyClusterIndex {
         lora: Option<&Bound<'_, PyAny>>,
         mm_items: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(i64, u32, usize)> {
-        let load = load
-            .cast::<PyArray1<f64>>()
-            .map_err(|_| dtype("load must be a 1-D numpy array of dtype float64"))?
-            .try_readonly()
-            .map_err(|_| invalid("load is being written elsewhere"))?;
-        let load = load.as_slice().map_err(|_| dtype("load must be C-contiguous"))?;
+        let load_seq: Vec<f64>;
+        let load_arr;
+        let load: &[f64] = if load.is_instance_of::<PyList>() || load.is_instance_of::<PyTuple>() {
+            load_seq = load
+                .try_iter()?
+                .map(|x| x?.extract::<f64>().map_err(|_| dtype("load must hold floats")))
+                .collect::<PyResult<_>>()?;
+            &load_seq
+        } else {
+            load_arr = load
+                .cast::<PyArray1<f64>>()
+                .map_err(|_| {
+                    dtype("load must be a 1-D numpy array of dtype float64, or a list / tuple of floats")
+                })?
+                .try_readonly()
+                .map_err(|_| invalid("load is being written elsewhere"))?;
+            load_arr.as_slice().map_err(|_| dtype("load must be C-contiguous"))?
+        };
         let s = self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?;
         if load.len() != s.overlaps.len() {
             return Err(invalid(format!(

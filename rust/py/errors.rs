@@ -14,7 +14,7 @@ use pyo3::types::PyType;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError};
 
 /// Every [`ErrorKind`], in the order of [`CLASS_NAMES`].
-const KINDS: [ErrorKind; 8] = [
+const KINDS: [ErrorKind; 9] = [
     ErrorKind::InvalidArgument,
     ErrorKind::DType,
     ErrorKind::UnknownRequest,
@@ -23,10 +23,11 @@ const KINDS: [ErrorKind; 8] = [
     ErrorKind::StaleHandle,
     ErrorKind::Lock,
     ErrorKind::Capacity,
+    ErrorKind::RequestTooLarge,
 ];
 
 /// The Python class of each kind in [`KINDS`].
-const CLASS_NAMES: [&str; 8] = [
+const CLASS_NAMES: [&str; 9] = [
     "InvalidArgumentError",
     "DTypeError",
     "UnknownRequestError",
@@ -35,6 +36,7 @@ const CLASS_NAMES: [&str; 8] = [
     "StaleHandleError",
     "LockError",
     "CapacityError",
+    "RequestTooLargeError",
 ];
 
 /// The imported exception classes.

@@ -77,7 +77,8 @@ pub fn block_hashes<'py>(
     // SAFETY: read after every argument that may run Python code; only Rust
     // runs while the view lives (it is dropped before the output is made),
     // and before the GIL is released the tokens are copied out of it.
-    let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
+    let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
+    let arr = arg.array();
     let seed = seed.as_deref();
     let d = algo.digest_len();
     let bytes = with_tokens!(arr, s => {

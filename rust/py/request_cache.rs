@@ -409,9 +409,11 @@ macro_rules! request_cache_class {
             /// or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
             /// read from the cache but the prompt is still cached. The radix cache keys on
             /// ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-            /// ``DuplicateRequestError`` for a running id. The hash chain keeps a refused prompt's
-            /// hashes for the scheduler's retry of the same id (at most 32 prompts, oldest dropped
-            /// first; ``reset()`` releases them).
+            /// ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
+            /// ``CapacityError``) for a prompt that needs more blocks than the pool's usable
+            /// ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
+            /// keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
+            /// 32 prompts, oldest dropped first; ``reset()`` releases them).
             #[pyo3(signature = (request_id, tokens, *, cache_salt = None, lora = None, mm_items = None, skip_reading = false))]
             #[allow(clippy::too_many_arguments)]
             fn admit<'py>(

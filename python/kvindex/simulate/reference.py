@@ -41,22 +41,66 @@ def replay_in_order(
     each admission's split in :attr:`HitTally.per_request`; ``progress(1)`` is called after
     each request.
     """
-    pairs: Iterator[tuple[Tokens, Tokens]]
+    listed: Sequence[tuple[Tokens, Tokens]] | None = None
     if isinstance(seqs, Workload):
         wl = seqs
         n = len(wl)
-        pairs = ((wl.prompt(i), wl.output(i)) for i in range(n))
         total = sum(r.prompt_len + r.output_len for r in wl.requests)
         worst = max(r.prompt_len + r.output_len for r in wl.requests)
     else:
+        listed = seqs
         n = len(seqs)
-        pairs = iter(seqs)
         total = sum(len(p) + len(o) for p, o in seqs)
         worst = max(len(p) + len(o) for p, o in seqs)
-    if num_blocks is None:
-        num_blocks = -(-total // block_size) + n
-    if -(-worst // block_size) > num_blocks:
-        raise SimulationError(f"{num_blocks} blocks of {block_size} cannot hold a request")
+
+    def pairs() -> Iterator[tuple[Tokens, Tokens]]:
+        if listed is not None:
+            return iter(listed)
+        return ((wl.prompt(i), wl.output(i)) for i in range(n))
+
+    if num_blocks is not None:
+        if -(-worst // block_size) > num_blocks:
+            raise SimulationError(f"{num_blocks} blocks of {block_size} cannot hold a request")
+        tally = _replay(
+            pairs(), design, block_size, num_blocks, losses, per_request, progress, cache_kw
+        )
+        assert tally is not None  # only a trial returns None
+        return tally
+    # "Everything fits": a pool of every block of every sequence never evicts, but most
+    # workloads share prefixes, and building (and paging in) a pool of millions of blocks
+    # costs more than the replay itself. So first try a pool of an eighth of that: if no
+    # cached block was ever evicted (or reallocated), every hit is what the full pool gives;
+    # otherwise replay again with the full pool.
+    full = -(-total // block_size) + n
+    small = min(full, max(2 * -(-worst // block_size), full // 8))
+    if small < full:
+        tally = _replay(
+            pairs(), design, block_size, small, losses, per_request, None, cache_kw, trial=True
+        )
+        if tally is not None:
+            if progress is not None:
+                progress(n)
+            return tally
+    tally = _replay(pairs(), design, block_size, full, losses, per_request, progress, cache_kw)
+    assert tally is not None  # only a trial returns None
+    return tally
+
+
+def _replay(
+    pairs: Iterator[tuple[Tokens, Tokens]],
+    design: str,
+    block_size: int,
+    num_blocks: int,
+    losses: bool,
+    per_request: bool,
+    progress: Callable[[int], None] | None,
+    cache_kw: dict[str, Any],
+    *,
+    trial: bool = False,
+) -> HitTally | None:
+    """:func:`replay_in_order` on a pool of ``num_blocks``. A ``trial`` (of a pool smaller
+    than everything) returns ``None`` if a cached block was evicted or a request did not
+    fit; otherwise a request that does not fit raises :class:`SimulationError`."""
     cache = make_cache(design, num_blocks + 1, block_size, **cache_kw)
     matcher = ExactMatcher() if losses else None
     tally = HitTally(block_size, per_request=[] if per_request else None, losses=losses)
@@ -64,15 +108,21 @@ def replay_in_order(
         exact = matcher.match_and_insert(prompt) if matcher is not None else 0
         adm = cache.admit(rid, prompt)
         if adm is None:
+            if trial:
+                return None
             raise SimulationError(f"request {rid} does not fit in {num_blocks} blocks")
         tally.add(len(prompt), adm.num_cached_tokens, exact)
         if len(output) and not cache.append(rid, output):
+            if trial:
+                return None
             raise SimulationError(f"request {rid}'s output does not fit in {num_blocks} blocks")
         cache.free(rid)
         if matcher is not None and len(output):
             matcher.insert(np.concatenate((prompt, output)))
         if progress is not None:
             progress(1)
+    if trial and cache.stats["evictions"]:
+        return None
     return tally
 
 

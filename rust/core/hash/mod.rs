@@ -176,6 +176,33 @@ pub trait Token: Copy + Send + Sync {
     fn as_i32(_s: &[Self]) -> Option<&[i32]> {
         None
     }
+
+    /// Checks the caches' token rule: every id fits in int32 (see
+    /// [`token_out_of_range`]). O(tokens) for int64, free for int32.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the first id outside int32.
+    #[inline]
+    fn check_ids(tokens: &[Self]) -> KvResult<()> {
+        if Self::ALWAYS_NARROW {
+            return Ok(());
+        }
+        match tokens.iter().find(|t| i32::try_from(t.get()).is_err()) {
+            Some(t) => Err(token_out_of_range(t.get())),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The caches' error for a token id outside int32. Both caches (hash chain
+/// and radix) take token ids in `-2**31..2**31`: ids index a model's
+/// vocabulary, which engines hold as int32 (vLLM's and SGLang's input-id
+/// tensors), so a wider id is a caller bug. The hash chain hashes every
+/// int32 id as vLLM hashes the same Python int; [`crate::core::hash`]'s
+/// standalone block hashing still takes any int64, as vLLM hashes any int.
+#[cold]
+pub fn token_out_of_range(t: i64) -> KvError {
+    KvError::invalid(format!("token id {t} does not fit in int32 (token ids must be in -2**31..2**31)"))
 }
 impl Token for i32 {
     const ALWAYS_NARROW: bool = true;

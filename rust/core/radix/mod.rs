@@ -223,10 +223,10 @@ impl RadixTree {
     /// buffering KV events if `enable_events`.
     ///
     /// # Errors
-    /// `InvalidArgument` if `page_size` is not in `1..=2^20`.
+    /// `InvalidArgument` if `page_size` is not in `1..=2**20`.
     pub fn new(page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         if !(1..=(1 << 20)).contains(&page_size) {
-            return Err(KvError::invalid(format!("page_size must be in 1..=2^20, got {page_size}")));
+            return Err(KvError::invalid(format!("page_size must be in 1..=2**20, got {page_size}")));
         }
         let mut root = Node::empty(0);
         root.live = true;

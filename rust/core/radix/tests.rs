@@ -660,7 +660,16 @@ mod request_cache {
                         let spec = if ns { &salt } else { &none };
                         let look = c.lookup(&s, spec).expect("ok");
                         let free = c.num_free_blocks();
-                        match c.admit(RequestId(next), &s, spec, skip).expect("ok") {
+                        let res = c.admit(RequestId(next), &s, spec, skip);
+                        if s.len().div_ceil(ps) >= pages {
+                            // Larger than the whole pool: an error, never `None`.
+                            let kind = res.err().map(|e| e.kind);
+                            prop_assert_eq!(kind, Some(crate::core::error::ErrorKind::RequestTooLarge));
+                            prop_assert_eq!(c.num_free_blocks(), free, "nothing changed");
+                            next += 1;
+                            continue;
+                        }
+                        match res.expect("ok") {
                             Some(h) => {
                                 prop_assert_eq!(h, if skip { 0 } else { look });
                                 prop_assert!(h < s.len() && h % ps == 0);

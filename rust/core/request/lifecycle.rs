@@ -158,6 +158,25 @@ impl<D: PrefixIndex> PrefixCache<D> {
         (req.tokens.len() + extra).div_ceil(self.design.block_size()).saturating_sub(req.blocks.len())
     }
 
+    /// `RequestTooLarge` when a prompt of `len` tokens needs more blocks than
+    /// the pool could ever give it (every block but the null block 0).
+    pub(super) fn check_fits(&self, id: RequestId, len: usize) -> KvResult<()> {
+        let need = len.div_ceil(self.design.block_size());
+        let usable = self.design.num_blocks().saturating_sub(1);
+        if need <= usable {
+            return Ok(());
+        }
+        Err(KvError::new(
+            ErrorKind::RequestTooLarge,
+            format!(
+                "request {}'s prompt of {len} tokens needs {need} {unit}; the pool has {usable} usable {unit} \
+                 (num_blocks - 1), so it can never be admitted",
+                id.0,
+                unit = D::UNIT
+            ),
+        ))
+    }
+
     /// Tokens a prompt would hit now; nothing cached changes. O(prompt tokens).
     ///
     /// # Errors
@@ -166,6 +185,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     where
         D: Reads<T>,
     {
+        D::check_tokens(tokens)?;
         self.design.lookup(tokens, spec)
     }
 
@@ -177,8 +197,11 @@ impl<D: PrefixIndex> PrefixCache<D> {
     ///
     /// # Errors
     /// `DuplicateRequest` if `id` is running; `InvalidArgument` for an empty
-    /// prompt or a key spec the design cannot key on. The spec is given
-    /// owned or borrowed ([`SpecArg`]).
+    /// prompt or a key spec the design cannot key on; `RequestTooLarge` for
+    /// a prompt that needs more blocks than the pool's usable ones
+    /// (`num_blocks - 1`): it could never be admitted, so `None` (not now)
+    /// would make a scheduler wait forever. The spec is given owned or
+    /// borrowed ([`SpecArg`]).
     pub fn admit<'s, T>(
         &mut self,
         id: RequestId,
@@ -198,6 +221,8 @@ impl<D: PrefixIndex> PrefixCache<D> {
         if tokens.is_empty() {
             return Err(KvError::invalid("a prompt needs at least one token"));
         }
+        self.check_fits(id, tokens.len())?;
+        D::check_tokens(tokens)?;
         let plan = self.design.plan_admit(id, tokens, spec.into_cow(), skip_reading)?;
         let Some(placed) = self.place(plan, tokens.len(), &StepOpts::default()) else {
             return Ok(None);
@@ -248,6 +273,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     {
         let slot = self.slot(id)?;
         appendable(self.req(slot))?;
+        D::check_tokens(tokens)?;
         if self.blocks_needed(self.req(slot), tokens.len()) > self.design.num_available() {
             return Ok(false);
         }
@@ -269,6 +295,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
         D: Reads<T>,
     {
         let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
+        D::check_tokens(tokens)?;
         self.epoch += 1;
         let epoch = self.epoch;
         let bs = self.design.block_size();

@@ -299,6 +299,17 @@ pub trait Reads<T>: PrefixIndex {
     /// Appends `src` to a record's token list.
     fn extend_tokens(dst: &mut Vec<Self::Tok>, src: &[T]);
 
+    /// Checks the token ids of an admission, lookup or append before
+    /// anything changes (the caches' rule: every id fits in int32). The
+    /// default accepts every value of `T`.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an id outside the rule.
+    #[inline]
+    fn check_tokens(_tokens: &[T]) -> KvResult<()> {
+        Ok(())
+    }
+
     /// Tokens a prompt would hit now; no side effects on what is cached.
     ///
     /// # Errors

@@ -241,6 +241,8 @@ impl<D: PrefixIndex> PrefixCache<D> {
         if opts.chunk == Some(0) {
             return Err(bad("chunk must be >= 1".into()));
         }
+        self.check_fits(id, tokens.len())?;
+        D::check_tokens(tokens)?;
         let plan = self.design.plan_admit(id, tokens, spec.into_cow(), skip_reading)?;
         let Some(p) = self.place(plan, tokens.len(), opts) else { return Ok(None) };
         let life = Life { skip_reading, ..Life::default() };
