@@ -19,7 +19,8 @@ Integer parameters (sizes, counts, ids, handles, priorities) take ``int`` or any
 object with ``__index__`` (numpy integer scalars); ``bool`` raises ``DTypeError``, a
 value outside the parameter's range raises ``InvalidArgumentError`` (never a bare
 ``OverflowError``), and an exception raised by the object's own ``__index__`` reaches
-the caller unchanged. Request-id arrays (``request_ids``) and ``query_lens`` /
+the caller unchanged. A ``str`` argument with a lone surrogate (which has no UTF-8
+form) raises ``InvalidArgumentError``. Request-id arrays (``request_ids``) and ``query_lens`` /
 ``offsets`` are 1-D C-contiguous ``int64`` arrays; ``block_ids`` takes a token-like
 array (``int32`` or ``int64``) or a list / tuple of ints.
 

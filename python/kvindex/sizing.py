@@ -35,8 +35,10 @@ KV head); MLA and hybrid (sliding-window, Mamba) models need their own accountin
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Literal
 
 from kvindex.exceptions import KvIndexError
@@ -90,6 +92,10 @@ _UNITS: dict[str, int] = {
     "tib": 2**40,
 }
 _BYTES_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+
+
+# Longest number parse_bytes reads (Python refuses to parse ints past 4300 digits).
+_MAX_DIGITS = 100
 
 
 class SizingError(KvIndexError, ValueError):
@@ -149,6 +155,8 @@ def parse_bytes(text: str) -> int:
     powers of 1024), case-insensitive; the result is rounded down to whole bytes.
     Raises :class:`SizingError` for anything else.
     """
+    if not isinstance(text, str):
+        raise SizingError(f"a memory size must be a str, got {type(text).__name__}")
     m = _BYTES_RE.match(text)
     if m is None or m.group(2).lower() not in _UNITS:
         raise SizingError(
@@ -157,6 +165,8 @@ def parse_bytes(text: str) -> int:
         )
     number, unit = m.group(1), m.group(2).lower()
     scale = _UNITS[unit]
+    if len(number) > _MAX_DIGITS:
+        raise SizingError(f"bad memory size {text[:40]!r}...: more than {_MAX_DIGITS} digits")
     if "." in number:
         whole, _, frac = number.partition(".")
         # Exact decimal arithmetic: no float rounding for sizes like 2.47GiB.
@@ -189,6 +199,8 @@ class ModelShape:
     def parse(cls, text: str) -> ModelShape:
         """Parses ``"layers=32,kv_heads=8,head_dim=128,dtype=bf16"`` (``dtype`` optional,
         default bf16). Raises :class:`SizingError` naming the bad or missing field."""
+        if not isinstance(text, str):
+            raise SizingError(f"a model shape must be a str, got {type(text).__name__}")
         fields: dict[str, str] = {}
         for part in text.split(","):
             if not part.strip():
@@ -263,7 +275,12 @@ def kv_budget_bytes(
             ("other_bytes", other_bytes),
         ):
             _byte_count(name, v)
-        budget = int(fraction * gpu_memory_bytes) - weight_bytes
+        try:
+            share = int(fraction * gpu_memory_bytes)
+        except OverflowError:
+            # A size past the float range: the exact product, rounded down.
+            share = math.floor(Fraction(fraction) * gpu_memory_bytes)
+        budget = share - weight_bytes
         if rule == "vllm":
             budget -= activation_bytes + other_bytes
         elif activation_bytes or other_bytes:

@@ -116,7 +116,19 @@ pub fn pool_size(num: usize, unit: &str) -> KvResult<u32> {
 /// `Capacity` naming `what` and the bytes asked for.
 pub fn try_filled<T: Clone>(n: usize, v: T, what: &str) -> KvResult<Vec<T>> {
     let mut out = Vec::new();
-    if out.try_reserve_exact(n).is_err() {
+    try_reserve(&mut out, n, what)?;
+    out.resize(n, v);
+    Ok(out)
+}
+
+/// Makes room for `n` more elements in `v`, or returns a `Capacity` error
+/// (instead of an abort) when the allocator refuses. For buffers sized by a
+/// caller's input (a prompt's hashes, ...). `v` is unchanged on error.
+///
+/// # Errors
+/// `Capacity` naming `what` and the bytes asked for.
+pub fn try_reserve<T>(v: &mut Vec<T>, n: usize, what: &str) -> KvResult<()> {
+    if v.try_reserve(n).is_err() {
         let bytes = n.saturating_mul(std::mem::size_of::<T>());
         #[allow(clippy::cast_precision_loss)]
         let gib = bytes as f64 / f64::from(1u32 << 30);
@@ -125,8 +137,7 @@ pub fn try_filled<T: Clone>(n: usize, v: T, what: &str) -> KvResult<Vec<T>> {
             format!("cannot allocate {what}: {n} entries ({gib:.1} GiB) do not fit in this machine's memory"),
         ));
     }
-    out.resize(n, v);
-    Ok(out)
+    Ok(())
 }
 
 #[cfg(test)]

@@ -61,7 +61,7 @@
 use std::borrow::Cow;
 
 use crate::core::block_pool::BlockPool;
-use crate::core::error::{InvariantViolation, KvError, KvResult};
+use crate::core::error::{try_reserve, InvariantViolation, KvError, KvResult};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId, RequestId};
@@ -152,14 +152,21 @@ impl HashChainIndex {
         spec: &KeySpec,
         out: &mut Vec<BlockHash>,
         prefix_keys: &mut Vec<u64>,
-    ) {
+    ) -> KvResult<()> {
         out.clear();
         prefix_keys.clear();
         let bs = self.block_size;
+        // Every buffer this fills grows with the prompt: reserve them
+        // fallibly first, so a prompt too large for this machine's memory is
+        // a `Capacity` error and not an abort.
+        let nfull = tokens.len() / bs;
+        try_reserve(out, nfull, "the prompt's block hashes")?;
         if !self.use_memo {
             self.hasher.extend_chain(tokens, bs, spec, out);
-            return;
+            return Ok(());
         }
+        try_reserve(prefix_keys, nfull, "the prompt's memo keys")?;
+        try_reserve(&mut self.scratch_cand, nfull, "the prompt's memo candidates")?;
         extend_prefix_keys(tokens, bs, prefix_keys);
         let mut cand = std::mem::take(&mut self.scratch_cand);
         self.memo.candidates(tokens, prefix_keys, &mut cand);
@@ -184,6 +191,7 @@ impl HashChainIndex {
             parent = h;
         }
         self.scratch_cand = cand;
+        Ok(())
     }
 
     /// Refused prompts kept (with their hashes) for the scheduler's retry:
@@ -228,10 +236,15 @@ impl HashChainIndex {
         self.scratch_blocks = ev;
     }
 
-    fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> usize {
+    fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
         let mut hashes = std::mem::take(&mut self.scratch_hashes);
         let mut keys = std::mem::take(&mut self.scratch_keys);
-        self.hash_with_memo(tokens, spec, &mut hashes, &mut keys);
+        let hashed = self.hash_with_memo(tokens, spec, &mut hashes, &mut keys);
+        if let Err(e) = hashed {
+            self.scratch_hashes = hashes;
+            self.scratch_keys = keys;
+            return Err(e);
+        }
         let mut blocks = std::mem::take(&mut self.scratch_blocks);
         blocks.clear();
         self.hit_blocks(&hashes, self.hit_cap(tokens.len()), &mut blocks);
@@ -239,7 +252,7 @@ impl HashChainIndex {
         self.scratch_hashes = hashes;
         self.scratch_keys = keys;
         self.scratch_blocks = blocks;
-        k * self.block_size
+        Ok(k * self.block_size)
     }
 }
 
@@ -255,7 +268,7 @@ impl<T: Token> Reads<T> for HashChainIndex {
     }
 
     fn lookup(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
-        Ok(self.lookup_tokens(tokens, spec))
+        self.lookup_tokens(tokens, spec)
     }
 
     /// Hashes the prompt (or reuses the hashes a refused admission of the
@@ -276,17 +289,22 @@ impl<T: Token> Reads<T> for HashChainIndex {
         let (owned, hashes) = match self.take_pending(id, tokens, &spec) {
             Some(p) => {
                 if self.use_memo {
+                    try_reserve(&mut prefix_keys, n / bs, "the prompt's memo keys")?;
                     extend_prefix_keys(tokens, bs, &mut prefix_keys);
                 }
                 (p.tokens, p.hashes)
             }
             None => {
-                let mut hashes = Vec::with_capacity(n / bs + 1);
-                self.hash_with_memo(tokens, &spec, &mut hashes, &mut prefix_keys);
-                (tokens.iter().map(|t| t.get()).collect(), hashes)
+                let mut hashes = Vec::new();
+                self.hash_with_memo(tokens, &spec, &mut hashes, &mut prefix_keys)?;
+                let mut owned = Vec::new();
+                try_reserve(&mut owned, n, "a copy of the prompt")?;
+                owned.extend(tokens.iter().map(|t| t.get()));
+                (owned, hashes)
             }
         };
-        let mut blocks: Vec<BlockId> = Vec::with_capacity(n.div_ceil(bs) + 1);
+        let mut blocks: Vec<BlockId> = Vec::new();
+        try_reserve(&mut blocks, n.div_ceil(bs) + 1, "the prompt's block table")?;
         if !skip_reading {
             self.hit_blocks(&hashes, self.hit_cap(n), &mut blocks);
         }
@@ -518,6 +536,11 @@ impl PrefixIndex for HashChainIndex {
         }
         for p in &self.pending {
             let mut chain = Vec::new();
+            // A second copy of a huge refused prompt's hashes may not fit in
+            // memory: then this prompt's re-hash is skipped (not an abort).
+            if chain.try_reserve_exact(p.hashes.len()).is_err() {
+                continue;
+            }
             hasher.extend_chain(&p.tokens, bs, &p.spec, &mut chain);
             ensure_inv!(chain == p.hashes, "pending request {}: hashes differ from its prompt", p.id.0);
         }

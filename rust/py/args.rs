@@ -18,7 +18,7 @@
 
 use pyo3::ffi;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt};
+use pyo3::types::{PyBool, PyInt, PyString};
 
 use super::errors::{dtype, invalid};
 
@@ -122,6 +122,68 @@ pub fn opt_usize_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, max: usize) -> 
     obj.filter(|o| !o.is_none()).map(|o| usize_arg(o, what, max)).transpose()
 }
 
+/// A `str` parameter as UTF-8: a str with a lone surrogate (which has no
+/// UTF-8 form) raises `InvalidArgumentError` instead of a bare
+/// `UnicodeEncodeError`; a non-str raises `DTypeError`.
+///
+/// # Errors
+/// As above.
+pub fn text<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a str> {
+    let s =
+        obj.cast::<PyString>().map_err(|_| dtype(format!("{what} must be a str, got {}", describe(obj))))?;
+    s.to_str().map_err(|_| invalid(format!("{what} must be valid Unicode (no lone surrogates)")))
+}
+
+/// An optional [`text`] parameter (`None` passes through), copied out.
+///
+/// # Errors
+/// As [`text`].
+pub fn opt_text(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<String>> {
+    obj.filter(|o| !o.is_none()).map(|o| text(o, what).map(str::to_owned)).transpose()
+}
+
+/// An optional [`i64_arg`] (`None` passes through).
+///
+/// # Errors
+/// As [`i64_arg`].
+pub fn opt_i64_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<i64>> {
+    obj.filter(|o| !o.is_none()).map(|o| i64_arg(o, what)).transpose()
+}
+
+/// A sequence of int64 values (any iterable but a str or bytes), each read
+/// as [`i64_arg`] reads one.
+///
+/// # Errors
+/// `DTypeError` for a non-iterable, a str or bytes, or a non-int element;
+/// `InvalidArgumentError` for an element out of range.
+pub fn i64_list(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    if obj.is_instance_of::<PyString>() || obj.is_instance_of::<pyo3::types::PyBytes>() {
+        return Err(dtype(format!("{what} must be a sequence of ints, got {}", describe(obj))));
+    }
+    let it = obj
+        .try_iter()
+        .map_err(|_| dtype(format!("{what} must be a sequence of ints, got {}", describe(obj))))?;
+    it.map(|x| i64_arg(&x?, what)).collect()
+}
+
+/// A float parameter: any real number; an int too large for a float raises
+/// `InvalidArgumentError` instead of a bare `OverflowError`.
+///
+/// # Errors
+/// As above; a non-number raises `DTypeError`.
+pub fn f64_arg(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<f64> {
+    if obj.is_instance_of::<PyBool>() {
+        return Err(dtype(format!("{what} must be a number, got bool")));
+    }
+    match obj.extract::<f64>() {
+        Ok(v) => Ok(v),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyOverflowError>(obj.py()) => {
+            Err(invalid(format!("{what} is too large for a float")))
+        }
+        Err(_) => Err(dtype(format!("{what} must be a number, got {}", describe(obj)))),
+    }
+}
+
 /// Named converters for `#[pyo3(from_py_with = ...)]` constructor parameters
 /// (so the runtime signature keeps its literal defaults).
 pub mod named {
@@ -171,6 +233,85 @@ pub mod named {
             return Err(super::invalid("max_events must be >= 1"));
         }
         Ok(n)
+    }
+
+    /// Defines optional-str converters named for their parameter.
+    macro_rules! opt_text_params {
+        ($($name:ident),*) => {$(
+            #[doc = concat!("`", stringify!($name), "` (an optional str).")]
+            ///
+            /// # Errors
+            /// As [`super::text`].
+            pub fn $name(o: &Bound<'_, PyAny>) -> PyResult<Option<String>> {
+                super::opt_text(Some(o), stringify!($name))
+            }
+        )*};
+    }
+    opt_text_params!(cache_salt, seed, medium, lora_name, kv_cache_spec_kind);
+
+    /// Defines optional-int64 converters named for their parameter.
+    macro_rules! opt_i64_params {
+        ($($name:ident),*) => {$(
+            #[doc = concat!("`", stringify!($name), "` (an optional int64).")]
+            ///
+            /// # Errors
+            /// As [`super::i64_arg`].
+            pub fn $name(o: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+                super::opt_i64_arg(Some(o), stringify!($name))
+            }
+        )*};
+    }
+    opt_i64_params!(lora_id, group_idx, kv_cache_spec_sliding_window, data_parallel_rank, block_size_opt);
+
+    /// `algo` (a str).
+    ///
+    /// # Errors
+    /// As [`super::text`].
+    pub fn algo(o: &Bound<'_, PyAny>) -> PyResult<String> {
+        super::text(o, "algo").map(str::to_owned)
+    }
+
+    /// `policy` (a str).
+    ///
+    /// # Errors
+    /// As [`super::text`].
+    pub fn policy(o: &Bound<'_, PyAny>) -> PyResult<String> {
+        super::text(o, "policy").map(str::to_owned)
+    }
+
+    /// `block_size` of an event (an int64).
+    ///
+    /// # Errors
+    /// As [`super::i64_arg`].
+    pub fn event_block_size(o: &Bound<'_, PyAny>) -> PyResult<i64> {
+        super::i64_arg(o, "block_size")
+    }
+
+    /// `token_ids` (a sequence of int64).
+    ///
+    /// # Errors
+    /// As [`super::i64_list`].
+    pub fn token_ids(o: &Bound<'_, PyAny>) -> PyResult<Vec<i64>> {
+        super::i64_list(o, "token_ids")
+    }
+
+    /// `lookahead_token_ids` (an optional sequence of int64).
+    ///
+    /// # Errors
+    /// As [`super::i64_list`].
+    pub fn lookahead_token_ids(o: &Bound<'_, PyAny>) -> PyResult<Option<Vec<i64>>> {
+        if o.is_none() {
+            return Ok(None);
+        }
+        super::i64_list(o, "lookahead_token_ids").map(Some)
+    }
+
+    /// `ts` (a float).
+    ///
+    /// # Errors
+    /// As [`super::f64_arg`].
+    pub fn ts(o: &Bound<'_, PyAny>) -> PyResult<f64> {
+        super::f64_arg(o, "ts")
     }
 
     /// `priority`.

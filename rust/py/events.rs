@@ -7,6 +7,7 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
+use super::args::named;
 use super::errors::invalid;
 use super::hash_chain::PyHashChainCache;
 use super::radix::{PyRadixCache, PyRadixPrefixCache};
@@ -63,7 +64,11 @@ fn value_from_py(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         return Ok(Value::Float(f.value()));
     }
     if let Ok(s) = obj.cast::<PyString>() {
-        return Ok(Value::Str(s.to_str()?.to_owned()));
+        return Ok(Value::Str(
+            s.to_str()
+                .map_err(|_| invalid("event field strings must be valid Unicode (no lone surrogates)"))?
+                .to_owned(),
+        ));
     }
     if let Ok(b) = obj.cast::<PyBytes>() {
         return Ok(Value::Bin(b.as_bytes().to_vec()));
@@ -192,19 +197,19 @@ impl BlockStored {
     fn new(
         block_hashes: &Bound<'_, PyAny>,
         parent_block_hash: Option<&Bound<'_, PyAny>>,
-        token_ids: Vec<i64>,
-        block_size: i64,
-        lora_id: Option<i64>,
-        medium: Option<String>,
-        lora_name: Option<String>,
+        #[pyo3(from_py_with = named::token_ids)] token_ids: Vec<i64>,
+        #[pyo3(from_py_with = named::event_block_size)] block_size: i64,
+        #[pyo3(from_py_with = named::lora_id)] lora_id: Option<i64>,
+        #[pyo3(from_py_with = named::medium)] medium: Option<String>,
+        #[pyo3(from_py_with = named::lora_name)] lora_name: Option<String>,
         extra_keys: Option<&Bound<'_, PyAny>>,
-        group_idx: Option<i64>,
-        kv_cache_spec_kind: Option<String>,
-        kv_cache_spec_sliding_window: Option<i64>,
+        #[pyo3(from_py_with = named::group_idx)] group_idx: Option<i64>,
+        #[pyo3(from_py_with = named::kv_cache_spec_kind)] kv_cache_spec_kind: Option<String>,
+        #[pyo3(from_py_with = named::kv_cache_spec_sliding_window)] kv_cache_spec_sliding_window: Option<i64>,
         locality: Option<&Bound<'_, PyAny>>,
         ownership: Option<&Bound<'_, PyAny>>,
         session_id: Option<&Bound<'_, PyAny>>,
-        lookahead_token_ids: Option<Vec<i64>>,
+        #[pyo3(from_py_with = named::lookahead_token_ids)] lookahead_token_ids: Option<Vec<i64>>,
     ) -> PyResult<Self> {
         let parent_block_hash = match parent_block_hash {
             Some(p) if !p.is_none() => Some(hash_from_py(p)?),
@@ -345,8 +350,8 @@ impl BlockRemoved {
     #[pyo3(signature = (block_hashes, medium = None, group_idx = None, locality = None, ownership = None))]
     fn new(
         block_hashes: &Bound<'_, PyAny>,
-        medium: Option<String>,
-        group_idx: Option<i64>,
+        #[pyo3(from_py_with = named::medium)] medium: Option<String>,
+        #[pyo3(from_py_with = named::group_idx)] group_idx: Option<i64>,
         locality: Option<&Bound<'_, PyAny>>,
         ownership: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
@@ -513,10 +518,10 @@ impl EventEncoder {
         kv_cache_spec_kind = Some("full_attention".to_owned()), array_tagged = false
     ), text_signature = "(*, data_parallel_rank=0, medium='GPU', group_idx=0, kv_cache_spec_kind='full_attention', array_tagged=False)")]
     fn new(
-        data_parallel_rank: Option<i64>,
-        medium: Option<String>,
-        group_idx: Option<i64>,
-        kv_cache_spec_kind: Option<String>,
+        #[pyo3(from_py_with = named::data_parallel_rank)] data_parallel_rank: Option<i64>,
+        #[pyo3(from_py_with = named::medium)] medium: Option<String>,
+        #[pyo3(from_py_with = named::group_idx)] group_idx: Option<i64>,
+        #[pyo3(from_py_with = named::kv_cache_spec_kind)] kv_cache_spec_kind: Option<String>,
         array_tagged: bool,
     ) -> Self {
         EventEncoder {
@@ -553,7 +558,7 @@ impl EventEncoder {
     fn encode<'py>(
         &self,
         cache: &Bound<'py, PyAny>,
-        ts: f64,
+        #[pyo3(from_py_with = named::ts)] ts: f64,
         skip_empty: bool,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let events = drain(cache)?;
@@ -567,7 +572,11 @@ impl EventEncoder {
 
     /// Encodes event objects (as they are, ignoring this encoder's metadata)
     /// into one payload stamped ``ts``.
-    fn encode_events<'py>(&self, events: &Bound<'py, PyAny>, ts: f64) -> PyResult<Bound<'py, PyBytes>> {
+    fn encode_events<'py>(
+        &self,
+        events: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = named::ts)] ts: f64,
+    ) -> PyResult<Bound<'py, PyBytes>> {
         let evs = events.try_iter()?.map(|e| wire_from_py(&e?)).collect::<PyResult<Vec<_>>>()?;
         let mut out = Vec::with_capacity(64 + evs.len() * 256);
         encode_batch(&mut out, ts, &evs, self.dp_rank, self.tagging);
@@ -599,7 +608,7 @@ type DecodedBatch<'py> = (f64, Bound<'py, PyList>, Option<i64>, Vec<String>);
 pub fn decode_event_batch<'py>(
     py: Python<'py>,
     payload: &[u8],
-    block_size: Option<i64>,
+    #[pyo3(from_py_with = named::block_size_opt)] block_size: Option<i64>,
 ) -> PyResult<DecodedBatch<'py>> {
     let b =
         decode_batch(payload, block_size).map_err(|e| invalid(format!("malformed KV event batch: {e}")))?;

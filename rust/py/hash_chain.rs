@@ -39,16 +39,19 @@ pub struct PyHashChainCache {
 
 request_cache_class!(PyHashChainCache {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, algo = "xxh3_128", seed = None, enable_events = false, max_events = 100000))]
+    #[pyo3(
+        signature = (num_blocks, block_size, *, algo = "xxh3_128".to_owned(), seed = None, enable_events = false, max_events = 100000),
+        text_signature = "(num_blocks, block_size, *, algo='xxh3_128', seed=None, enable_events=False, max_events=100000)"
+    )]
     fn new(
         #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = named::block_size)] block_size: usize,
-        algo: &str,
-        seed: Option<String>,
+        #[pyo3(from_py_with = named::algo)] algo: String,
+        #[pyo3(from_py_with = named::seed)] seed: Option<String>,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
     ) -> PyResult<Self> {
-        let algo = HashAlgo::parse(algo).py()?;
+        let algo = HashAlgo::parse(&algo).py()?;
         let mut inner = core::HashChainCache::new(num_blocks, block_size, algo, seed.as_deref(), enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         Ok(PyHashChainCache { inner })

@@ -56,19 +56,22 @@ fn chain<T: Token>(
 /// ``"kvindex"`` (compact modes) or ``"vllm-none-hash"`` (vLLM modes).
 /// Releases the GIL for 4096 tokens or more.
 #[pyfunction]
-#[pyo3(signature = (tokens, block_size, *, algo = "xxh3_128", seed = None, cache_salt = None, lora = None, mm_items = None))]
+#[pyo3(
+    signature = (tokens, block_size, *, algo = "xxh3_128".to_owned(), seed = None, cache_salt = None, lora = None, mm_items = None),
+    text_signature = "(tokens, block_size, *, algo='xxh3_128', seed=None, cache_salt=None, lora=None, mm_items=None)"
+)]
 #[allow(clippy::too_many_arguments)]
 pub fn block_hashes<'py>(
     py: Python<'py>,
     tokens: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = super::args::named::block_size)] block_size: usize,
-    algo: &str,
-    seed: Option<String>,
-    cache_salt: Option<String>,
+    #[pyo3(from_py_with = super::args::named::algo)] algo: String,
+    #[pyo3(from_py_with = super::args::named::seed)] seed: Option<String>,
+    #[pyo3(from_py_with = super::args::named::cache_salt)] cache_salt: Option<String>,
     lora: Option<&Bound<'py, PyAny>>,
     mm_items: Option<&Bound<'py, PyAny>>,
 ) -> PyResult<Bound<'py, PyAny>> {
-    let algo = HashAlgo::parse(algo).py()?;
+    let algo = HashAlgo::parse(&algo).py()?;
     if !(1..=1 << 20).contains(&block_size) {
         return Err(invalid(format!("block_size must be in 1..=2**20, got {block_size}")));
     }
@@ -100,8 +103,11 @@ pub fn block_hashes<'py>(
 
 /// The chain's root parent ``H(serialize(seed))`` for ``algo``.
 #[pyfunction]
-#[pyo3(signature = (*, algo = "xxh3_128", seed = None))]
-pub fn none_hash(algo: &str, seed: Option<String>) -> PyResult<Vec<u8>> {
-    let algo = HashAlgo::parse(algo).py()?;
+#[pyo3(signature = (*, algo = "xxh3_128".to_owned(), seed = None), text_signature = "(*, algo='xxh3_128', seed=None)")]
+pub fn none_hash(
+    #[pyo3(from_py_with = super::args::named::algo)] algo: String,
+    #[pyo3(from_py_with = super::args::named::seed)] seed: Option<String>,
+) -> PyResult<Vec<u8>> {
+    let algo = HashAlgo::parse(&algo).py()?;
     Ok(BlockHasher::new(algo, seed.as_deref()).none_hash().as_bytes().to_vec())
 }

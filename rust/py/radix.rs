@@ -76,6 +76,12 @@ fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bou
     arrays::filled_i32(py, len, |dst| pages_to_slots(pages, ps, dst))
 }
 
+/// An optional namespace: a str (a lone surrogate raises `InvalidArgumentError`),
+/// read in place.
+fn opt_namespace<'a>(ns: Option<&'a Bound<'_, PyAny>>) -> PyResult<Option<&'a str>> {
+    ns.filter(|o| !o.is_none()).map(|o| args::text(o, "namespace")).transpose()
+}
+
 fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
     Policy::parse(policy, slru_threshold as u64).py()
 }
@@ -237,16 +243,19 @@ fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
 #[pymethods]
 impl PyRadixCache {
     #[new]
-    #[pyo3(signature = (page_size = 1, *, policy = "lru", slru_threshold = 2, enable_events = false, max_events = 100000))]
+    #[pyo3(
+        signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
+        text_signature = "(page_size=1, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000)"
+    )]
     fn new(
         py: Python<'_>,
         #[pyo3(from_py_with = named::page_size)] page_size: usize,
-        policy: &str,
+        #[pyo3(from_py_with = named::policy)] policy: String,
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
     ) -> PyResult<Self> {
-        let policy = parse_policy(policy, slru_threshold)?;
+        let policy = parse_policy(&policy, slru_threshold)?;
         let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
@@ -305,8 +314,9 @@ impl PyRadixCache {
         &mut self,
         py: Python<'_>,
         tokens: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
+        namespace: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<MatchResult> {
+        let namespace = opt_namespace(namespace)?;
         let ps = self.inner.page_size();
         let m = {
             // SAFETY: the view lives to the end of this block; only Rust runs there.
@@ -326,7 +336,8 @@ impl PyRadixCache {
 
     /// Hit length a match would report now; changes nothing.
     #[pyo3(signature = (tokens, namespace = None))]
-    fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&str>) -> PyResult<usize> {
+    fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
+        let namespace = opt_namespace(namespace)?;
         // SAFETY: the view is used by Rust code only and dropped on return.
         let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
         Ok(arrays::with_tokens!(arr, s => self.inner.probe(s, namespace).len))
@@ -340,9 +351,10 @@ impl PyRadixCache {
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
         slots: &Bound<'_, PyAny>,
-        namespace: Option<&str>,
+        namespace: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = named::priority)] priority: i64,
     ) -> PyResult<InsertResult> {
+        let namespace = opt_namespace(namespace)?;
         let py = slf.py();
         let mut guard = slf.try_borrow_mut()?;
         let me = &mut *guard;
@@ -508,16 +520,19 @@ pub struct PyRadixPrefixCache {
 
 request_cache_class!(PyRadixPrefixCache {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, policy = "lru", slru_threshold = 2, enable_events = false, max_events = 100000))]
+    #[pyo3(
+        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
+        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000)"
+    )]
     fn new(
         #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = named::block_size)] block_size: usize,
-        policy: &str,
+        #[pyo3(from_py_with = named::policy)] policy: String,
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
     ) -> PyResult<Self> {
-        let policy = parse_policy(policy, slru_threshold)?;
+        let policy = parse_policy(&policy, slru_threshold)?;
         let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         Ok(PyRadixPrefixCache { inner })

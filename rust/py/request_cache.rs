@@ -420,7 +420,7 @@ macro_rules! request_cache_class {
                 slf: &Bound<'py, Self>,
                 request_id: &Bound<'py, PyAny>,
                 tokens: &Bound<'py, PyAny>,
-                cache_salt: Option<String>,
+                #[pyo3(from_py_with = $crate::py::args::named::cache_salt)] cache_salt: Option<String>,
                 lora: Option<&Bound<'py, PyAny>>,
                 mm_items: Option<&Bound<'py, PyAny>>,
                 skip_reading: bool,
@@ -445,7 +445,7 @@ macro_rules! request_cache_class {
             fn lookup<'py>(
                 slf: &Bound<'py, Self>,
                 tokens: &Bound<'py, PyAny>,
-                cache_salt: Option<String>,
+                #[pyo3(from_py_with = $crate::py::args::named::cache_salt)] cache_salt: Option<String>,
                 lora: Option<&Bound<'py, PyAny>>,
                 mm_items: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<usize> {

@@ -19,6 +19,9 @@ from kvindex._core import EventEncoder, HashChainCache, RadixCache, RadixPrefixC
 from kvindex.events._batch import END_SEQ, Event, seq_bytes
 from kvindex.events._endpoints import offset_endpoint, should_bind
 from kvindex.events._zmq import zmq
+from kvindex.exceptions import DTypeError
+
+from . import _options as _opt
 
 logger = logging.getLogger("kvindex.events")
 
@@ -63,11 +66,18 @@ class EventPublisher:
         kv_cache_spec_kind: str | None = "full_attention",
         bind: bool | None = None,
     ) -> None:
-        if buffer_steps < 1 or max_queue_size < 1 or hwm < 0 or data_parallel_rank < 0:
-            raise ValueError(
-                "buffer_steps and max_queue_size must be >= 1, hwm and data_parallel_rank >= 0"
-            )
-        self._topic = topic.encode() if isinstance(topic, str) else bytes(topic)
+        endpoint = _opt.text("endpoint", endpoint)
+        if replay_endpoint is not None:
+            replay_endpoint = _opt.text("replay_endpoint", replay_endpoint)
+        buffer_steps = _opt.count("buffer_steps", buffer_steps, low=1, high=2**62)
+        max_queue_size = _opt.count("max_queue_size", max_queue_size, low=1, high=2**62)
+        hwm = _opt.count("hwm", hwm, low=0, high=_opt.INT_OPTION_MAX)
+        data_parallel_rank = _opt.count(
+            "data_parallel_rank", data_parallel_rank, low=0, high=2**31 - 1
+        )
+        if bind is not None and not isinstance(bind, bool):
+            raise DTypeError(f"bind must be a bool or None, got {type(bind).__name__}")
+        self._topic = _opt.topic_bytes(topic)
         self._encoder = EventEncoder(
             data_parallel_rank=data_parallel_rank,
             medium=medium,
@@ -133,7 +143,7 @@ class EventPublisher:
         """Drains ``cache``'s buffered events into one batch stamped ``ts`` (default:
         ``time.time()``) and queues it. Returns its sequence number, or None when the
         cache had no events (nothing is sent)."""
-        payload = self._encoder.encode(cache, time.time() if ts is None else ts)
+        payload = self._encoder.encode(cache, time.time() if ts is None else _opt.timestamp(ts))
         if payload is None:
             return None
         return self.publish_payload(payload)
@@ -141,14 +151,18 @@ class EventPublisher:
     def publish_events(self, events: list[Event], ts: float | None = None) -> int:
         """Queues a batch of event objects as they are. Returns its sequence number."""
         return self.publish_payload(
-            self._encoder.encode_events(events, time.time() if ts is None else ts)
+            self._encoder.encode_events(events, time.time() if ts is None else _opt.timestamp(ts))
         )
 
     def publish_payload(self, payload: bytes) -> int:
         """Queues an encoded batch. Returns its sequence number (spent even when the batch
-        is dropped because the queue is full)."""
+        is dropped because the queue is full). ``payload`` must be bytes-like
+        (``DTypeError`` otherwise, nothing queued)."""
         if self._closed:
             raise RuntimeError("EventPublisher is closed")
+        if not isinstance(payload, (bytes, bytearray, memoryview)):
+            raise DTypeError(f"payload must be bytes, got {type(payload).__name__}")
+        payload = bytes(payload)
         seq = self._next_seq
         self._next_seq += 1
         if self._queue.qsize() >= self._max_queue:
@@ -179,13 +193,13 @@ class EventPublisher:
 
     def close(self, timeout: float = 1.0) -> None:
         """Sends what is queued and stops, within ``timeout`` seconds (what is still
-        queued then is discarded). Idempotent."""
+        queued then is discarded; ``inf`` waits without a bound). Idempotent."""
         if self._closed:
             return
+        wait = _opt.seconds("timeout", timeout)
         self._closed = True
-        deadline = time.monotonic() + max(timeout, 0.0)
         self._queue.put(_STOP)
-        self._thread.join(max(deadline - time.monotonic(), 0.0))
+        self._thread.join(wait)
         if self._thread.is_alive():
             self._abort.set()
             self._thread.join(1.0)

@@ -8,12 +8,15 @@ and wrong block sizes never raise.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from typing import Any
 
 from kvindex.events._batch import END_SEQ, KVEventBatch, decode_batch, seq_bytes
 from kvindex.events._zmq import zmq
 from kvindex.exceptions import KvIndexError
+
+from . import _options as _opt
 
 logger = logging.getLogger("kvindex.events")
 
@@ -43,20 +46,31 @@ class EventSubscriber:
         replay_timeout: float = 1.0,
         rcvhwm: int = 100_000,
     ) -> None:
-        self._topic = topic.encode() if isinstance(topic, str) else bytes(topic)
+        endpoint = _opt.text("endpoint", endpoint)
+        if replay_endpoint is not None:
+            replay_endpoint = _opt.text("replay_endpoint", replay_endpoint)
+        self._topic = _opt.topic_bytes(topic)
+        if block_size is not None:
+            block_size = _opt.count("block_size", block_size, low=1, high=2**63 - 1)
         self._block_size = block_size
-        self._replay_timeout = replay_timeout
+        wait = _opt.seconds("replay_timeout", replay_timeout)
+        self._replay_timeout = float("inf") if wait is None else wait
+        rcvhwm = _opt.count("rcvhwm", rcvhwm, low=0, high=_opt.INT_OPTION_MAX)
         self._ctx = zmq.Context()
         self._sub = self._ctx.socket(zmq.SUB)
         self._sub.setsockopt(zmq.LINGER, 0)
         self._sub.setsockopt(zmq.RCVHWM, rcvhwm)
         self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
-        self._sub.connect(endpoint)
         self._replay: Any = None
-        if replay_endpoint is not None:
-            self._replay = self._ctx.socket(zmq.DEALER)
-            self._replay.setsockopt(zmq.LINGER, 0)
-            self._replay.connect(replay_endpoint)
+        try:
+            self._sub.connect(endpoint)
+            if replay_endpoint is not None:
+                self._replay = self._ctx.socket(zmq.DEALER)
+                self._replay.setsockopt(zmq.LINGER, 0)
+                self._replay.connect(replay_endpoint)
+        except Exception:
+            self._ctx.destroy(linger=0)
+            raise
         self.last_seq: int | None = None
         self._stats = {
             "received": 0,
@@ -82,9 +96,12 @@ class EventSubscriber:
 
     def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[KVEventBatch]:
         """Waits up to ``timeout`` seconds for the first message, then takes every message
-        already there (at most ``max_messages``). Returns the decoded batches in order."""
+        already there (at most ``max_messages``). Returns the decoded batches in order.
+        ``timeout`` is >= 0 (``inf`` waits without a bound)."""
+        wait = _opt.seconds("timeout", timeout)
+        max_messages = _opt.count("max_messages", max_messages, low=0, high=2**62)
         out: list[KVEventBatch] = []
-        if not self._sub.poll(int(timeout * 1000)):
+        if not self._sub.poll(None if wait is None else int(wait * 1000)):
             return out
         for _ in range(max_messages):
             try:
@@ -160,7 +177,8 @@ class EventSubscriber:
         got = 0
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not sock.poll(int(left * 1000) + 1):
+            ms = None if math.isinf(left) else min(int(left * 1000) + 1, _opt.POLL_MS_MAX)
+            if left <= 0 or not sock.poll(ms):
                 logger.warning("kvindex.events: replay from %d timed out", start)
                 return got
             frames = sock.recv_multipart()

@@ -320,6 +320,8 @@ def check_args(args: argparse.Namespace) -> None:
         raise SimulationError(f"--tokens-per-hash must be >= 1, got {args.tokens_per_hash}")
     if args.step_ms is not None and not args.step_ms > 0:
         raise SimulationError(f"--step-ms must be > 0, got {args.step_ms}")
+    if args.seed is not None and args.seed < 0:
+        raise SimulationError(f"--seed must be >= 0, got {args.seed}")
     if args.seed is not None and workload != "chat":
         _warn(args, f"--seed applies to the chat workload only; ignored for the {workload}")
     for flag, value in (("--step-ms", args.step_ms), ("--tokens-per-hash", args.tokens_per_hash)):
