@@ -33,14 +33,17 @@ CHILD = textwrap.dedent(
     n = 2_000_000 if case == "hc_check" else 8_000_000
     toks = np.zeros(n, dtype=np.int32)
     cache = None
+    # Pools that could hold the prompt (a prompt no pool can hold is refused before
+    # anything is allocated: RequestTooLargeError), so the allocations are reached.
     if case.startswith("hc"):
-        cache = HashChainCache(64, 1)
+        cache = HashChainCache(n + 1, 1)
     elif case.startswith("rp"):
-        cache = RadixPrefixCache(64, 1)
+        cache = RadixPrefixCache(n + 1, 1)
     tree = RadixTree(1)
     if case == "hc_check":
-        # A refused huge prompt is kept (with its hashes) for the retry; the
-        # invariant check re-hashes it.
+        # A refused huge prompt (out of blocks now: another request holds some) is kept,
+        # with its hashes, for the retry; the invariant check re-hashes it.
+        assert cache.admit(0, np.arange(10, dtype=np.int32)) is not None
         assert cache.admit(1, toks) is None
     page = resource.getpagesize()
     with open("/proc/self/statm") as f:
@@ -65,6 +68,8 @@ CHILD = textwrap.dedent(
     resource.setrlimit(resource.RLIMIT_AS, (hard, hard))
     if cache is not None:
         cache.check_invariants()
+        if outcome == "ok" and case.endswith("admit"):
+            cache.free(1)  # the pool was big enough and the memory too
         assert cache.admit(2, np.arange(9, dtype=np.int32)) is not None
         cache.free(2)
         cache.check_invariants()

@@ -64,7 +64,7 @@
 
 use std::borrow::Cow;
 
-use crate::core::error::{InvariantViolation, KvError, KvResult};
+use crate::core::error::{try_reserve, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::{KeySpec, Token};
 use crate::core::ids::{PageId, RequestId};
@@ -94,6 +94,8 @@ pub struct RadixPlan {
     hit: usize,
     /// Evictable tokens the hit would lock.
     lockable: usize,
+    /// The table under construction (reserved fallibly for a new prompt).
+    pages: Vec<PageId>,
 }
 
 /// The tree namespace of a key spec: `None` without LoRA and salt, else a
@@ -262,7 +264,7 @@ impl RadixIndex {
     fn plan(&mut self, tokens: Vec<i32>, ns: Option<String>, skip_reading: bool) -> RadixPlan {
         let cap = if skip_reading { 0 } else { self.hit_cap(tokens.len()) };
         let probe = self.tree.probe(&tokens[..cap], ns.as_deref());
-        RadixPlan { tokens, ns, cap, hit: probe.len, lockable: probe.lockable }
+        RadixPlan { tokens, ns, cap, hit: probe.len, lockable: probe.lockable, pages: Vec::new() }
     }
 
     /// Evicts unlocked tree leaves; see [`RadixPrefixCache::evict`].
@@ -301,7 +303,16 @@ impl Reads<i32> for RadixIndex {
         skip_reading: bool,
     ) -> KvResult<RadixPlan> {
         let ns = namespace(&spec)?;
-        Ok(self.plan(tokens.to_vec(), ns, skip_reading))
+        // Buffers sized by the caller's prompt are reserved fallibly (a prompt
+        // too large for memory is a `Capacity` error, not an abort).
+        let mut owned = Vec::new();
+        try_reserve(&mut owned, tokens.len(), "a copy of the prompt")?;
+        owned.extend_from_slice(tokens);
+        let mut pages = Vec::new();
+        try_reserve(&mut pages, tokens.len().div_ceil(self.page_size) + 1, "the prompt's page table")?;
+        let mut plan = self.plan(owned, ns, skip_reading);
+        plan.pages = pages;
+        Ok(plan)
     }
 }
 
@@ -343,8 +354,8 @@ impl PrefixIndex for RadixIndex {
     /// Matches and locks the hit path, references its pages and allocates
     /// `need` more (evicting unlocked leaves for the shortfall).
     fn commit(&mut self, plan: RadixPlan, need: usize) -> Admitted<i32, PageId, RadixState> {
-        let RadixPlan { tokens, ns, cap, hit, .. } = plan;
-        let mut pages = Vec::with_capacity(tokens.len().div_ceil(self.page_size) + 1);
+        let RadixPlan { tokens, ns, cap, hit, mut pages, .. } = plan;
+        pages.reserve(tokens.len().div_ceil(self.page_size) + 1);
         let m = self.tree.match_prefix(&tokens[..cap], ns.as_deref(), &mut pages);
         assert_eq!(m.len, hit, "match hits what the probe saw");
         self.tree.lock(m.node);
@@ -548,13 +559,15 @@ impl RadixPrefixCache {
         self.design_mut().evict(num_tokens)
     }
 
-    /// Tokens a prompt would hit now, for token ids of any integer type (an
-    /// int64 query is compared in place, no narrowed copy; a token outside
-    /// the int32 range hits nothing from there on). O(prompt tokens).
+    /// Tokens a prompt would hit now, for int32 or int64 token arrays (an
+    /// int64 query is compared in place, no narrowed copy). O(prompt tokens).
     ///
     /// # Errors
-    /// `InvalidArgument` for a key spec with multimodal items.
+    /// `InvalidArgument` for a token id outside int32 (the caches' token
+    /// rule) or a key spec with multimodal items.
     pub fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
+        // The caches' token rule (every id fits in int32), as admission applies it.
+        T::check_ids(tokens)?;
         let ns = namespace(spec)?;
         let d = self.design_mut();
         let cap = d.hit_cap(tokens.len());

@@ -239,6 +239,48 @@ pub fn filled_i32<'py>(
     Ok(arr)
 }
 
+/// An int32 output array allocated before the call that fills it, so that a
+/// failed allocation (`CapacityError`) happens before any state changes. It
+/// is never exposed until [`UnfilledI32::fill`] has written every element;
+/// dropped unfilled, it is freed unseen.
+pub struct UnfilledI32<'py> {
+    arr: Bound<'py, PyArray1<i32>>,
+    len: usize,
+}
+
+impl<'py> UnfilledI32<'py> {
+    /// Allocates `len` uninitialised elements.
+    ///
+    /// # Errors
+    /// `CapacityError` when the array cannot be allocated.
+    pub fn new(py: Python<'py>, len: usize) -> PyResult<Self> {
+        // SAFETY: the array is exposed only by `fill`, after every element is
+        // written (checked there).
+        let arr = unsafe { try_uninit(py, [len], false) }?;
+        Ok(UnfilledI32 { arr, len })
+    }
+
+    /// Writes `vals` (exactly `len` of them) and exposes the array.
+    ///
+    /// # Panics
+    /// If `vals` does not hold exactly `len` elements (a broken invariant of
+    /// the caller; the array is then dropped unexposed).
+    pub fn fill(self, vals: impl ExactSizeIterator<Item = i32>) -> Bound<'py, PyArray1<i32>> {
+        assert_eq!(vals.len(), self.len, "UnfilledI32: {} values for {} elements", vals.len(), self.len);
+        if self.len > 0 {
+            // SAFETY: the fresh array's buffer holds `len` aligned i32 slots
+            // that no other reference touches (the array was never exposed).
+            let buf = unsafe {
+                std::slice::from_raw_parts_mut(self.arr.data().cast::<MaybeUninit<i32>>(), self.len)
+            };
+            for (d, v) in buf.iter_mut().zip(vals) {
+                d.write(v);
+            }
+        }
+        self.arr
+    }
+}
+
 /// Copies `vals` into a new int32 array.
 ///
 /// # Errors

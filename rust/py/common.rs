@@ -29,6 +29,11 @@ impl Admission {
     pub fn new<B: TableEntry>(py: Python<'_>, num_cached_tokens: usize, blocks: &[B]) -> PyResult<Self> {
         Ok(Admission { num_cached_tokens, block_ids: block_ids_array(py, blocks)?.unbind() })
     }
+
+    /// An admission whose block-table array is already built.
+    pub fn from_array(num_cached_tokens: usize, block_ids: Bound<'_, PyArray1<i32>>) -> Self {
+        Admission { num_cached_tokens, block_ids: block_ids.unbind() }
+    }
 }
 
 #[pymethods]

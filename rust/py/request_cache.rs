@@ -428,16 +428,30 @@ macro_rules! request_cache_class {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
                 let spec = $crate::py::keys::spec(cache_salt, lora, mm_items)?;
-                let (hit, blocks) = {
-                    // SAFETY: read after every argument that may run Python code; only
-                    // Rust runs while the view lives.
+                // The block-table output is allocated before anything changes (an
+                // admission holds ceil(tokens / block_size) blocks), so running out
+                // of memory for it is a CapacityError with the cache unchanged.
+                let ntok = {
+                    // SAFETY: only Rust runs while this view lives (it is dropped here).
+                    let arr = unsafe { $crate::py::arrays::tokens(tokens, "tokens") }?;
+                    $crate::py::arrays::with_tokens!(arr, s => s.len())
+                };
+                let bs = $crate::core::tables::TableSource::table_block_size(&slf.try_borrow()?.inner);
+                let out = $crate::py::arrays::UnfilledI32::new(slf.py(), ntok.div_ceil(bs))?;
+                let (hit, ids) = {
+                    // SAFETY: read after every argument that may run Python code and
+                    // after the output's allocation; only Rust runs while the view lives.
                     let arr = unsafe { $crate::py::arrays::tokens(tokens, "tokens") }?;
                     let mut me = slf.try_borrow_mut()?;
                     let hit = $crate::py::request_cache::Design::admit(&mut me.inner, id, arr, spec, skip_reading).py()?;
                     let Some(hit) = hit else { return Ok(None) };
-                    (hit, $crate::core::tables::TableSource::blocks(&me.inner, id).py()?.to_vec())
+                    let blocks = $crate::core::tables::TableSource::blocks(&me.inner, id).py()?;
+                    let ids = out.fill(blocks.iter().map(|b| {
+                        i32::try_from($crate::core::ids::TableEntry::raw(*b)).expect("block ids fit i32")
+                    }));
+                    (hit, ids)
                 };
-                Ok(Some($crate::py::common::Admission::new(slf.py(), hit, &blocks)?))
+                Ok(Some($crate::py::common::Admission::from_array(hit, ids)))
             }
 
             /// Tokens a prompt would hit now (as ``admit`` counts them). No side effects.
