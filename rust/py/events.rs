@@ -153,6 +153,17 @@ fn opt_value_from_py(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Option<Value>> 
 }
 
 /// `name=repr(value)` pairs, comma-separated, for `__repr__`.
+/// Pickling support: the class and its constructor arguments, which are the
+/// `to_dict()` values in field order without `type`.
+fn reduce_from_dict<'py>(
+    cls: Bound<'py, PyAny>,
+    d: &Bound<'py, PyDict>,
+) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
+    let args: Vec<Bound<'py, PyAny>> =
+        d.iter().filter(|(k, _)| k.extract::<String>().is_ok_and(|k| k != "type")).map(|(_, v)| v).collect();
+    Ok((cls, PyTuple::new(d.py(), args)?))
+}
+
 fn repr_fields(d: &Bound<'_, PyDict>, skip_type: bool) -> PyResult<String> {
     let mut parts = Vec::with_capacity(d.len());
     for (k, v) in d.iter() {
@@ -333,14 +344,7 @@ impl BlockStored {
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        let d = slf.get().to_dict(py)?;
-        let args: Vec<Bound<'py, PyAny>> = d
-            .iter()
-            .filter(|(k, _)| k.extract::<String>().is_ok_and(|k| k != "type"))
-            .map(|(_, v)| v)
-            .collect();
-        Ok((slf.get_type().into_any(), PyTuple::new(py, args)?))
+        reduce_from_dict(slf.get_type().into_any(), &slf.get().to_dict(slf.py())?)
     }
 }
 
@@ -409,14 +413,7 @@ impl BlockRemoved {
     }
 
     fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyAny>, Bound<'py, PyTuple>)> {
-        let py = slf.py();
-        let d = slf.get().to_dict(py)?;
-        let args: Vec<Bound<'py, PyAny>> = d
-            .iter()
-            .filter(|(k, _)| k.extract::<String>().is_ok_and(|k| k != "type"))
-            .map(|(_, v)| v)
-            .collect();
-        Ok((slf.get_type().into_any(), PyTuple::new(py, args)?))
+        reduce_from_dict(slf.get_type().into_any(), &slf.get().to_dict(slf.py())?)
     }
 }
 

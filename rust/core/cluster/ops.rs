@@ -13,7 +13,9 @@
 //!
 //! Costs: O(payload bytes), one pass; token ids are range-checked in place.
 
+// Every field name of vLLM 0.33's events (a bit each in the repeated-key check).
 use crate::core::wire::batch::decode_batch;
+use crate::core::wire::batch::STORED_ORDER as FIELDS;
 use crate::core::wire::event::WireEvent;
 use crate::core::wire::msgpack::{ReadError, Reader};
 
@@ -101,25 +103,6 @@ fn fast(payload: &[u8], bs: i64, out: &mut Ops) -> Option<()> {
     }
     (r.remaining() == 0).then_some(())
 }
-
-/// Every field name of vLLM 0.33's events (a bit each in the repeated-key check).
-const FIELDS: [&str; 15] = [
-    "block_hashes",
-    "parent_block_hash",
-    "token_ids",
-    "block_size",
-    "lora_id",
-    "medium",
-    "lora_name",
-    "extra_keys",
-    "group_idx",
-    "kv_cache_spec_kind",
-    "kv_cache_spec_sliding_window",
-    "locality",
-    "ownership",
-    "session_id",
-    "lookahead_token_ids",
-];
 
 /// `block_hashes`, `token_ids`, `block_size`: the bits `BlockStored` needs.
 const REQUIRED_STORED: u32 = 1 | 4 | 8;

@@ -504,7 +504,9 @@ fn removed_field(r: &mut Reader<'_>, e: &mut Removed, name: &str) -> ReadResult<
     Ok(true)
 }
 
-const STORED_ORDER: [&str; 15] = [
+/// `BlockStored`'s fields in vLLM 0.33's declaration order (every event field:
+/// `BlockRemoved`'s are a subset).
+pub(crate) const STORED_ORDER: [&str; 15] = [
     "block_hashes",
     "parent_block_hash",
     "token_ids",
