@@ -4,7 +4,10 @@
 //! found through an id index, so a batch touches each record once by slot.
 //! Batches are validated in a first pass (ids known, none repeated: a batch
 //! epoch stamped on each record) and applied in a second, so a refused or
-//! failing batch changes nothing.
+//! failing batch changes nothing. The per-step calls of the engine lifecycle
+//! remember the slots of the last batch they resolved
+//! ([`PrefixCache::resolve_batch`]); a batch whose records still carry its
+//! ids at those slots needs neither the index nor the repeat check.
 
 use rustc_hash::FxHashMap;
 

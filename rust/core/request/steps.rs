@@ -33,7 +33,11 @@
 //! `admit_chunk`: the design's lookup (O(prompt)) + O(blocks allocated or
 //! cached). `schedule` / `commit_tokens`: O(1) per request plus O(new
 //! blocks) and the design's work per block cached. Batches validate every
-//! request (O(ids)) before changing any.
+//! request (O(ids)) before changing any. The decode step's plain case (no
+//! drafts, no rejections) runs one validation pass and one apply pass over
+//! the batch's remembered slots; every other case, and every error, takes
+//! the checked path (`*_checked`), which reports the first error in request
+//! order.
 
 use super::lifecycle::{repeated, unknown};
 use super::{Admitted, Life, PrefixCache, PrefixIndex, Reads, RecordOf, SpecArg, Status};
