@@ -326,7 +326,7 @@ fn batch_paths_agree<D: PrefixIndex + Reads<i32> + Clone>(
     let mut rng = Rng(seed);
     let mut batch: Vec<u64> = vec![0, 1, 2];
     let mut fast_ok = 0;
-    for step in 0..3000 {
+    for step in 0..6000 {
         match rng.below(14) {
             0 | 1 => {
                 let id = rng.below(6);
@@ -394,9 +394,20 @@ fn batch_paths_agree<D: PrefixIndex + Reads<i32> + Clone>(
                     assert_eq!((&ba, &oa), (&bb, &ob), "step {step}: new blocks");
                     fast_ok += usize::from(ra.is_ok_and(|d| d > 0));
                 } else {
-                    let toks: Vec<i32> = batch.iter().map(|_| rng.below(3) as i32).collect();
-                    let ra = a.commit_batch(&batch, &toks, None, None);
-                    let rb = b.commit_batch_checked(&batch, &toks, None, None);
+                    // one id each, or CSR offsets (0-2 ids each)
+                    let csr = rng.below(3) == 0;
+                    let per: Vec<usize> =
+                        batch.iter().map(|_| if csr { rng.below(3) as usize } else { 1 }).collect();
+                    let toks: Vec<i32> = (0..per.iter().sum()).map(|_| rng.below(3) as i32).collect();
+                    let off: Vec<i64> = std::iter::once(0)
+                        .chain(per.iter().scan(0, |acc, &k| {
+                            *acc += k as i64;
+                            Some(*acc)
+                        }))
+                        .collect();
+                    let off = csr.then_some(&off[..]);
+                    let ra = a.commit_batch(&batch, &toks, off, None);
+                    let rb = b.commit_batch_checked(&batch, &toks, off, None);
                     assert_eq!(ra, rb, "step {step}: commit_batch({batch:?})");
                     fast_ok += usize::from(ra.is_ok() && !batch.is_empty());
                 }
@@ -414,7 +425,7 @@ fn batch_fast_paths_answer_as_the_checked_paths() {
     for seed in 1..=4u64 {
         let c = PlainPool::cache(24, 2);
         let ok = batch_paths_agree(c, seed, &|c| format!("{:?}", c.design().free));
-        assert!(ok > 30, "seed {seed}: only {ok} batch calls succeeded");
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
         let c = crate::core::hash_chain::HashChainCache::new(
             20,
             2,
@@ -428,10 +439,10 @@ fn batch_fast_paths_answer_as_the_checked_paths() {
             let h: Vec<_> = (0..20).map(|b| c.pool().block_hash(BlockId(b))).collect();
             format!("{q:?} {h:?} {:?}", c.pool().num_cached_hashes())
         });
-        assert!(ok > 30, "seed {seed}: only {ok} batch calls succeeded");
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
         let c = crate::core::radix_cache::RadixPrefixCache::new(20, 2, crate::core::radix::Policy::Lru, true)
             .expect("valid");
         let ok = batch_paths_agree(c, seed, &|c| format!("{} {}", c.tree().dump(), c.pool().num_free()));
-        assert!(ok > 30, "seed {seed}: only {ok} batch calls succeeded");
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
     }
 }
