@@ -312,7 +312,10 @@ macro_rules! lifecycle_methods {
                     let off = $crate::py::lifecycle::opt_int64(draft_offsets, "draft_offsets")?;
                     let mut me = slf.try_borrow_mut()?;
                     let mut blocks = Vec::new();
-                    let mut offsets = Vec::with_capacity(ids.len() + 1);
+                    let mut offsets = Vec::new();
+                    offsets.try_reserve_exact(ids.len() + 1).map_err(|_| {
+                        $crate::py::errors::capacity(format!("cannot allocate {} block offsets", ids.len() + 1))
+                    })?;
                     let done = me.inner.schedule_batch(&ids, &n, &drafts, off.as_deref(), la, &mut blocks, &mut offsets).py()?;
                     (done, blocks, offsets)
                 };
