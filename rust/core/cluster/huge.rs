@@ -13,7 +13,7 @@
 //! Costs: at most 2 MiB - 1 bytes of rounding per large allocation (< 1% of
 //! it); one `madvise` call per allocation.
 //!
-//! The core's `unsafe` here: the allocator trait (its contract: a block is
+//! This module's `unsafe`: the allocator trait (its contract: a block is
 //! returned to the global allocator with the layout it was taken with) and
 //! the `madvise` call, each with its reason.
 #![allow(unsafe_code)]
