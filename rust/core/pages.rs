@@ -20,7 +20,7 @@
 //! # Costs
 //! O(slots) either way, one pass; no allocation beyond the output.
 //!
-//! The core's only `unsafe`: SSE2 intrinsics (unaligned loads and stores
+//! This module's `unsafe`: SSE2 intrinsics (unaligned loads and stores
 //! through pointers into the slices at hand); each block says why it is in
 //! bounds.
 #![allow(unsafe_code)]

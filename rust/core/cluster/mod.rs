@@ -5,6 +5,8 @@
 //! | module | what it holds |
 //! |---|---|
 //! | [`holders`] | the holder set of one block (inline id, sorted list, bitset) |
+//! | [`table`] | the block table (hash -> holder value) and its prefetcher |
+//! | [`huge`] | the block table's allocator (huge pages for large tables) |
 //! | [`ops`] | a batch payload as block operations (one pass, reused buffers) |
 //! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
@@ -12,10 +14,12 @@
 //! # Layout
 //! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
 //!   in a dense slot ([`WorkerId`]); removed workers' slots are reused.
-//! - `blocks: hash -> u32`: the holder itself when one worker holds the
-//!   block, else `SET_TAG | slab index` of a [`holders::Set`] (sorted id
-//!   list up to 32 holders, a bitset over worker ids above). An entry is 12
-//!   bytes (the hash split in two `u32`s) plus hashbrown's control byte.
+//! - `blocks: hash -> u32` ([`table::BlockTable`]): the holder itself when
+//!   one worker holds the block, else `SET_TAG | slab index` of a
+//!   [`holders::Set`] (sorted id list up to 32 holders, a bitset over worker
+//!   ids above). A hashbrown table; an entry is 12 bytes (the hash split in
+//!   two `u32`s) plus its control byte. From 8 MiB on the table is made of
+//!   2 MiB pages advised as transparent huge pages ([`huge`]).
 //! - `extra: (hash, worker) -> n`: announcements of a block by a worker
 //!   beyond its first (a stream may store the same block more than once
 //!   before removing it). A removal takes one announcement back; the pair
@@ -39,7 +43,14 @@
 //! # Costs
 //! - Applying a batch: O(payload bytes) to decode (the wire decoder, whole
 //!   batch first, so a malformed payload changes nothing) + O(1) expected
-//!   per stored/removed hash (a list holder set: O(holders)).
+//!   per stored/removed hash (a list holder set: O(holders)). A table
+//!   update reads two random lines (control group, bucket); updates apply
+//!   in order, each first prefetching the lines of the hash 12 updates
+//!   ahead, so about a dozen updates' misses overlap instead of queueing
+//!   (memory-level parallelism). Measured on one Zen 4 core with vLLM-shaped
+//!   payloads: ~29 ns per block event at 10^5 pairs (19 ns of it decoding),
+//!   ~50 ns at 10^7 pairs (a 220 MB table), against ~38 / ~100 ns for
+//!   probing a chunk of the batch ahead with loads and 4 KiB pages.
 //!   `AllBlocksCleared`, a restart and removing a worker: O(blocks in the
 //!   index) (a scan; they are rare and avoid a per-worker block list, which
 //!   would double the memory per pair).
@@ -47,13 +58,16 @@
 //!   with a bitset of still-matching workers, O(words + holders) per block,
 //!   and stops at the first block no worker holds.
 //! - Memory per (block, worker) pair: 13 bytes / the table's load factor
-//!   (0.44..0.875) for singly held blocks; 4 bytes (list) or W/8 bytes per
-//!   block (bitset) for shared ones.
+//!   (0.44..0.875) for singly held blocks (+ under 2 MiB of huge-page
+//!   rounding per table); 4 bytes (list) or W/8 bytes per block (bitset) for
+//!   shared ones.
 
 pub mod holders;
+pub mod huge;
 pub mod index;
 pub mod ops;
 pub mod route;
+pub mod table;
 
 #[cfg(test)]
 mod tests;
