@@ -325,7 +325,7 @@ impl RadixTree {
             self.rekey(node);
         }
         if prefix < tokens.len() {
-            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick);
+            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
         }
         Ok(prefix)
     }
@@ -371,22 +371,9 @@ impl RadixTree {
             c.hit_count += 1;
             cur = c.parent;
         }
-        self.add_leaf(node, ns, key, values, 0, tick);
-        let leaf = self.nodes[node.idx()]
-            .children
-            .get(&child_key(ns, &key[..ps]))
-            .and_then(|k| match k {
-                Kids::One(c) => Some(*c),
-                Kids::Many(v) => v.last().copied(),
-            })
-            .expect("the leaf was just added");
-        // lock(leaf) + unlock(node): only the leaf's count changes.
-        let l = &mut self.nodes[leaf.idx()];
-        l.own_locks = 1;
-        l.lock_ref = 1;
-        self.evictable_size -= key.len();
-        self.protected_size += key.len();
-        self.update_leaf_status(leaf);
+        // lock(leaf) + unlock(node): only the leaf's count changes (the leaf
+        // is created locked, so it never enters the evictable set).
+        let leaf = self.add_leaf(node, ns, key, values, 0, tick, true);
         if !root {
             self.nodes[node.idx()].own_locks -= 1;
         }
@@ -402,6 +389,9 @@ impl RadixTree {
         Some(leaf)
     }
 
+    /// Adds a leaf under `parent` holding `key` / `value` (validated by the
+    /// caller), unlocked, or with one own lock when `locked`. Returns it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn add_leaf(
         &mut self,
         parent: NodeId,
@@ -410,7 +400,8 @@ impl RadixTree {
         value: &[PageId],
         priority: i64,
         tick: u64,
-    ) {
+        locked: bool,
+    ) -> NodeId {
         let leaf = self.alloc_node();
         let hashes = self.leaf_stored(parent, ns, key);
         debug_assert!(value.iter().all(|&v| self.contains_value(v)), "check_values marked the stored values");
@@ -424,6 +415,8 @@ impl RadixTree {
         n.hit_count = 1;
         n.created = tick;
         n.last_access = tick;
+        n.own_locks = u32::from(locked);
+        n.lock_ref = u32::from(locked);
         let k = child_key(ns, &key[..self.page_size]);
         let kids = &mut self.nodes[parent.idx()].children;
         match kids.get_mut(&k) {
@@ -439,8 +432,13 @@ impl RadixTree {
         if parent == NodeId::ROOT {
             self.ns.add_root_child(ns);
         }
-        self.evictable_size += key.len();
+        if locked {
+            self.protected_size += key.len();
+        } else {
+            self.evictable_size += key.len();
+        }
         self.update_leaf_status(parent);
         self.update_leaf_status(leaf);
+        leaf
     }
 }
