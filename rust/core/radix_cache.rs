@@ -407,8 +407,7 @@ impl PrefixIndex for RadixIndex {
     /// Drops the whole tree (its pages return to the pool, in id order).
     fn reset(&mut self) -> KvResult<()> {
         let mut freed = Vec::new();
-        self.tree.reset(&mut freed);
-        freed.sort_unstable(); // pages return to the pool in id order
+        self.tree.reset_sorted(&mut freed); // pages return to the pool in id order
         self.pool.decref(&freed);
         Ok(())
     }
