@@ -33,7 +33,7 @@
 //! # Costs
 //! O(tokens compared) / O(ids checked), one pass, no allocation. On the
 //! Zen 4 development machine, 3,280 tokens: int32 memcmp ~0.12 µs, AVX2
-//! compare ~0.55 µs (bound by the sign extensions), scalar ~1.6 µs; range
+//! compare ~0.35-0.55 µs (bound by the sign extensions), scalar ~1.6 µs; range
 //! check ~0.19 µs (AVX2) / ~0.9 µs (scalar).
 //!
 //! With [`crate::core::pages`], the core's only `unsafe`: x86 intrinsics
