@@ -10,9 +10,9 @@
 //! portable [`scalar`] reference. Every implementation returns the
 //! reference's answer for every input (property tests below run each level
 //! the CPU supports against it). AVX-512 (sign extension of 8 ids per
-//! instruction, or a two-source permute of the low halves) measured no
-//! faster than AVX2 on a Zen 4 machine, whose 512-bit unit is double-pumped,
-//! so it is not used.
+//! instruction, a two-source permute of the low halves, or a truncation of
+//! 8 ids with a separate range check) measured no faster than AVX2 on a
+//! Zen 4 machine, whose 512-bit unit is double-pumped, so it is not used.
 //!
 //! # Contract
 //! - [`common_prefix`]`(a, b)`: the largest `i <= min(len)` with
