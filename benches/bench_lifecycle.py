@@ -12,9 +12,12 @@ over rounds (best round of each kept):
    ``schedule``, then ``finish``) against admitting it whole (``admit`` + ``free``)
    (target <= 1.2x);
 4. int64 token arrays against int32 ones (target <= 1.1x): a hot 3,289-token
-   ``RadixTree.match_prefix`` (page 16) and ``RadixPrefixCache.lookup``, and a
-   hash-chain ``admit`` + ``free`` of a 2,705-token prompt sharing a cached 2,400-token
-   prefix.
+   ``RadixTree.match_prefix`` (page 16) and ``RadixPrefixCache.lookup`` on a tree holding
+   that one sequence (one edge: the call is nearly all compare), the same match on the
+   tree ``bench_radix.py``'s workload builds (300 requests: 20 shared system prompts,
+   unique suffixes and outputs; page 1 and 16; the query is one request's first 3,289
+   tokens, a hit through its system-prompt edge into its own suffix), and a hash-chain
+   ``admit`` + ``free`` of a 2,705-token prompt sharing a cached 2,400-token prefix.
 
 Both designs (``HashChainCache`` with xxh3_128 and vllm_sha256_cbor, and
 ``RadixPrefixCache``), block size 16.
@@ -26,11 +29,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import bench_radix
 
 import kvindex
 
@@ -116,6 +125,20 @@ def prefill(design: str, chunked: bool, reps: int) -> float:
     return (clock() - t0) / reps
 
 
+def workload_tree(ps: int) -> tuple[Any, np.ndarray]:
+    """A ``RadixTree`` holding bench_radix's workload (300 requests, whole sequences),
+    and a 3,289-token query: a request's prefix (system prompt, its suffix, output)."""
+    tree = kvindex.RadixTree(ps)
+    seqs = bench_radix.workload(300)
+    off = 0
+    for seq in seqs:
+        al = seq[: len(seq) // ps * ps]
+        tree.insert(al, np.arange(off, off + len(al), dtype=np.int32))
+        off += len(al)
+    query = next(q for q in seqs if len(q) >= 3289)[:3289]
+    return tree, query
+
+
 def int_width(reps: int) -> dict[str, float]:
     """Seconds per call with int32 and with int64 tokens (same values)."""
     rng = np.random.default_rng(2)
@@ -130,6 +153,7 @@ def int_width(reps: int) -> dict[str, float]:
     prompt = np.concatenate([system, np.arange(305, dtype=np.int32)])
     assert hc.admit(0, prompt) is not None
     hc.free(0)
+    trees = {ps: workload_tree(ps) for ps in (1, 16)}
     out: dict[str, float] = {}
     for width, dt in (("i32", np.int32), ("i64", np.int64)):
         q, p = seq.astype(dt), prompt.astype(dt)
@@ -137,6 +161,12 @@ def int_width(reps: int) -> dict[str, float]:
         for _ in range(reps):
             tree.match_prefix(q)
         out[f"radix_match_{width}"] = (clock() - t0) / reps
+        for ps, (wt, wq) in trees.items():
+            wq = wq.astype(dt)
+            t0 = clock()
+            for _ in range(reps):
+                wt.match_prefix(wq)
+            out[f"radix_match_tree_p{ps}_{width}"] = (clock() - t0) / reps
         t0 = clock()
         for _ in range(reps):
             rc.lookup(q)
@@ -201,10 +231,16 @@ def main() -> None:
     for _ in range(a.rounds):
         for k, v in int_width(2000).items():
             w[k] = min(w[k], v)
-    for k in ("radix_match", "radix_lookup", "hash_chain_admit"):
+    for k in (
+        "radix_match",
+        "radix_match_tree_p1",
+        "radix_match_tree_p16",
+        "radix_lookup",
+        "hash_chain_admit",
+    ):
         w[f"ratio_{k}"] = w[f"{k}_i64"] / w[f"{k}_i32"]
         print(
-            f"{k:<18} int32 {w[k + '_i32'] * 1e6:>7.2f}us  int64 {w[k + '_i64'] * 1e6:>7.2f}us "
+            f"{k:<20} int32 {w[k + '_i32'] * 1e6:>7.2f}us  int64 {w[k + '_i64'] * 1e6:>7.2f}us "
             f"{w['ratio_' + k]:>5.2f}x"
         )
     results["int_width"] = w

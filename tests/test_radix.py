@@ -551,6 +551,27 @@ def test_prefix_cache_lifecycle_page_16() -> None:
     c.check_invariants()
 
 
+def test_prefix_cache_lookup_int64_checks_every_token_past_its_hit() -> None:
+    # An int64 prompt is compared in place; ids inside the hit equal int32 keys, and
+    # every id after it (past the hit cap too) is still range checked.
+    c = kvindex.RadixPrefixCache(64, 4)
+    prompt = a32(range(100, 133))
+    assert c.admit(1, prompt) is not None
+    c.free(1)
+    wide = prompt.astype(np.int64)
+    assert c.lookup(wide) == c.lookup(prompt) == 32
+    for at in (5, 31, 32):  # inside the cached pages, in the last page, the last token
+        bad = wide.copy()
+        bad[at] = 2**31 + at
+        with pytest.raises(InvalidArgumentError, match=f"token id {2**31 + at} does not fit"):
+            c.lookup(bad)
+        # The token rule is checked before the key spec, as admission checks it.
+        with pytest.raises(InvalidArgumentError, match="does not fit in int32"):
+            c.lookup(bad, mm_items=[("h", 0, 1)])
+    assert c.lookup(wide, cache_salt="s") == 0
+    c.check_invariants()
+
+
 def test_prefix_cache_token_level_and_eviction() -> None:
     c = kvindex.RadixPrefixCache(101, 1)  # 100 usable slots, token-level tables
     p = a32(range(60))

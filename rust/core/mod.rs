@@ -13,6 +13,7 @@
 //! | [`hash_chain`] | the hash-chain design: vLLM `KVCacheManager` semantics under the request layer |
 //! | [`radix`] | radix tree with SGLang `RadixCache` semantics (split, locks, leaf eviction) |
 //! | [`pages`] | per-token slots <-> page ids (SSE2 fast paths, scalar reference) |
+//! | [`wide_tokens`] | int64 token ids read in place against int32 ones (run-time AVX2 / AVX-512 dispatch, scalar reference) |
 //! | [`page_pool`] | ref-counted pool of KV pages (`PageId`) behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
@@ -34,4 +35,5 @@ pub mod radix;
 pub mod radix_cache;
 pub mod request;
 pub mod tables;
+pub mod wide_tokens;
 pub mod wire;

@@ -407,8 +407,7 @@ impl PrefixIndex for RadixIndex {
     /// Drops the whole tree (its pages return to the pool, in id order).
     fn reset(&mut self) -> KvResult<()> {
         let mut freed = Vec::new();
-        self.tree.reset(&mut freed);
-        freed.sort_unstable(); // pages return to the pool in id order
+        self.tree.reset_sorted(&mut freed); // pages return to the pool in id order
         self.pool.decref(&freed);
         Ok(())
     }
@@ -566,12 +565,20 @@ impl RadixPrefixCache {
     /// `InvalidArgument` for a token id outside int32 (the caches' token
     /// rule) or a key spec with multimodal items.
     pub fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
-        // The caches' token rule (every id fits in int32), as admission applies it.
-        T::check_ids(tokens)?;
-        let ns = namespace(spec)?;
+        let ns = namespace(spec);
         let d = self.design_mut();
         let cap = d.hit_cap(tokens.len());
-        Ok(d.tree.probe(&tokens[..cap], ns.as_deref()).len)
+        let hit = match &ns {
+            Ok(ns) => d.tree.probe(&tokens[..cap], ns.as_deref()).len,
+            Err(_) => 0,
+        };
+        // The caches' token rule (every id fits in int32), as admission
+        // applies it, and checked first as there. The hit's ids equal the
+        // tree's int32 keys, so only the rest needs the range check (one
+        // pass over the prompt in all).
+        T::check_ids(&tokens[hit..])?;
+        ns?;
+        Ok(hit)
     }
 
     /// Leading tokens of request `id` served by (locked) tree pages.

@@ -176,6 +176,11 @@ pub trait Token: Copy + Send + Sync {
     fn as_i32(_s: &[Self]) -> Option<&[i32]> {
         None
     }
+    /// The slice itself when the type is i64 (a free view), else `None`.
+    #[inline]
+    fn as_i64(_s: &[Self]) -> Option<&[i64]> {
+        None
+    }
 
     /// Checks the caches' token rule: every id fits in int32 (see
     /// [`token_out_of_range`]). O(tokens) for int64, free for int32.
@@ -186,6 +191,13 @@ pub trait Token: Copy + Send + Sync {
     fn check_ids(tokens: &[Self]) -> KvResult<()> {
         if Self::ALWAYS_NARROW {
             return Ok(());
+        }
+        if let Some(wide) = Self::as_i64(tokens) {
+            // Vectorised (AVX2 / AVX-512 when the CPU has it).
+            return match crate::core::wide_tokens::first_wide(wide) {
+                Some(i) => Err(token_out_of_range(wide[i])),
+                None => Ok(()),
+            };
         }
         match tokens.iter().find(|t| i32::try_from(t.get()).is_err()) {
             Some(t) => Err(token_out_of_range(t.get())),
@@ -223,6 +235,10 @@ impl Token for i64 {
     #[inline]
     fn get(self) -> i64 {
         self
+    }
+    #[inline]
+    fn as_i64(s: &[Self]) -> Option<&[i64]> {
+        Some(s)
     }
 }
 

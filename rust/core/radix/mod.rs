@@ -427,6 +427,19 @@ impl RadixTree {
     /// them). Emits `AllBlocksCleared`. O(nodes + pages).
     pub fn reset(&mut self, freed: &mut Vec<PageId>) {
         self.all_values(freed);
+        self.clear();
+    }
+
+    /// [`RadixTree::reset`] handing the values back in ascending order (from
+    /// the value bitmap, without a sort). O(nodes + pages + bitmap words).
+    pub fn reset_sorted(&mut self, freed: &mut Vec<PageId>) {
+        self.sorted_values(freed);
+        self.clear();
+    }
+
+    /// The node-removing half of a reset: every node freed (handles go
+    /// stale), sizes, bitmap and namespaces cleared, `AllBlocksCleared`.
+    fn clear(&mut self) {
         for i in 1..self.nodes.len() {
             if self.nodes[i].live {
                 #[allow(clippy::cast_possible_truncation)]

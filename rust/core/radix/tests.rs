@@ -254,6 +254,29 @@ fn policies_order() {
 }
 
 #[test]
+fn reset_sorted_hands_back_the_reset_values_in_ascending_order() {
+    for ps in [1, 4] {
+        let (mut a, mut b) = (tree(ps), tree(ps));
+        // Values out of order across nodes (and above one bitmap word).
+        for base in [300, 5, 70] {
+            let toks: Vec<i32> = (0..8).map(|k| base + k).collect();
+            let v = u32::try_from(base).expect("small");
+            ins(&mut a, &toks, None, v);
+            ins(&mut b, &toks, None, v);
+        }
+        let (mut plain, mut sorted) = (Vec::new(), Vec::new());
+        a.reset(&mut plain);
+        b.reset_sorted(&mut sorted);
+        plain.sort_unstable();
+        assert_eq!(sorted, plain);
+        assert_eq!(sorted.len(), 3 * 8 / ps);
+        assert_eq!(a.total_size(), b.total_size());
+        assert_eq!(b.num_nodes(), 0);
+        b.check_invariants().expect("invariants");
+    }
+}
+
+#[test]
 fn handles_go_stale() {
     let mut t = tree(1);
     ins(&mut t, &[1, 2], None, 0);

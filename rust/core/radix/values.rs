@@ -118,6 +118,19 @@ pub(super) fn same_values(a: &[PageId], b: &[PageId]) -> bool {
 }
 
 impl RadixTree {
+    /// Appends every value in the tree to `out` in ascending order, read
+    /// from the value bitmap. O(bitmap words + values).
+    #[allow(clippy::cast_possible_truncation)]
+    pub fn sorted_values(&self, out: &mut Vec<PageId>) {
+        for (w, &word) in self.in_tree.iter().enumerate() {
+            let mut bits = word;
+            while bits != 0 {
+                out.push(PageId((w * 64) as u32 + bits.trailing_zeros()));
+                bits &= bits - 1;
+            }
+        }
+    }
+
     /// Whether `v` is one of the tree's values. O(1).
     #[must_use]
     pub fn contains_value(&self, v: PageId) -> bool {

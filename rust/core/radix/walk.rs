@@ -23,6 +23,7 @@ use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
 use crate::core::error::{KvError, KvResult};
 use crate::core::hash::Token;
 use crate::core::ids::PageId;
+use crate::core::wide_tokens;
 
 /// Length of the common prefix of `a` and `b`. Galloping: compares windows of
 /// 64, 128, 256, ... tokens with one memcmp each, then scans the first window
@@ -57,42 +58,21 @@ pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
 }
 
 /// [`common_prefix`] of a key and a query of any token type, without a copy:
-/// an i32 query is compared with memcmp, a wider one in chunks (64, then 8
-/// tokens) whose differences are OR-ed branch-free, so the loop vectorises;
-/// the first differing chunk is then scanned. A query token that does not
-/// fit in i32 equals no key token. O(common prefix).
+/// an i32 query is compared with memcmp, an i64 one in place by
+/// [`crate::core::wide_tokens::common_prefix`] (AVX2 / AVX-512 when the CPU
+/// has it). A query token that does not fit in i32 equals no key token.
+/// O(common prefix).
+#[inline]
 #[must_use]
 pub fn common_prefix_of<T: Token>(a: &[i32], b: &[T]) -> usize {
-    #[inline]
-    fn differs<T: Token, const N: usize>(x: &[i32; N], y: &[T; N]) -> bool {
-        x.iter().zip(y).fold(0i64, |acc, (&p, &q)| acc | (i64::from(p) ^ q.get())) != 0
-    }
     if let Some(b) = T::as_i32(b) {
         return common_prefix(a, b);
     }
+    if let Some(b) = T::as_i64(b) {
+        return wide_tokens::common_prefix(a, b);
+    }
     let n = a.len().min(b.len());
-    let (a, b) = (&a[..n], &b[..n]);
-    let mut i = 0;
-    while i + 64 <= n {
-        let x: &[i32; 64] = a[i..i + 64].try_into().expect("64 tokens");
-        let y: &[T; 64] = b[i..i + 64].try_into().expect("64 tokens");
-        if differs(x, y) {
-            break;
-        }
-        i += 64;
-    }
-    while i + 8 <= n {
-        let x: &[i32; 8] = a[i..i + 8].try_into().expect("8 tokens");
-        let y: &[T; 8] = b[i..i + 8].try_into().expect("8 tokens");
-        if differs(x, y) {
-            break;
-        }
-        i += 8;
-    }
-    while i < n && i64::from(a[i]) == b[i].get() {
-        i += 1;
-    }
-    i
+    (0..n).find(|&i| i64::from(a[i]) != b[i].get()).unwrap_or(n)
 }
 
 impl RadixTree {
@@ -345,7 +325,7 @@ impl RadixTree {
             self.rekey(node);
         }
         if prefix < tokens.len() {
-            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick);
+            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
         }
         Ok(prefix)
     }
@@ -391,22 +371,9 @@ impl RadixTree {
             c.hit_count += 1;
             cur = c.parent;
         }
-        self.add_leaf(node, ns, key, values, 0, tick);
-        let leaf = self.nodes[node.idx()]
-            .children
-            .get(&child_key(ns, &key[..ps]))
-            .and_then(|k| match k {
-                Kids::One(c) => Some(*c),
-                Kids::Many(v) => v.last().copied(),
-            })
-            .expect("the leaf was just added");
-        // lock(leaf) + unlock(node): only the leaf's count changes.
-        let l = &mut self.nodes[leaf.idx()];
-        l.own_locks = 1;
-        l.lock_ref = 1;
-        self.evictable_size -= key.len();
-        self.protected_size += key.len();
-        self.update_leaf_status(leaf);
+        // lock(leaf) + unlock(node): only the leaf's count changes (the leaf
+        // is created locked, so it never enters the evictable set).
+        let leaf = self.add_leaf(node, ns, key, values, 0, tick, true);
         if !root {
             self.nodes[node.idx()].own_locks -= 1;
         }
@@ -422,6 +389,9 @@ impl RadixTree {
         Some(leaf)
     }
 
+    /// Adds a leaf under `parent` holding `key` / `value` (validated by the
+    /// caller), unlocked, or with one own lock when `locked`. Returns it.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn add_leaf(
         &mut self,
         parent: NodeId,
@@ -430,7 +400,8 @@ impl RadixTree {
         value: &[PageId],
         priority: i64,
         tick: u64,
-    ) {
+        locked: bool,
+    ) -> NodeId {
         let leaf = self.alloc_node();
         let hashes = self.leaf_stored(parent, ns, key);
         debug_assert!(value.iter().all(|&v| self.contains_value(v)), "check_values marked the stored values");
@@ -444,6 +415,8 @@ impl RadixTree {
         n.hit_count = 1;
         n.created = tick;
         n.last_access = tick;
+        n.own_locks = u32::from(locked);
+        n.lock_ref = u32::from(locked);
         let k = child_key(ns, &key[..self.page_size]);
         let kids = &mut self.nodes[parent.idx()].children;
         match kids.get_mut(&k) {
@@ -459,8 +432,13 @@ impl RadixTree {
         if parent == NodeId::ROOT {
             self.ns.add_root_child(ns);
         }
-        self.evictable_size += key.len();
+        if locked {
+            self.protected_size += key.len();
+        } else {
+            self.evictable_size += key.len();
+        }
         self.update_leaf_status(parent);
         self.update_leaf_status(leaf);
+        leaf
     }
 }
