@@ -302,8 +302,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.cluster is not None:
         if workload == "seeds":
             raise SimulationError("--cluster replays the chat workload or a --trace, not seeds")
-        if args.plot is not None:
-            raise SimulationError("--plot is not available with --cluster (use --json)")
         if args.cluster < 1:
             raise SimulationError(f"--cluster must be >= 1, got {args.cluster}")
     if args.json is not None:
