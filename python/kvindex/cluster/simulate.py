@@ -207,6 +207,7 @@ def simulate_cluster(
     with tempfile.TemporaryDirectory(prefix="kvindex-cluster-") as tmp:
         engines = [_Engine(i, blocks, block_size, cache_kw, tmp, events) for i in range(workers)]
         listener: Any = None
+        warm: dict[str, int] = {}
         if events:
             from kvindex.cluster._listener import ClusterListener
 
@@ -216,6 +217,8 @@ def simulate_cluster(
                     f"engine{i}", e.pub.endpoint, replay_endpoint=e.pub.replay_endpoint
                 )
             _warm_up(engines, index)
+            _sync(engines, index, listener)
+            warm = listener.stats
         else:
             for i in range(workers):
                 index.add_worker(f"engine{i}")
@@ -236,7 +239,7 @@ def simulate_cluster(
         finally:
             if listener is not None:
                 listener.close()
-                st = listener.stats
+                st = {k: v - warm.get(k, 0) for k, v in listener.stats.items()}
                 res.repaired, res.lost, res.batches = st["repaired"], st["given_up"], st["applied"]
                 for slot in range(workers):
                     info = index.worker_info(slot)
