@@ -390,3 +390,31 @@ def test_malformed_endpoints_are_invalid_argument_errors(bad: str) -> None:
             assert slot == 0 and lst.index.worker_blocks(slot).tolist() == [1]
     finally:
         raw.close()
+
+
+def test_joining_mid_stream_is_not_a_gap(caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber that joins after batches went out (mid-stream, or ZMQ's slow joiner
+    dropping the first batches) fetches the start through replay: the identical state,
+    counted as a late join, no gap warning."""
+    raw = RawPublisher()
+    payloads = random_payloads(9, 4)
+    try:
+        with ClusterListener(ClusterIndex(BS), replay_timeout=2.0) as lst:
+            for seq in range(3):
+                raw.send(seq, payloads[seq], drop=True)  # before anyone listened
+            slot = lst.add_worker("a", raw.endpoint, replay_endpoint=raw.replay_endpoint)
+            with caplog.at_level("INFO", logger="kvindex.cluster"):
+                deadline = time.monotonic() + DEADLINE_S
+                while lst.index.worker_info(slot)["next_seq"] < 4:
+                    assert time.monotonic() < deadline, "never joined"
+                    raw.send(3, payloads[3])
+                    time.sleep(0.01)
+                wait_for(lambda: lst.repairing == 0, "the join's replay")
+            assert lst.index.worker_blocks(slot).tolist() == reference(payloads)
+            assert lst.index.status(slot) == "live"
+            st = lst.stats
+            assert st["late_joins"] == 1 and st["gaps"] == 0 and st["repaired"] == 3
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]
+            assert any("joined at batch 3" in r.getMessage() for r in caplog.records)
+    finally:
+        raw.close()
