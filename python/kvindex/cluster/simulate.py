@@ -397,29 +397,6 @@ def _loop(
     res.route_ns_per_decision = route_ns / max(res.requests, 1)
 
 
-def _designs(index: str, block_sizes: list[int]) -> list[tuple[str, int]]:
-    """``--index`` (``DESIGN`` or ``DESIGN@BS``, comma-separated) over ``block_sizes``."""
-    out: list[tuple[str, int]] = []
-    for item in index.split(","):
-        design, _, bs = item.strip().partition("@")
-        design = design.strip()
-        if not design:
-            continue
-        if design not in DESIGNS:
-            raise ValueError(
-                f"--index: unknown design {design!r}; expected one of {', '.join(DESIGNS)}"
-            )
-        sizes = [int(bs)] if bs.strip() else block_sizes
-        for b in sizes:
-            if b < 1:
-                raise ValueError(f"block size must be >= 1, got {b}")
-            if (design, b) not in out:
-                out.append((design, b))
-    if not out:
-        raise ValueError("no design given (--index)")
-    return out
-
-
 def run_cluster(args: argparse.Namespace) -> int:
     """The ``--cluster`` mode of ``kvindex simulate``: per design (``--index``; both by
     default) one section with a row per ``--route`` policy plus the ``global`` pool;
@@ -446,12 +423,10 @@ def run_cluster(args: argparse.Namespace) -> int:
         )
     else:
         workload = chat_workload(getattr(args, "requests", None) or 1000, seed)
-    bs_arg = getattr(args, "block_size", None)
-    try:
-        sizes = [int(x) for x in str(bs_arg).split(",") if x.strip()] if bs_arg else [16]
-    except ValueError:
-        raise ValueError(f"--block-size: expected integers, got {bs_arg!r}") from None
-    designs = _designs(str(getattr(args, "index", None) or ",".join(DESIGNS)), sizes or [16])
+    from kvindex.simulate.cli import _configs, _ints
+
+    sizes = _ints(str(getattr(args, "block_size", None) or 16), "block size")
+    designs = _configs(str(getattr(args, "index", None) or ",".join(DESIGNS)), sizes)
     kw: dict[str, Any] = {
         "blocks": int(args.cluster_blocks),
         "max_running": int(getattr(args, "max_running", 64)),
