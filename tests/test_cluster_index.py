@@ -195,3 +195,76 @@ def test_a_batch_for_another_dp_rank_is_rejected() -> None:
     good = EventEncoder(data_parallel_rank=2).encode_events([stored([1])], 0.0)
     assert ix.apply(w, 1, good) == ("applied", -1)
     assert ix.worker_blocks(w).tolist() == [1]
+
+
+@pytest.mark.parametrize("namespaced", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespaced: bool) -> None:
+    """RadixPrefixCache workers: with ``algo="radix_xxh3_64"`` the index hashes a prompt
+    as the tree's events do, so each worker's overlap (in tokens) equals what that cache's
+    own ``lookup`` hits, after every applied batch (evictions and resets included)."""
+    rng = random.Random(11 + page_size)
+    n_workers = 3
+    pages = 40 if page_size == 16 else 300
+    caches = [
+        kvindex.RadixPrefixCache(pages, page_size, enable_events=True) for _ in range(n_workers)
+    ]
+    enc = EventEncoder()
+    ix = ClusterIndex(page_size, algo="radix_xxh3_64")
+    assert ix.algo == "radix_xxh3_64"
+    slots = [ix.add_worker(f"engine{i}", 0) for i in range(n_workers)]
+    prefixes = [[rng.randrange(50) for _ in range(96)] for _ in range(3)]
+    salts = ["tenant-a", "tenant-b"] if namespaced else [None]
+    running: list[list[int]] = [[] for _ in range(n_workers)]
+    seqs = [0] * n_workers
+    rid = 0
+    prompts: list[tuple[np.ndarray, str | None]] = []
+    for _ in range(160):
+        w = rng.randrange(n_workers)
+        cache = caches[w]
+        if running[w] and rng.random() < 0.5:
+            cache.free(running[w].pop(rng.randrange(len(running[w]))))
+        else:
+            toks = np.array(
+                rng.choice(prefixes)[: rng.randrange(8, 97)]
+                + [rng.randrange(50) for _ in range(rng.randrange(0, 40))],
+                dtype=np.int32,
+            )
+            salt = rng.choice(salts)
+            rid += 1
+            if cache.admit(rid, toks, cache_salt=salt) is not None:
+                running[w].append(rid)
+                prompts.append((toks, salt))
+        if rng.random() < 0.02 and not running[w]:
+            cache.reset()
+        payload = enc.encode(cache, 1.0)
+        if payload is None:
+            continue
+        assert ix.apply(slots[w], seqs[w], payload) == ("applied", -1)
+        seqs[w] += 1
+        ix.check_invariants()
+        for toks, salt in prompts[-6:]:
+            # k full blocks of the prompt; lookup of k * page_size + 1 tokens counts them
+            k = (len(toks) - 1) // page_size
+            got = ix.overlaps(toks[: k * page_size], cache_salt=salt).tolist()
+            want = [c.lookup(toks[: k * page_size + 1], cache_salt=salt) for c in caches]
+            assert [g * page_size for g in got] == want
+    assert any(c.stats["evictions"] for c in caches)
+    assert max(c.lookup(t, cache_salt=s) for c in caches for t, s in prompts) > 0
+    # a namespace isolates: the same tokens under another salt are another chain
+    toks, salt = prompts[-1]
+    other = ix.hashes(toks, cache_salt="elsewhere")
+    assert not np.array_equal(ix.hashes(toks, cache_salt=salt), other)
+
+
+def test_radix_query_scheme_rejects_what_the_radix_cache_rejects() -> None:
+    ix = ClusterIndex(4, algo="radix_xxh3_64")
+    with pytest.raises(kvindex.InvalidArgumentError, match="mm_items"):
+        ix.overlaps(np.arange(8, dtype=np.int32), mm_items=[("img", 0, 4)])
+    with pytest.raises(kvindex.InvalidArgumentError):
+        ix.hashes(np.array([1, 2**40, 3, 4], dtype=np.int64))
+    with pytest.raises(kvindex.InvalidArgumentError, match="seed"):
+        ClusterIndex(4, algo="radix_xxh3_64", seed="s")
+    with pytest.raises(kvindex.InvalidArgumentError, match="radix_xxh3_64"):
+        ClusterIndex(4, algo="nope")
+    assert len(ix.hashes(np.arange(10, dtype=np.int32))) == 2

@@ -14,11 +14,21 @@ from kvindex.simulate.cli import main
 from kvindex.simulate.workloads import chat_workload
 
 
-@pytest.mark.parametrize("route", ["kv", "random", "approx"])
-def test_cluster_run_checks_the_index_every_step(route: str) -> None:
-    wl = chat_workload(60, 1)
-    res = simulate_cluster(wl, 3, route, blocks=1024, max_running=8, check=True)
-    assert res.requests == 60
+@pytest.mark.parametrize(
+    ("design", "route", "requests"),
+    [
+        ("hash_chain", "kv", 60),
+        ("hash_chain", "random", 60),
+        ("hash_chain", "approx", 60),
+        ("radix", "kv", 30),
+        ("radix", "random", 30),
+    ],
+)
+def test_cluster_run_checks_the_index_every_step(design: str, route: str, requests: int) -> None:
+    wl = chat_workload(requests, 1)
+    res = simulate_cluster(wl, 3, route, blocks=1024, max_running=8, check=True, design=design)
+    assert res.design == design
+    assert res.requests == requests
     assert 0.0 <= res.hit_rate <= 1.0
     assert res.prompt_tokens == sum(r.prompt_len for r in wl.requests)
     assert res.prefill_tokens >= res.prompt_tokens - res.hit_tokens
@@ -44,5 +54,46 @@ def test_cli_cluster_mode(tmp_path: Path, capsys: pytest.CaptureFixture[str]) ->
     text = capsys.readouterr().out
     assert "cluster of 2 engines" in text and "least_loaded" in text and "global" in text
     runs = json.loads(out.read_text())["runs"]
-    assert [r["route"] for r in runs] == ["kv", "least_loaded", "global"]
+    assert [(r["design"], r["route"]) for r in runs] == [
+        ("hash_chain", "kv"),
+        ("hash_chain", "least_loaded"),
+        ("hash_chain", "global"),
+        ("radix", "kv"),
+        ("radix", "least_loaded"),
+        ("radix", "global"),
+    ]
+    assert "hash_chain (xxh3_128): cluster of 2" in text and "radix (lru): cluster of 2" in text
     assert main(["--cluster", "2", "--route", "nope", "--requests", "5"]) == 2
+
+
+def test_radix_engines_route_on_their_own_event_hashes() -> None:
+    """Radix engines: the kv router finds the engine holding a prompt's prefix (the index
+    hashes prompts with the tree's page scheme), so it beats random routing."""
+    wl = chat_workload(80, 2)
+    kv = simulate_cluster(wl, 4, "kv", blocks=1024, max_running=8, design="radix")
+    rnd = simulate_cluster(wl, 4, "random", blocks=1024, max_running=8, design="radix")
+    assert kv.lost == 0 and kv.block_events > 0
+    assert kv.hit_rate > rnd.hit_rate
+
+
+def test_cli_cluster_index_selects_designs_and_plots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "cluster.png"
+    out = tmp_path / "cl.json"
+    argv = ["--cluster", "2", "--route", "kv,random", "--requests", "20", "--quiet"]
+    argv += ["--cluster-blocks", "1024", "--index", "radix", "--plot", str(png)]
+    assert main([*argv, "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "radix (lru)" in text and "hash_chain" not in text
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
+    runs = json.loads(out.read_text())["runs"]
+    assert [(r["design"], r["route"]) for r in runs] == [
+        ("radix", "kv"),
+        ("radix", "random"),
+        ("radix", "global"),
+    ]
+    assert main([*argv[:-2], "--plot", str(tmp_path / "c.nope")]) == 2
+    assert "unknown image format" in capsys.readouterr().err
+    assert main(["--cluster", "2", "--index", "btree", "--requests", "5", "-q"]) == 2
+    assert "unknown design 'btree'" in capsys.readouterr().err

@@ -34,7 +34,8 @@ def wait_for(cond: Callable[[], bool], what: str) -> None:
 
 class RawPublisher:
     """A PUB + ROUTER pair speaking vLLM's protocol, whose sends the test controls: a
-    batch can be buffered for replay without being sent, or kept out of the buffer."""
+    batch can be buffered for replay without being sent, or kept out of the buffer;
+    replay answers wait while ``gate`` is clear."""
 
     def __init__(self) -> None:
         self.ctx = zmq.Context()
@@ -49,6 +50,8 @@ class RawPublisher:
         self.buffer: dict[int, bytes] = {}
         self.lock = threading.Lock()
         self.stop = threading.Event()
+        self.gate = threading.Event()
+        self.gate.set()
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -68,6 +71,8 @@ class RawPublisher:
             if not self.router.poll(10):
                 continue
             ident, _, start = self.router.recv_multipart()
+            while not (self.gate.wait(0.01) or self.stop.is_set()):
+                pass
             first = int.from_bytes(start, "big", signed=True)
             with self.lock:
                 for seq in sorted(self.buffer):
@@ -285,3 +290,131 @@ def test_three_engines_end_to_end(listener: ClusterListener) -> None:
     finally:
         for pub in pubs:
             pub.close()
+
+
+def publish_until_joined(lst: ClusterListener, slot: int, pub: EventPublisher) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while lst.index.worker_info(slot)["next_seq"] == 0:
+        assert time.monotonic() < deadline, "never connected"
+        pub.publish_events([kvindex.AllBlocksCleared()])
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("replay_answers", [True, False])
+def test_a_repair_does_not_hold_up_other_streams(replay_answers: bool) -> None:
+    """A dropped batch on stream a: its repair waits on a replay that answers late (or
+    never), while stream b (a real EventPublisher fed by a real cache) keeps flowing and
+    its batches are applied during the repair. Then a's held batches are applied in
+    order: the identical state when replay answers, degraded (one batch lost) when not."""
+    timeout = 8.0 if replay_answers else 0.5
+    raw = RawPublisher()
+    pub = EventPublisher("tcp://127.0.0.1:*", replay_endpoint="tcp://127.0.0.1:*")
+    cache = kvindex.HashChainCache(64, BS, enable_events=True)
+    try:
+        with ClusterListener(ClusterIndex(BS), replay_timeout=timeout) as lst:
+            payloads = random_payloads(5, 6)
+            a = connect(lst, raw, "a", payloads[0])
+            assert pub.replay_endpoint is not None
+            b = lst.add_worker("b", pub.endpoint, replay_endpoint=pub.replay_endpoint)
+            publish_until_joined(lst, b, pub)
+            wait_for(lambda: lst.repairing == 0, "b's start (ZMQ's slow joiner)")
+            before = lst.stats
+            raw.gate.clear()
+            t0 = time.monotonic()
+            raw.send(1, payloads[1], drop=True)
+            for seq in range(2, 6):
+                raw.send(seq, payloads[seq])
+            wait_for(lambda: lst.repairing == 1, "a's repair to start")
+            rng = random.Random(3)
+            for rid in range(1, 25):
+                toks = np.array([rng.randrange(30) for _ in range(3 * BS)], dtype=np.int64)
+                if cache.admit(rid, toks) is not None and rid % 3:
+                    cache.free(rid)
+                pub.publish(cache, ts=float(rid))
+            want = pub.next_seq
+            wait_for(lambda: lst.index.worker_info(b)["next_seq"] == want, "b during a's repair")
+            if not replay_answers:
+                assert time.monotonic() - t0 < timeout, "b waited for a's repair"
+            assert lst.repairing == 1 and lst.index.worker_info(a)["next_seq"] == 1
+            assert lst.index.worker_blocks(b).tolist() == cache_hashes(cache)
+            assert lst.stats["held"] - before["held"] >= 4
+            if replay_answers:
+                raw.gate.set()
+            wait_for(lambda: lst.index.worker_info(a)["next_seq"] == 6, "a's held batches")
+            assert lst.repairing == 0
+            if replay_answers:
+                assert lst.index.worker_blocks(a).tolist() == reference(payloads)
+                assert lst.index.status(a) == "live"
+                assert lst.stats["repaired"] - before["repaired"] == 1
+                assert lst.stats["given_up"] == 0
+            else:
+                assert lst.index.status(a) == "degraded"
+                assert lst.stats["given_up"] - before["given_up"] == 1
+                assert lst.index.worker_info(a)["lost"] == 1
+            assert lst.index.status(b) == "live"
+            lst.index.check_invariants()
+    finally:
+        raw.gate.set()
+        raw.close()
+        pub.close()
+
+
+@pytest.mark.parametrize(
+    "bad",
+    ["nonsense", "tcp://", "tcp://127.0.0.1", "bogus://x:1", "tcp://127.0.0.1:notaport"],
+)
+def test_malformed_endpoints_are_invalid_argument_errors(bad: str) -> None:
+    """EventPublisher, EventSubscriber and ClusterListener.add_worker: a malformed ZMQ
+    endpoint raises InvalidArgumentError (a ValueError) naming it; nothing is left
+    behind (the listener registers no worker and keeps working)."""
+    from kvindex.events import EventSubscriber
+
+    with pytest.raises(kvindex.InvalidArgumentError, match="endpoint") as err:
+        EventPublisher(bad)
+    assert isinstance(err.value, ValueError) and repr(bad) in str(err.value)
+    with pytest.raises(kvindex.InvalidArgumentError, match="replay_endpoint"):
+        EventPublisher("tcp://127.0.0.1:*", replay_endpoint=bad)
+    with pytest.raises(kvindex.InvalidArgumentError, match="endpoint"):
+        EventSubscriber(bad)
+    with pytest.raises(kvindex.InvalidArgumentError, match="replay_endpoint"):
+        EventSubscriber("tcp://127.0.0.1:5", replay_endpoint=bad)
+    raw = RawPublisher()
+    try:
+        with ClusterListener(ClusterIndex(BS)) as lst:
+            with pytest.raises(kvindex.InvalidArgumentError, match="endpoint"):
+                lst.add_worker("a", bad)
+            with pytest.raises(kvindex.InvalidArgumentError, match="replay_endpoint"):
+                lst.add_worker("a", raw.endpoint, replay_endpoint=bad)
+            assert lst.index.slots == 0 and lst.index.membership == 0
+            slot = connect(lst, raw, "a", pay(stored([1])))
+            assert slot == 0 and lst.index.worker_blocks(slot).tolist() == [1]
+    finally:
+        raw.close()
+
+
+def test_joining_mid_stream_is_not_a_gap(caplog: pytest.LogCaptureFixture) -> None:
+    """A subscriber that joins after batches went out (mid-stream, or ZMQ's slow joiner
+    dropping the first batches) fetches the start through replay: the identical state,
+    counted as a late join, no gap warning."""
+    raw = RawPublisher()
+    payloads = random_payloads(9, 4)
+    try:
+        with ClusterListener(ClusterIndex(BS), replay_timeout=2.0) as lst:
+            for seq in range(3):
+                raw.send(seq, payloads[seq], drop=True)  # before anyone listened
+            slot = lst.add_worker("a", raw.endpoint, replay_endpoint=raw.replay_endpoint)
+            with caplog.at_level("INFO", logger="kvindex.cluster"):
+                deadline = time.monotonic() + DEADLINE_S
+                while lst.index.worker_info(slot)["next_seq"] < 4:
+                    assert time.monotonic() < deadline, "never joined"
+                    raw.send(3, payloads[3])
+                    time.sleep(0.01)
+                wait_for(lambda: lst.repairing == 0, "the join's replay")
+            assert lst.index.worker_blocks(slot).tolist() == reference(payloads)
+            assert lst.index.status(slot) == "live"
+            st = lst.stats
+            assert st["late_joins"] == 1 and st["gaps"] == 0 and st["repaired"] == 3
+            assert not [r for r in caplog.records if r.levelname == "WARNING"]
+            assert any("joined at batch 3" in r.getMessage() for r in caplog.records)
+    finally:
+        raw.close()

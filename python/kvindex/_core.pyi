@@ -968,6 +968,12 @@ class ClusterIndex:
     fed by their KV-event batches. Thread-safe: one thread may apply batches while
     others query. Per-worker answers are int32 arrays of length :attr:`slots`.
 
+    Queries by tokens hash the prompt as the workers' events do: ``algo`` names a
+    hash-chain algorithm (``HashChainCache`` workers; ``seed`` is its chain seed) or
+    ``"radix_xxh3_64"`` for ``RadixPrefixCache`` workers (the tree's page hashes,
+    namespaced by ``lora`` and ``cache_salt``; no ``seed``; ``mm_items`` and ids
+    outside int32 raise ``InvalidArgumentError`` as that cache does).
+
     ``apply`` outcomes: ``"applied"``; ``"duplicate"`` (sequence number already
     applied with the same payload, ignored); ``"gap"`` (not applied; the second
     element is the first missing sequence number: replay from it, or ``give_up``);
@@ -985,7 +991,8 @@ class ClusterIndex:
         """Tokens per block."""
     @property
     def algo(self) -> str:
-        """The workers' hash algorithm (for queries by tokens)."""
+        """The workers' hash scheme (for queries by tokens): a hash-chain algorithm or
+        ``"radix_xxh3_64"`` (the radix tree's page hashes)."""
     @property
     def seed(self) -> str | None:
         """The workers' chain seed (None: the algorithm's default)."""

@@ -19,34 +19,29 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::arrays::{self, with_tokens};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
 use super::keys;
+use crate::core::cluster::query::QueryHasher;
 use crate::core::cluster::{self as core, route, Outcome, WorkerId};
-use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
-use crate::core::ids::BlockHash;
 
 /// Payloads at least this long are applied with the GIL released.
 const DETACH_MIN_BYTES: usize = 64 * 1024;
 
 struct Scratch {
-    hasher: BlockHasher,
-    chain: Vec<BlockHash>,
+    hasher: QueryHasher,
     hashes: Vec<u64>,
     overlaps: Vec<u32>,
     /// Full blocks of the last prompt given to `overlaps_of_tokens`.
     blocks: usize,
 }
 
-impl Scratch {
-    fn hash<T: Token>(&mut self, tokens: &[T], bs: usize, spec: &KeySpec) {
-        self.chain.clear();
-        self.hasher.extend_chain(tokens, bs, spec, &mut self.chain);
-        self.hashes.clear();
-        self.hashes.extend(self.chain.iter().map(BlockHash::low_u64));
-    }
-}
-
 /// Prefix index of a cluster of workers (one per engine and data-parallel rank),
 /// fed by their KV-event batches. Thread-safe: one thread may apply batches while
 /// others query. Per-worker answers are int32 arrays of length :attr:`slots`.
+///
+/// Queries by tokens hash the prompt as the workers' events do: ``algo`` names a
+/// hash-chain algorithm (``HashChainCache`` workers; ``seed`` is its chain seed) or
+/// ``"radix_xxh3_64"`` for ``RadixPrefixCache`` workers (the tree's page hashes,
+/// namespaced by ``lora`` and ``cache_salt``; no ``seed``; ``mm_items`` and ids
+/// outside int32 raise ``InvalidArgumentError`` as that cache does).
 ///
 /// ``apply`` outcomes: ``"applied"``; ``"duplicate"`` (sequence number already
 /// applied with the same payload, ignored); ``"gap"`` (not applied; the second
@@ -60,7 +55,7 @@ impl Scratch {
 pub struct PyClusterIndex {
     inner: RwLock<core::ClusterIndex>,
     scratch: Mutex<Scratch>,
-    algo: HashAlgo,
+    algo: &'static str,
     seed: Option<String>,
 }
 
@@ -101,9 +96,10 @@ impl PyClusterIndex {
         let arr = arg.array();
         let ix = self.read();
         let sc = &mut *s;
-        sc.blocks = with_tokens!(arr, t => ix.overlaps_tokens(
-            &mut sc.hasher, t, bs, &spec, &mut sc.chain, &mut sc.hashes, &mut sc.overlaps
-        ));
+        sc.blocks = with_tokens!(arr, t => sc.hasher.overlaps(
+            &ix, t, bs, &spec, &mut sc.hashes, &mut sc.overlaps
+        ))
+        .py()?;
         drop(ix);
         Ok(s)
     }
@@ -149,18 +145,12 @@ impl PyClusterIndex {
     #[new]
     #[pyo3(signature = (block_size, *, algo = "xxh3_128", seed = None))]
     fn new(block_size: i64, algo: &str, seed: Option<String>) -> PyResult<Self> {
-        let algo = HashAlgo::parse(algo).py()?;
+        let hasher = QueryHasher::new(algo, seed.as_deref()).py()?;
         let inner = core::ClusterIndex::new(block_size).py()?;
         Ok(PyClusterIndex {
             inner: RwLock::new(inner),
-            scratch: Mutex::new(Scratch {
-                hasher: BlockHasher::new(algo, seed.as_deref()),
-                chain: Vec::new(),
-                hashes: Vec::new(),
-                overlaps: Vec::new(),
-                blocks: 0,
-            }),
-            algo,
+            algo: hasher.name(),
+            scratch: Mutex::new(Scratch { hasher, hashes: Vec::new(), overlaps: Vec::new(), blocks: 0 }),
             seed,
         })
     }
@@ -171,10 +161,11 @@ impl PyClusterIndex {
         self.read().block_size()
     }
 
-    /// The workers' hash algorithm (for queries by tokens).
+    /// The workers' hash scheme (for queries by tokens): a hash-chain algorithm or
+    /// ``"radix_xxh3_64"`` (the radix tree's page hashes).
     #[getter]
     fn algo(&self) -> &'static str {
-        self.algo.name()
+        self.algo
     }
 
     /// The workers' chain seed (None: the algorithm's default).
@@ -290,8 +281,9 @@ impl PyClusterIndex {
         let mut s = self.scratch();
         // SAFETY: as in `overlaps_of_tokens`.
         let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
-        with_tokens!(arg.array(), t => s.hash(t, bs, &spec));
-        Ok(PyArray1::from_slice(py, &s.hashes))
+        let sc = &mut *s;
+        with_tokens!(arg.array(), t => sc.hasher.hashes(t, bs, &spec, &mut sc.hashes)).py()?;
+        Ok(PyArray1::from_slice(py, &sc.hashes))
     }
 
     /// Per worker slot: leading blocks of the prompt it holds (int32).

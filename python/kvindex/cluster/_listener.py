@@ -2,10 +2,17 @@
 
 Each worker is a SUB socket (vLLM 0.33 frames ``[topic, seq, payload]``) and, with a
 replay endpoint, a DEALER socket to its publisher's ROUTER. Payloads go straight into
-:meth:`ClusterIndex.apply` (decoded and applied in Rust). A gap is repaired through
-replay on the receive thread (bounded by ``replay_timeout``); what replay cannot
-supply is given up (the worker is degraded). Bad frames and malformed payloads are
-counted and logged, never raised. Queries on the index are safe from any thread.
+:meth:`ClusterIndex.apply` (decoded and applied in Rust). Bad frames and malformed
+payloads are counted and logged, never raised. Queries on the index are safe from any
+thread.
+
+Gap repair never blocks the receive loop. A gap sends one replay request and puts the
+stream in repair: its later batches are held (in order) while the loop goes on receiving
+every stream, the replay answers included, as they arrive. Replayed batches in the gap
+are applied as they come; when the gap is filled, the replay ends (its end marker) or
+``replay_timeout`` passes, the held batches are applied in order, and what replay did
+not supply is given up (the worker degraded). The index then ends in the state a
+lossless run gives whenever replay had the missing batches.
 """
 
 from __future__ import annotations
@@ -14,14 +21,27 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from kvindex._core import ClusterIndex
+from kvindex.events import _options as _opt
 from kvindex.events._batch import END_SEQ, seq_bytes
-from kvindex.events._zmq import zmq
+from kvindex.events._zmq import attach, zmq
+from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 logger = logging.getLogger("kvindex.cluster")
+
+# Most messages taken from one socket before the others are looked at again.
+_BURST = 1000
+
+
+@dataclass
+class _Repair:
+    start: int  # the first missing sequence number
+    stop: int  # the batch that showed the gap (held)
+    deadline: float
 
 
 @dataclass
@@ -30,17 +50,32 @@ class _Stream:
     name: str
     sub: Any = None
     replay: Any = None
-    counters: dict[str, int] = field(default_factory=dict)
+    repair: _Repair | None = None
+    held: deque[tuple[int, bytes]] = field(default_factory=deque)
+    # replay requests sent whose end marker has not come back
+    outstanding: int = 0
+    # whether a batch has come in on the SUB socket yet
+    joined: bool = False
+
+
+@dataclass
+class _Reply:
+    done: threading.Event = field(default_factory=threading.Event)
+    slot: int = -1
+    error: BaseException | None = None
 
 
 class ClusterListener:
     """Feeds ``index`` from workers' event streams on a background thread.
 
-    :meth:`add_worker` registers a worker in the index at once (returning its slot) and
-    has the thread connect its sockets; :meth:`remove_worker` disconnects and drops its
-    blocks. :attr:`stats` counts messages, bad frames, malformed payloads, gaps,
-    batches repaired by replay and batches given up, and the time spent in the
-    index's ``apply`` (``apply_ns``, first attempts). :meth:`close` stops the thread.
+    :meth:`add_worker` connects the worker's sockets and registers it in the index
+    (returning its slot); a malformed endpoint raises ``InvalidArgumentError`` with
+    nothing registered. :meth:`remove_worker` disconnects and drops its blocks.
+    :attr:`stats` counts messages, bad frames, malformed payloads, gaps, late joins (a
+    stream whose first batch received is not its first: subscribed mid-stream, or ZMQ's
+    slow joiner; its start is fetched through replay like a gap's, logged at INFO
+    level), batches held behind a repair, batches repaired by replay and batches given
+    up, and the time spent in the index's ``apply`` (``apply_ns``). :meth:`close` stops the thread.
     """
 
     def __init__(
@@ -58,7 +93,10 @@ class ClusterListener:
         self._ctx = zmq.Context()
         self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
         self._streams: dict[int, _Stream] = {}
+        # socket -> (stream, is the replay socket)
+        self._sockets: dict[Any, tuple[_Stream, bool]] = {}
         self._lock = threading.Lock()
+        self._repairs = 0  # streams in repair (written by the receive thread only)
         self._stats = {
             "received": 0,
             "applied": 0,
@@ -66,6 +104,8 @@ class ClusterListener:
             "malformed": 0,
             "duplicates": 0,
             "gaps": 0,
+            "late_joins": 0,
+            "held": 0,
             "repaired": 0,
             "given_up": 0,
             "restarts": 0,
@@ -84,6 +124,11 @@ class ClusterListener:
         with self._lock:
             return dict(self._stats)
 
+    @property
+    def repairing(self) -> int:
+        """Streams with a replay repair in flight now."""
+        return self._repairs
+
     def add_worker(
         self,
         name: str,
@@ -93,19 +138,27 @@ class ClusterListener:
         topic: str | bytes = "",
         dp_rank: int = 0,
     ) -> int:
-        """Registers a worker (slot returned now) and subscribes to its stream."""
-        slot = self.index.add_worker(name, dp_rank)
-        t = topic.encode() if isinstance(topic, str) else bytes(topic)
-        done = threading.Event()
-        self._commands.put(("add", (slot, name, endpoint, replay_endpoint, t, done)))
-        done.wait(5.0)
-        return slot
+        """Subscribes to a worker's stream and registers it in the index; returns its
+        slot. Raises ``InvalidArgumentError`` for a malformed endpoint (nothing changed)."""
+        endpoint = _opt.text("endpoint", endpoint)
+        if replay_endpoint is not None:
+            replay_endpoint = _opt.text("replay_endpoint", replay_endpoint)
+        t = _opt.topic_bytes(topic)
+        if self._stop.is_set():
+            raise InvalidArgumentError("ClusterListener is closed")
+        reply = _Reply()
+        self._commands.put(("add", (name, dp_rank, endpoint, replay_endpoint, t, reply)))
+        if not reply.done.wait(5.0):
+            raise InvalidArgumentError("ClusterListener's thread did not answer (closed?)")
+        if reply.error is not None:
+            raise reply.error
+        return reply.slot
 
     def remove_worker(self, slot: int) -> None:
         """Unsubscribes a worker and removes it (and its blocks) from the index."""
-        done = threading.Event()
-        self._commands.put(("remove", (slot, done)))
-        done.wait(5.0)
+        reply = _Reply()
+        self._commands.put(("remove", (slot, reply)))
+        reply.done.wait(5.0)
 
     def close(self, timeout: float = 2.0) -> None:
         """Stops the thread and closes the sockets. Idempotent."""
@@ -128,6 +181,37 @@ class ClusterListener:
         with self._lock:
             self._stats[key] += n
 
+    def _add(self, poller: Any, arg: Any) -> None:
+        name, dp_rank, endpoint, replay_endpoint, topic, reply = arg
+        sub = replay = None
+        try:
+            sub = self._ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
+            sub.setsockopt(zmq.SUBSCRIBE, topic)
+            attach(sub, endpoint, bind=False)
+            if replay_endpoint is not None:
+                replay = self._ctx.socket(zmq.DEALER)
+                replay.setsockopt(zmq.LINGER, 0)
+                attach(replay, replay_endpoint, bind=False, option="replay_endpoint")
+            slot = self.index.add_worker(name, dp_rank)
+        except (KvIndexError, ValueError, TypeError, zmq.ZMQError) as e:
+            for sock in (sub, replay):
+                if sock is not None:
+                    sock.close(linger=0)
+            reply.error = e
+            reply.done.set()
+            return
+        s = _Stream(slot, name, sub, replay)
+        self._streams[slot] = s
+        self._sockets[sub] = (s, False)
+        poller.register(sub, zmq.POLLIN)
+        if replay is not None:
+            self._sockets[replay] = (s, True)
+            poller.register(replay, zmq.POLLIN)
+        reply.slot = slot
+        reply.done.set()
+
     def _commands_pending(self, poller: Any) -> None:
         while True:
             try:
@@ -135,49 +219,48 @@ class ClusterListener:
             except queue.Empty:
                 return
             if cmd == "add":
-                slot, name, endpoint, replay_endpoint, topic, done = arg
-                s = _Stream(slot, name)
-                s.sub = self._ctx.socket(zmq.SUB)
-                s.sub.setsockopt(zmq.LINGER, 0)
-                s.sub.setsockopt(zmq.RCVHWM, self._rcvhwm)
-                s.sub.setsockopt(zmq.SUBSCRIBE, topic)
-                s.sub.connect(endpoint)
-                if replay_endpoint is not None:
-                    s.replay = self._ctx.socket(zmq.DEALER)
-                    s.replay.setsockopt(zmq.LINGER, 0)
-                    s.replay.connect(replay_endpoint)
-                self._streams[slot] = s
-                poller.register(s.sub, zmq.POLLIN)
-                done.set()
-            else:
-                slot, done = arg
-                gone = self._streams.pop(slot, None)
-                if gone is not None:
-                    poller.unregister(gone.sub)
-                    gone.sub.close(linger=0)
-                    if gone.replay is not None:
-                        gone.replay.close(linger=0)
-                try:
-                    self.index.remove_worker(slot)
-                except ValueError as exc:
-                    logger.warning("kvindex.cluster: remove_worker(%d): %s", slot, exc)
-                done.set()
+                self._add(poller, arg)
+                continue
+            slot, reply = arg
+            gone = self._streams.pop(slot, None)
+            if gone is not None:
+                self._repairs -= gone.repair is not None
+                for sock in (gone.sub, gone.replay):
+                    if sock is not None:
+                        poller.unregister(sock)
+                        self._sockets.pop(sock, None)
+                        sock.close(linger=0)
+            try:
+                self.index.remove_worker(slot)
+            except ValueError as exc:
+                logger.warning("kvindex.cluster: remove_worker(%d): %s", slot, exc)
+            reply.done.set()
 
     def _run(self) -> None:
         poller = zmq.Poller()
         try:
             while not self._stop.is_set():
                 self._commands_pending(poller)
-                for sock, _ in poller.poll(self._poll_ms):
-                    stream = next((s for s in self._streams.values() if s.sub is sock), None)
+                wait = self._poll_ms
+                deadlines = [s.repair.deadline for s in self._streams.values() if s.repair]
+                if deadlines:
+                    left = min(deadlines) - time.monotonic()
+                    wait = max(min(wait, int(left * 1000) + 1), 0)
+                for sock, _ in poller.poll(wait):
+                    stream, is_replay = self._sockets.get(sock, (None, False))
                     if stream is None:
                         continue
-                    for _ in range(1000):
+                    for _ in range(_BURST):
                         try:
                             frames = sock.recv_multipart(zmq.NOBLOCK)
                         except zmq.Again:
                             break
-                        self._handle(stream, frames)
+                        if is_replay:
+                            self._replayed(stream, frames)
+                        else:
+                            self._received(stream, frames)
+                if deadlines:
+                    self._expire_repairs()
         except Exception:  # pragma: no cover - a bug; keep the caller alive
             logger.exception("kvindex.cluster: listener thread failed")
         finally:
@@ -185,8 +268,16 @@ class ClusterListener:
                 s.sub.close(linger=0)
                 if s.replay is not None:
                     s.replay.close(linger=0)
+            while True:  # callers waiting on a command get their answer
+                try:
+                    cmd, arg = self._commands.get_nowait()
+                except queue.Empty:
+                    break
+                reply = arg[-1]
+                reply.error = InvalidArgumentError("ClusterListener is closed")
+                reply.done.set()
 
-    def _handle(self, s: _Stream, frames: list[bytes]) -> None:
+    def _received(self, s: _Stream, frames: list[bytes]) -> None:
         self._count("received")
         if len(frames) != 3 or len(frames[1]) != 8:
             self._count("bad_frames")
@@ -197,27 +288,125 @@ class ClusterListener:
             )
             return
         seq = int.from_bytes(frames[1], "big")
-        self._apply(s, seq, frames[2], replayed=False)
+        if not s.joined:
+            s.joined = True
+            if seq > 0 and self.index.worker_info(s.slot)["next_seq"] == 0:
+                # Subscribed mid-stream (or ZMQ's slow joiner: PUB drops what it sends
+                # before the subscription reaches it): not a loss, the start of the
+                # stream comes through replay.
+                self._count("late_joins")
+                logger.info(
+                    "kvindex.cluster: %s: joined at batch %d; fetching 0..%d through replay",
+                    s.name,
+                    seq,
+                    seq - 1,
+                )
+                self._offer(s, seq, frames[2], joining=True)
+                return
+        self._offer(s, seq, frames[2])
 
-    def _apply(self, s: _Stream, seq: int, payload: bytes, *, replayed: bool) -> None:
+    def _apply(self, s: _Stream, seq: int, payload: bytes) -> tuple[str, int]:
         t0 = time.perf_counter_ns()
-        outcome, expected = self.index.apply(s.slot, seq, payload)
+        out = self.index.apply(s.slot, seq, payload)
         self._count("apply_ns", time.perf_counter_ns() - t0)
-        if outcome == "gap" and not replayed:
+        return out
+
+    def _offer(self, s: _Stream, seq: int, payload: bytes, *, joining: bool = False) -> None:
+        """A live batch: held behind a repair in flight, else applied; a gap starts one
+        (``joining``: the stream's start, fetched the same way but not a gap)."""
+        if s.repair is not None:
+            s.held.append((seq, payload))
+            self._count("held")
+            return
+        outcome, expected = self._apply(s, seq, payload)
+        if outcome != "gap":
+            self._tally(s, seq, outcome)
+            return
+        if not joining:
             self._count("gaps")
             logger.warning("kvindex.cluster: %s: gap %d..%d", s.name, expected, seq - 1)
-            got = self._repair(s, expected, seq)
-            outcome, expected = self.index.apply(s.slot, seq, payload)
-            if outcome == "gap":
-                self._count("given_up", seq - expected)
+        if s.replay is None:
+            self._give_up(s, seq, payload, expected, 0)
+            return
+        s.replay.send_multipart((b"", seq_bytes(expected)))
+        s.outstanding += 1
+        s.repair = _Repair(expected, seq, time.monotonic() + self._replay_timeout)
+        self._repairs += 1
+        s.held.append((seq, payload))
+        self._count("held")
+
+    def _give_up(self, s: _Stream, seq: int, payload: bytes, expected: int, got: int) -> None:
+        lost = seq - expected
+        self._count("given_up", lost)
+        logger.warning(
+            "kvindex.cluster: %s: %d batches lost (replay had %d); degraded", s.name, lost, got
+        )
+        self.index.give_up(s.slot, seq)
+        self._tally(s, seq, self._apply(s, seq, payload)[0])
+
+    def _replayed(self, s: _Stream, frames: list[bytes]) -> None:
+        """One replay answer: a batch of the gap (applied now) or the end marker."""
+        if len(frames) == 3 and frames[0] == b"":
+            _, seq_frame, payload = frames
+        elif len(frames) == 4 and frames[0] == b"":
+            _, _, seq_frame, payload = frames
+        else:
+            self._count("bad_frames")
+            return
+        r = s.repair
+        if seq_frame == END_SEQ:
+            s.outstanding = max(s.outstanding - 1, 0)
+            if r is not None and s.outstanding == 0:
+                self._end_repair(s)
+            return
+        if len(seq_frame) != 8:
+            self._count("bad_frames")
+            return
+        seq = int.from_bytes(seq_frame, "big")
+        if r is None or not r.start <= seq < r.stop:
+            return  # outside the gap: an answer to an earlier request, or held already
+        before = self.index.worker_info(s.slot)["next_seq"]
+        outcome, _ = self._apply(s, seq, payload)
+        after = self.index.worker_info(s.slot)["next_seq"]
+        if after > before:
+            self._count("repaired")
+        if outcome != "gap":
+            self._tally(s, seq, outcome)
+        if after >= r.stop:
+            self._end_repair(s)
+
+    def _expire_repairs(self) -> None:
+        now = time.monotonic()
+        for s in list(self._streams.values()):
+            if s.repair is not None and now >= s.repair.deadline:
                 logger.warning(
-                    "kvindex.cluster: %s: %d batches lost (replay had %d); degraded",
-                    s.name,
-                    seq - expected,
-                    got,
+                    "kvindex.cluster: %s: replay from %d timed out", s.name, s.repair.start
                 )
-                self.index.give_up(s.slot, seq)
-                outcome, expected = self.index.apply(s.slot, seq, payload)
+                self._end_repair(s)
+
+    def _end_repair(self, s: _Stream) -> None:
+        """Applies the held batches in order; the first one (the gap's end) gives up what
+        replay did not supply. A later gap among them starts the next repair."""
+        r = s.repair
+        assert r is not None
+        s.repair = None
+        self._repairs -= 1
+        held, s.held = s.held, deque()
+        seq, payload = held.popleft()
+        outcome, expected = self._apply(s, seq, payload)
+        if outcome == "gap":
+            got = max(expected - r.start, 0)
+            self._give_up(s, seq, payload, expected, got)
+        else:
+            self._tally(s, seq, outcome)
+        while held:
+            seq, payload = held.popleft()
+            if s.repair is not None:
+                s.held.append((seq, payload))
+            else:
+                self._offer(s, seq, payload)
+
+    def _tally(self, s: _Stream, seq: int, outcome: str) -> None:
         if outcome in ("applied", "restarted"):
             self._count("applied")
             if outcome == "restarted":
@@ -230,37 +419,3 @@ class ClusterListener:
         elif outcome.startswith("malformed"):
             self._count("malformed")
             logger.warning("kvindex.cluster: %s: batch %d %s", s.name, seq, outcome)
-
-    def _repair(self, s: _Stream, start: int, stop: int) -> int:
-        """Fetches ``start..stop-1`` through replay and applies them; returns how many."""
-        sock = s.replay
-        if sock is None:
-            return 0
-        sock.send_multipart((b"", seq_bytes(start)))
-        deadline = time.monotonic() + self._replay_timeout
-        got = 0
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not sock.poll(int(left * 1000) + 1):
-                logger.warning("kvindex.cluster: %s: replay from %d timed out", s.name, start)
-                return got
-            frames = sock.recv_multipart()
-            if len(frames) == 3 and frames[0] == b"":
-                _, seq_frame, payload = frames
-            elif len(frames) == 4 and frames[0] == b"":
-                _, _, seq_frame, payload = frames
-            else:
-                self._count("bad_frames")
-                continue
-            if seq_frame == END_SEQ:
-                return got
-            if len(seq_frame) != 8:
-                self._count("bad_frames")
-                continue
-            seq = int.from_bytes(seq_frame, "big")
-            if start <= seq < stop:
-                before = self.index.worker_info(s.slot)["next_seq"]
-                self._apply(s, seq, payload, replayed=True)
-                if self.index.worker_info(s.slot)["next_seq"] > before:
-                    got += 1
-                    self._count("repaired")

@@ -1,17 +1,23 @@
 """``kvindex simulate --cluster W --route LIST``: W engine replicas behind a router.
 
-Each engine is a ``HashChainCache`` (``--hash``, block size, ``--cluster-blocks`` pool)
-with ``enable_events`` and an :class:`~kvindex.events.EventPublisher` on its own ipc
-endpoints (replay included); one :class:`~kvindex.cluster.ClusterListener` feeds a
-:class:`~kvindex.ClusterIndex` from all of them over real ZMQ sockets, and a
-:class:`~kvindex.cluster.Router` places every arriving request.
+Each engine is a kvindex cache of the chosen design (``--index``: ``hash_chain``, a
+``HashChainCache`` hashing with ``--hash``; ``radix``, a ``RadixPrefixCache`` evicting by
+``--policy``; both by default, one report section each) with the block size, a
+``--cluster-blocks`` pool, ``enable_events`` and an :class:`~kvindex.events.EventPublisher`
+on its own ipc endpoints (replay included); one :class:`~kvindex.cluster.ClusterListener`
+feeds a :class:`~kvindex.ClusterIndex` from all of them over real ZMQ sockets, and a
+:class:`~kvindex.cluster.Router` places every arriving request. The index hashes prompts
+as the engines' events do: the hash chain's algorithm, or ``radix_xxh3_64`` (the radix
+tree's namespaced page chain) for radix engines.
 
 The engine model is a compact continuous-batching loop, per step and engine: decode one
 token for every running request (one ``append_batch``; when blocks run short the newest
 request is preempted: freed and put back at the front of its queue, to be recomputed),
 free finished requests, admit from the queue in order while fewer than ``--max-running``
 run and the step's token budget (``--max-batched-tokens``) lasts (a prompt is prefilled
-within its admission step), then publish the step's events. Follow-up turns arrive their
+within its admission step, and cached then: the hash chain caches full blocks at
+admission, a radix engine inserts the prompt with ``checkpoint`` as SGLang does when a
+prefill completes), then publish the step's events. Follow-up turns arrive their
 think time after the turn they follow finishes. Before requests are routed, the index is
 brought up to date with every batch published so far (the router sees the last step).
 
@@ -21,8 +27,10 @@ queueing delay (steps from arrival to admission), index cost per block event (th
 listener's ``apply`` calls) and per routing decision, batches repaired or lost. Two
 reference rows: ``global`` (one engine with W times the pool, running limit and budget:
 the upper bound) and per-node caches under ``random`` routing (Mooncake's comparison).
-With ``check``, every step compares each engine's blocks in the index with the engine's
-own cache (raises on a difference).
+With ``check``, every step compares the index with each engine's own cache (raises on a
+difference): for every prompt routed so far, the leading blocks the index says the engine
+holds equal what the engine's ``lookup`` hits; for hash-chain engines also the set of
+block hashes held.
 """
 
 from __future__ import annotations
@@ -40,11 +48,17 @@ from typing import Any
 
 import numpy as np
 
-from kvindex._core import ClusterIndex, HashChainCache
+from kvindex._core import ClusterIndex, HashChainCache, RadixPrefixCache
 from kvindex.cluster._router import POLICIES, Decision, Router
 from kvindex.simulate.workloads import Workload, chat_workload
 
-__all__ = ["ClusterResult", "run_cluster", "simulate_cluster"]
+__all__ = ["DESIGNS", "ClusterResult", "run_cluster", "simulate_cluster"]
+
+DESIGNS: tuple[str, ...] = ("hash_chain", "radix")
+"""Engine cache designs."""
+
+#: The index's query scheme for radix engines (the tree's KV-event page hashes).
+RADIX_ALGO = "radix_xxh3_64"
 
 
 @dataclass
@@ -53,6 +67,8 @@ class ClusterResult:
 
     route: str
     workers: int
+    design: str = "hash_chain"
+    block_size: int = 16
     requests: int = 0
     prompt_tokens: int = 0
     hit_tokens: int = 0
@@ -95,8 +111,15 @@ class _Req:
 
 
 class _Engine:
-    def __init__(self, i: int, blocks: int, bs: int, algo: str, tmp: str, publish: bool) -> None:
-        self.cache = HashChainCache(blocks + 1, bs, algo=algo, enable_events=publish)
+    def __init__(
+        self, i: int, blocks: int, bs: int, cache_kw: dict[str, Any], tmp: str, publish: bool
+    ) -> None:
+        self.cache: Any
+        self.radix = "algo" not in cache_kw
+        if not self.radix:
+            self.cache = HashChainCache(blocks + 1, bs, enable_events=publish, **cache_kw)
+        else:
+            self.cache = RadixPrefixCache(blocks + 1, bs, enable_events=publish, **cache_kw)
         self.waiting: deque[_Req] = deque()
         self.running: list[_Req] = []
         self.pub: Any = None
@@ -106,6 +129,39 @@ class _Engine:
             self.pub = EventPublisher(
                 f"ipc://{tmp}/engine{i}", replay_endpoint=f"ipc://{tmp}/engine{i}-replay"
             )
+
+
+def _check_index(
+    step: int,
+    engines: list[_Engine],
+    index: ClusterIndex,
+    routed: list[np.ndarray],
+    new: int,
+) -> None:
+    """The brute-force oracle: the index against every engine's own cache. Hash-chain
+    engines: the block hashes held, as a set, and the step's ``new`` prompts (the last
+    of ``routed``) by lookup; radix engines (whose tree has no hash listing): every prompt
+    routed so far by lookup."""
+    bs = index.block_size
+    chain = isinstance(engines[0].cache, HashChainCache)
+    if chain:
+        for slot, e in enumerate(engines):
+            if index.worker_blocks(slot).tolist() != _cache_blocks(e.cache):
+                raise AssertionError(f"step {step}: the index disagrees with engine {slot}")
+    for p in routed[len(routed) - new :] if chain else routed:
+        # The first k full blocks, k < len(p) / bs: the cache's lookup of k * bs + 1 tokens
+        # counts exactly those blocks (a hit leaves the last token to compute).
+        k = (len(p) - 1) // bs
+        if k == 0:
+            continue
+        ov = index.overlaps(p[: k * bs])
+        for slot, e in enumerate(engines):
+            hit = e.cache.lookup(p[: k * bs + 1])
+            if int(ov[slot]) * bs != hit:
+                raise AssertionError(
+                    f"step {step}: engine {slot} hits {hit} tokens of a prompt, the index "
+                    f"says {int(ov[slot])} blocks of {bs}"
+                )
 
 
 def _cache_blocks(cache: HashChainCache) -> list[int]:
@@ -126,24 +182,32 @@ def simulate_cluster(
     block_size: int = 16,
     max_running: int = 64,
     max_batched_tokens: int = 8192,
+    design: str = "hash_chain",
     algo: str = "xxh3_128",
+    policy: str = "lru",
     seed: int = 0,
     check: bool = False,
     progress: Callable[[int], None] | None = None,
 ) -> ClusterResult:
-    """Runs ``workload`` on ``workers`` engines routed by ``route``; see the module docstring."""
+    """Runs ``workload`` on ``workers`` engines of ``design`` (``algo``: the hash chain's
+    hash; ``policy``: the radix tree's eviction) routed by ``route``; see the module
+    docstring."""
     if route not in POLICIES:
         raise ValueError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
+    if design not in DESIGNS:
+        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
     need = max(-(-(r.prompt_len + r.output_len) // block_size) for r in workload.requests)
     if need > blocks:
         raise ValueError(f"a request needs {need} blocks; the pool has {blocks}")
     t_start = time.perf_counter()
-    res = ClusterResult(route, workers)
+    res = ClusterResult(route, workers, design, block_size)
     events = route != "approx"
-    index = ClusterIndex(block_size, algo=algo)
+    cache_kw: dict[str, Any] = {"algo": algo} if design == "hash_chain" else {"policy": policy}
+    index = ClusterIndex(block_size, algo=algo if design == "hash_chain" else RADIX_ALGO)
     with tempfile.TemporaryDirectory(prefix="kvindex-cluster-") as tmp:
-        engines = [_Engine(i, blocks, block_size, algo, tmp, events) for i in range(workers)]
+        engines = [_Engine(i, blocks, block_size, cache_kw, tmp, events) for i in range(workers)]
         listener: Any = None
+        warm: dict[str, int] = {}
         if events:
             from kvindex.cluster._listener import ClusterListener
 
@@ -153,6 +217,8 @@ def simulate_cluster(
                     f"engine{i}", e.pub.endpoint, replay_endpoint=e.pub.replay_endpoint
                 )
             _warm_up(engines, index)
+            _sync(engines, index, listener)
+            warm = listener.stats
         else:
             for i in range(workers):
                 index.add_worker(f"engine{i}")
@@ -173,7 +239,7 @@ def simulate_cluster(
         finally:
             if listener is not None:
                 listener.close()
-                st = listener.stats
+                st = {k: v - warm.get(k, 0) for k, v in listener.stats.items()}
                 res.repaired, res.lost, res.batches = st["repaired"], st["given_up"], st["applied"]
                 for slot in range(workers):
                     info = index.worker_info(slot)
@@ -238,6 +304,8 @@ def _loop(
     route_ns = 0
     delays = 0
     run_ratio = queue_ratio = 0.0
+    routed: list[np.ndarray] = []
+    routed_before = 0
     while finished < len(reqs):
         if not arrivals and all(not e.running and not e.waiting for e in engines):
             raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
@@ -251,6 +319,8 @@ def _loop(
             route_ns += time.perf_counter_ns() - t0
             assert d is not None
             rq.decision = d
+            if check:
+                routed.append(rq.prompt)
             res.flagged_decisions += d.flagged
             engines[d.worker].waiting.append(rq)
         for e in engines:
@@ -295,6 +365,8 @@ def _loop(
                 if adm is None:
                     break
                 e.waiting.popleft()
+                if e.radix:
+                    c.checkpoint(q.rid)  # prefilled this step: SGLang caches it now
                 hit = adm.num_cached_tokens
                 if q.done == 0 and q.decision is not None and q.arrived >= 0:
                     res.requests += 1
@@ -309,10 +381,8 @@ def _loop(
                 e.pub.publish(c, ts=float(step))
         if check and listener is not None:
             _sync(engines, index, listener)
-            for slot, e in enumerate(engines):
-                got = index.worker_blocks(slot).tolist()
-                if got != _cache_blocks(e.cache):
-                    raise AssertionError(f"step {step}: the index disagrees with engine {slot}")
+            _check_index(step, engines, index, routed, len(routed) - routed_before)
+            routed_before = len(routed)
         running = [len(e.running) for e in engines]
         queued = [len(e.waiting) for e in engines]
         if sum(running):
@@ -328,13 +398,16 @@ def _loop(
 
 
 def run_cluster(args: argparse.Namespace) -> int:
-    """The ``--cluster`` mode of ``kvindex simulate``: one row per ``--route`` policy plus
-    the ``global`` pool; ``--json`` writes every figure."""
+    """The ``--cluster`` mode of ``kvindex simulate``: per design (``--index``; both by
+    default) one section with a row per ``--route`` policy plus the ``global`` pool;
+    ``--json`` writes every figure, ``--plot`` draws them."""
     workers = int(args.cluster)
     routes = [r.strip() for r in str(args.route).split(",") if r.strip()]
     for r in routes:
         if r not in POLICIES:
             raise ValueError(f"--route: unknown policy {r!r}; expected {', '.join(POLICIES)}")
+    if not routes:
+        raise ValueError("--route: no policy given")
     if workers < 1:
         raise ValueError(f"--cluster must be >= 1, got {workers}")
     seed = int(getattr(args, "seed", None) or 0)
@@ -350,54 +423,73 @@ def run_cluster(args: argparse.Namespace) -> int:
         )
     else:
         workload = chat_workload(getattr(args, "requests", None) or 1000, seed)
-    bs_arg = getattr(args, "block_size", None)
-    bs = int(str(bs_arg).split(",")[0]) if bs_arg else 16
+    from kvindex.simulate.cli import _configs, _ints
+
+    sizes = _ints(str(getattr(args, "block_size", None) or 16), "block size")
+    designs = _configs(str(getattr(args, "index", None) or ",".join(DESIGNS)), sizes)
     kw: dict[str, Any] = {
         "blocks": int(args.cluster_blocks),
-        "block_size": bs,
         "max_running": int(getattr(args, "max_running", 64)),
         "max_batched_tokens": int(getattr(args, "max_batched_tokens", 8192)),
-        "algo": getattr(args, "hash", "xxh3_128"),
+        "algo": getattr(args, "hash", None) or "xxh3_128",
+        "policy": getattr(args, "policy", None) or "lru",
         "seed": seed,
     }
     from kvindex.simulate.progress import Progress
 
-    plan = [(r, workers) for r in routes] + [("global", 1)]
+    plan = [(d, bs, r, workers) for d, bs in designs for r in [*routes, "global"]]
     bar = Progress(len(plan) * len(workload), enabled=not args.quiet and sys.stderr.isatty())
     results: list[ClusterResult] = []
     try:
-        for r, w in plan:
-            bar.set_label(f"{r} x{w}")
+        for design, bs, r, w in plan:
+            bar.set_label(f"{design}@{bs} {r} x{w if r != 'global' else 1}")
+            run_kw = dict(kw, design=design, block_size=bs)
             if r == "global":
-                g = dict(kw)
-                g["blocks"] *= workers
-                g["max_running"] *= workers
-                g["max_batched_tokens"] *= workers
-                res = simulate_cluster(workload, 1, "round_robin", progress=bar.advance, **g)
+                run_kw["blocks"] *= workers
+                run_kw["max_running"] *= workers
+                run_kw["max_batched_tokens"] *= workers
+                res = simulate_cluster(workload, 1, "round_robin", progress=bar.advance, **run_kw)
                 res.route = "global"
             else:
-                res = simulate_cluster(workload, w, r, progress=bar.advance, **kw)
+                res = simulate_cluster(workload, w, r, progress=bar.advance, **run_kw)
             results.append(res)
     finally:
         bar.close()
-    print(_table(results, workers, kw))
+    print(_report(results, workers, kw))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {
                     "workload": workload.summary(),
-                    "settings": kw,
+                    "settings": {**kw, "designs": [list(d) for d in designs]},
                     "runs": [r.as_dict() for r in results],
                 },
                 f,
                 indent=1,
             )
+    if getattr(args, "plot", None):
+        from kvindex.cluster.plot import plot_cluster
+
+        plot_cluster(results, workers, args.plot, title=str(workload.summary().get("name", "")))
     return 0
 
 
-def _table(results: list[ClusterResult], workers: int, kw: dict[str, Any]) -> str:
+def _report(results: list[ClusterResult], workers: int, kw: dict[str, Any]) -> str:
+    """One section per (design, block size), in run order."""
+    sections: dict[tuple[str, int], list[ClusterResult]] = {}
+    for r in results:
+        sections.setdefault((r.design, r.block_size), []).append(r)
+    return "\n\n".join(
+        _table(rows, workers, kw, design, bs) for (design, bs), rows in sections.items()
+    )
+
+
+def _table(
+    results: list[ClusterResult], workers: int, kw: dict[str, Any], design: str, bs: int
+) -> str:
+    what = f"hash_chain ({kw['algo']})" if design == "hash_chain" else f"radix ({kw['policy']})"
     head = (
-        f"cluster of {workers} engines, {kw['blocks']} blocks of {kw['block_size']} tokens each "
+        f"{what}: cluster of {workers} engines, {kw['blocks']} blocks of {bs} tokens each "
         f"(global: one engine with {workers}x pool, running limit and budget)"
     )
     cols = (

@@ -18,7 +18,7 @@ from typing import Any
 from kvindex._core import EventEncoder, HashChainCache, RadixCache, RadixPrefixCache
 from kvindex.events._batch import END_SEQ, Event, seq_bytes
 from kvindex.events._endpoints import offset_endpoint, should_bind
-from kvindex.events._zmq import zmq
+from kvindex.events._zmq import attach, zmq
 from kvindex.exceptions import DTypeError
 
 from . import _options as _opt
@@ -108,7 +108,7 @@ class EventPublisher:
             self._pub.setsockopt(zmq.SNDHWM, hwm)
             self._pub.setsockopt(zmq.LINGER, 0)
             self.endpoint = self._open(
-                self._pub, offset_endpoint(endpoint, data_parallel_rank), bind
+                self._pub, offset_endpoint(endpoint, data_parallel_rank), bind, "endpoint"
             )
             self._replay: Any = None
             self.replay_endpoint: str | None = None
@@ -116,7 +116,10 @@ class EventPublisher:
                 self._replay = self._ctx.socket(zmq.ROUTER)
                 self._replay.setsockopt(zmq.LINGER, 0)
                 self.replay_endpoint = self._open(
-                    self._replay, offset_endpoint(replay_endpoint, data_parallel_rank), bind
+                    self._replay,
+                    offset_endpoint(replay_endpoint, data_parallel_rank),
+                    bind,
+                    "replay_endpoint",
                 )
         except Exception:
             self._ctx.destroy(linger=0)
@@ -127,12 +130,12 @@ class EventPublisher:
         self._thread.start()
 
     @staticmethod
-    def _open(sock: Any, endpoint: str, bind: bool | None) -> str:
+    def _open(sock: Any, endpoint: str, bind: bool | None, option: str) -> str:
         if should_bind(endpoint) if bind is None else bind:
-            sock.bind(endpoint)
+            attach(sock, endpoint, bind=True, option=option)
             last: bytes = sock.getsockopt(zmq.LAST_ENDPOINT)
             return last.decode()
-        sock.connect(endpoint)
+        attach(sock, endpoint, bind=False, option=option)
         return endpoint
 
     # -- the scheduler's side -------------------------------------------------------------

@@ -13,7 +13,7 @@ import time
 from typing import Any
 
 from kvindex.events._batch import END_SEQ, KVEventBatch, decode_batch, seq_bytes
-from kvindex.events._zmq import zmq
+from kvindex.events._zmq import attach, zmq
 from kvindex.exceptions import KvIndexError
 
 from . import _options as _opt
@@ -63,11 +63,11 @@ class EventSubscriber:
         self._sub.setsockopt(zmq.SUBSCRIBE, self._topic)
         self._replay: Any = None
         try:
-            self._sub.connect(endpoint)
+            attach(self._sub, endpoint, bind=False)
             if replay_endpoint is not None:
                 self._replay = self._ctx.socket(zmq.DEALER)
                 self._replay.setsockopt(zmq.LINGER, 0)
-                self._replay.connect(replay_endpoint)
+                attach(self._replay, replay_endpoint, bind=False, option="replay_endpoint")
         except Exception:
             self._ctx.destroy(linger=0)
             raise

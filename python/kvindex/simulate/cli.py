@@ -208,7 +208,8 @@ def add_arguments(
         o,
         "--plot",
         metavar="PATH.png",
-        help="plot hit rate against capacity (needs matplotlib; format from the suffix)",
+        help="plot hit rate against capacity (--cluster: hit rate and queueing delay per "
+        "routing policy; needs matplotlib; format from the suffix)",
     )
     opt(
         o,
@@ -221,7 +222,11 @@ def add_arguments(
         "steadier with 1",
     )
     opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
-    c = p.add_argument_group("cluster: W engines behind a KV-aware router (needs kvindex[events])")
+    c = p.add_argument_group(
+        "cluster: W engines behind a KV-aware router (needs kvindex[events])",
+        "engines are caches of each --index design and --block-size (one report section "
+        "each; block size 16 by default), --hash or --policy and a --cluster-blocks pool",
+    )
     opt(c, "--cluster", type=int, metavar="W", help="simulate W engine replicas behind a router")
     opt(
         c,
@@ -302,8 +307,6 @@ def check_args(args: argparse.Namespace) -> None:
     if args.cluster is not None:
         if workload == "seeds":
             raise SimulationError("--cluster replays the chat workload or a --trace, not seeds")
-        if args.plot is not None:
-            raise SimulationError("--plot is not available with --cluster (use --json)")
         if args.cluster < 1:
             raise SimulationError(f"--cluster must be >= 1, got {args.cluster}")
     if args.json is not None:

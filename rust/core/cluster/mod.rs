@@ -9,6 +9,7 @@
 //! | [`huge`] | the block table's allocator (huge pages for large tables) |
 //! | [`ops`] | a batch payload as block operations (one pass, reused buffers) |
 //! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
+//! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
 //!
 //! # Layout
@@ -30,8 +31,9 @@
 //!   (a batch seen again is a duplicate; a different batch at an old
 //!   sequence number is a publisher restart), counters.
 //! - No parent links: a query hashes the prompt's chain itself (the
-//!   workers' algorithm, block size, root seed and extra keys), so it needs
-//!   only membership per block.
+//!   workers' scheme, [`query`]: the hash chain's algorithm, block size,
+//!   root seed and extra keys, or the radix tree's namespaced page chain),
+//!   so it needs only membership per block.
 //!
 //! # Invariants (checked by [`ClusterIndex::check_invariants`])
 //! - Every holder id names a present worker; lists are sorted and distinct;
@@ -66,6 +68,7 @@ pub mod holders;
 pub mod huge;
 pub mod index;
 pub mod ops;
+pub mod query;
 pub mod route;
 pub mod table;
 

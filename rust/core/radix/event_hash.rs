@@ -1,6 +1,8 @@
 //! KV-event hashing: the chained page hashes a namespaced path reports in
 //! `BlockStored` / `BlockRemoved` events (the scheme is in the module
-//! header), and the `BlockStored` of a new leaf.
+//! header), and the `BlockStored` of a new leaf. [`namespace_seed`] and
+//! [`chain_page_hashes`] are the one implementation of the scheme: the
+//! cluster index hashes query prompts with them too.
 //!
 //! # Invariants
 //! - with events on, every live non-root node holds one hash per page, the
@@ -17,29 +19,53 @@ use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::{NodeId, Ns, RadixTree};
 use crate::core::events::{EventKey, KvEvent};
+use crate::core::hash::Token;
+
+/// The chain seed of a namespace (`None`: no namespace): the hash "before"
+/// a path's first page. O(name).
+#[must_use]
+pub fn namespace_seed(name: Option<&str>) -> u64 {
+    match name {
+        None => xxh3_64(b"kvindex-radix\x00"),
+        Some(s) => {
+            let mut b = b"kvindex-radix\x01".to_vec();
+            b.extend_from_slice(s.as_bytes());
+            xxh3_64(&b)
+        }
+    }
+}
+
+/// Appends to `out` the chained hashes of the full pages of `tokens`
+/// (`page_size` tokens each; a partial tail page is not hashed), chaining
+/// from `seed` ([`namespace_seed`] for a path from the root). `buf` is
+/// scratch. Tokens are hashed as int32: callers check the caches' token rule
+/// first ([`Token::check_ids`]); an out-of-range id is truncated here.
+/// O(tokens).
+pub fn chain_page_hashes<T: Token>(
+    tokens: &[T],
+    page_size: usize,
+    mut seed: u64,
+    buf: &mut Vec<u8>,
+    out: &mut Vec<u64>,
+) {
+    for page in tokens.chunks_exact(page_size.max(1)) {
+        buf.clear();
+        #[allow(clippy::cast_possible_truncation)]
+        buf.extend(page.iter().flat_map(|t| (t.get() as i32).to_le_bytes()));
+        seed = xxh3_64_with_seed(buf, seed);
+        out.push(seed);
+    }
+}
 
 impl RadixTree {
     pub(super) fn ns_seed(&self, ns: Ns) -> u64 {
-        match self.ns.name(ns) {
-            None => xxh3_64(b"kvindex-radix\x00"),
-            Some(s) => {
-                let mut b = b"kvindex-radix\x01".to_vec();
-                b.extend_from_slice(s.as_bytes());
-                xxh3_64(&b)
-            }
-        }
+        namespace_seed(self.ns.name(ns))
     }
 
     /// Chained page hashes of `key` starting from `seed` (module docs).
-    pub(super) fn page_hashes(&mut self, key: &[i32], mut seed: u64) -> Vec<u64> {
+    pub(super) fn page_hashes(&mut self, key: &[i32], seed: u64) -> Vec<u64> {
         let mut out = Vec::with_capacity(key.len() / self.page_size);
-        let buf = &mut self.scratch_bytes;
-        for page in key.chunks_exact(self.page_size) {
-            buf.clear();
-            buf.extend(page.iter().flat_map(|t| t.to_le_bytes()));
-            seed = xxh3_64_with_seed(buf, seed);
-            out.push(seed);
-        }
+        chain_page_hashes(key, self.page_size, seed, &mut self.scratch_bytes, &mut out);
         out
     }
 

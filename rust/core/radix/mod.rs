@@ -109,6 +109,8 @@ mod tests;
 mod values;
 mod walk;
 
+pub use event_hash::{chain_page_hashes, namespace_seed};
+
 use std::collections::BTreeSet;
 
 use rustc_hash::FxHashMap;
