@@ -126,19 +126,35 @@ pub unsafe fn ids_in_place<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResul
     super::arrays::ids(obj, what).map(Cow::Owned)
 }
 
-/// An int64 array argument read in place where it is a 1-D C-contiguous
-/// int64 array; anything else is read by [`super::arrays::int64_vec`],
-/// which raises its error for it.
+/// Request ids and per-request counts, viewed or copied.
+pub type IdsAndCounts<'a> = (Cow<'a, [u64]>, Cow<'a, [i64]>);
+
+/// The request ids and per-request counts of `schedule_batch`, both read in
+/// place when both are 1-D C-contiguous int64 arrays (the ids `>= 0`), else
+/// both copied by [`super::arrays::ids`] and [`super::arrays::int64_vec`], in
+/// that order, which raise their errors. Never a view while a copying reader
+/// (which may run Python code: `__index__`, sequences) runs.
 ///
 /// # Safety
-/// As [`super::arrays::tokens`]: no Python code may run while the view is alive.
+/// As [`super::arrays::tokens`]: no Python code may run while the views are alive.
 #[allow(unsafe_code)]
-pub unsafe fn int64_in_place<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [i64]>> {
-    // SAFETY: our caller's contract.
-    if let Ok(super::arrays::TokenArray::I64(s)) = unsafe { super::arrays::tokens(obj, what) } {
-        return Ok(Cow::Borrowed(s));
+pub unsafe fn ids_and_counts<'a>(
+    ids: &'a Bound<'_, PyAny>,
+    counts: &'a Bound<'_, PyAny>,
+) -> PyResult<IdsAndCounts<'a>> {
+    // SAFETY: our caller's contract; `ids_in_place` returns a view only for an
+    // int64 array (no Python code run), and a copy otherwise.
+    if let Cow::Borrowed(i) = unsafe { ids_in_place(ids, "request_ids") }? {
+        // SAFETY: our caller's contract; `tokens` runs no Python code.
+        if let Ok(super::arrays::TokenArray::I64(n)) =
+            unsafe { super::arrays::tokens(counts, "num_new_tokens") }
+        {
+            return Ok((Cow::Borrowed(i), Cow::Borrowed(n)));
+        }
     }
-    super::arrays::int64_vec(obj, what).map(Cow::Owned)
+    let i = super::arrays::ids(ids, "request_ids")?;
+    let n = super::arrays::int64_vec(counts, "num_new_tokens")?;
+    Ok((Cow::Owned(i), Cow::Owned(n)))
 }
 
 /// `(num_scheduled, block_ids, block_offsets)` of a batch step.
@@ -302,14 +318,15 @@ macro_rules! lifecycle_methods {
             ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
                 use $crate::py::errors::IntoPyResult;
                 let (done, blocks, offsets) = {
-                    // SAFETY: the integer arguments were converted by PyO3 before this
-                    // body; the array readers below copy or view without running Python
-                    // code, so only Rust runs while the views live.
-                    let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
-                    let n = unsafe { $crate::py::lifecycle::int64_in_place(num_new_tokens, "num_new_tokens") }?;
+                    // The arguments whose conversion may run Python code (`__index__`,
+                    // sequences) first; then the in-place views, so that only Rust runs
+                    // while they live.
                     let la = $crate::py::lifecycle::count(lookahead, "lookahead")?;
                     let drafts = $crate::py::lifecycle::drafts(draft_tokens)?;
                     let off = $crate::py::lifecycle::opt_int64(draft_offsets, "draft_offsets")?;
+                    // SAFETY: nothing below runs Python code while the views live (the
+                    // readers copy or view; the cache is Rust).
+                    let (ids, n) = unsafe { $crate::py::lifecycle::ids_and_counts(request_ids, num_new_tokens) }?;
                     let mut me = slf.try_borrow_mut()?;
                     let mut blocks = Vec::new();
                     let mut offsets = Vec::new();
@@ -357,11 +374,13 @@ macro_rules! lifecycle_methods {
                 num_rejected: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<()> {
                 use $crate::py::errors::IntoPyResult;
-                // SAFETY: the array readers here copy or view without running Python
-                // code, so only Rust runs while the views live.
-                let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
+                // The arguments whose conversion may run Python code first; then the
+                // in-place views.
                 let off = $crate::py::lifecycle::opt_int64(offsets, "offsets")?;
                 let rej = $crate::py::lifecycle::opt_int64(num_rejected, "num_rejected")?;
+                // SAFETY: nothing below runs Python code while the views live (the
+                // readers copy or view; the cache is Rust).
+                let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
                 let arr = unsafe { $crate::py::arrays::tokens(tokens, "tokens") }?;
                 let mut me = slf.try_borrow_mut()?;
                 $crate::py::request_cache::Design::commit_batch(&mut me.inner, &ids, arr, off.as_deref(), rej.as_deref()).py()
