@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -450,6 +451,13 @@ BAD_CALLS = {
     "schedule_batch lengths": lambda c: c.schedule_batch(_arr([2, 1]), _arr([1])),
     "commit_batch bad entry last": lambda c: c.commit_batch(_arr([2, 1]), _arr([7, 8])),
     "commit_batch bad offsets": lambda c: c.commit_batch(_arr([2]), _arr([7]), _arr([0, 2])),
+    "schedule_batch int32 ids": lambda c: c.schedule_batch(_arr([2]).astype(np.int32), _arr([1])),
+    "schedule_batch negative id": lambda c: c.schedule_batch(_arr([2, -1]), _arr([1, 1])),
+    "schedule_batch int32 counts": lambda c: c.schedule_batch(
+        _arr([2]), _arr([1]).astype(np.int32)
+    ),
+    "commit_batch strided ids": lambda c: c.commit_batch(_arr([2, 0, 1])[::2], _arr([7, 8])),
+    "commit_batch negative id": lambda c: c.commit_batch(_arr([-2]), _arr([7])),
 }
 
 
@@ -494,6 +502,110 @@ def test_async_batch_step_caches_a_block_only_when_its_ids_are_known() -> None:
     assert c.schedule_batch(ids, _arr([1, 1]))[0] == 2
     assert c.lookup(_arr(list(range(10, 16)) + [6, 7, 0])) == 8
     c.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_batch_arrays_are_refused_with_the_readers_messages(kind: str) -> None:
+    """Per-step id and count arrays are read in place; anything else is refused exactly as
+    the copying readers refuse it."""
+    c = _setup(kind)
+    cases = [
+        (
+            lambda: c.schedule_batch(_arr([2]).astype(np.int32), _arr([1])),
+            kvindex.DTypeError,
+            "request_ids must have dtype int64, got int32",
+        ),
+        (
+            lambda: c.schedule_batch(_arr([2, -1]), _arr([1, 1])),
+            kvindex.InvalidArgumentError,
+            "request_ids must be non-negative, got -1",
+        ),
+        (
+            lambda: c.schedule_batch(_arr([2]), np.ones(1)),
+            kvindex.DTypeError,
+            "num_new_tokens must have dtype int64, got float64",
+        ),
+        (
+            lambda: c.commit_batch([2], _arr([7])),
+            kvindex.DTypeError,
+            "request_ids must be a numpy array, got list",
+        ),
+        (
+            lambda: c.commit_batch(_arr([2, 0, 1, 0])[::2], _arr([7, 8])),
+            kvindex.DTypeError,
+            "request_ids must be C-contiguous",
+        ),
+    ]
+    for call, exc, msg in cases:
+        with pytest.raises(exc, match=re.escape(msg)):
+            call()
+    c.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_batch_steps_follow_requests_that_come_and_go(kind: str) -> None:
+    """An async scheduler loop (``schedule_batch`` then ``commit_batch`` over the running
+    set) while requests finish, are preempted, resume and are admitted again under old ids:
+    every step answers as the same steps made one request at a time on a twin cache."""
+
+    def make() -> Any:
+        if kind == "hash_chain":
+            return kvindex.HashChainCache(24, 4, algo="xxh3_128", enable_events=True)
+        return kvindex.RadixPrefixCache(24, 4, enable_events=True)
+
+    batch, single = make(), make()
+    rng = random.Random(5)
+    running: list[int] = []
+    preempted: list[int] = []
+    refused = resumed = 0
+    for step in range(400):
+        roll = rng.random()
+        rid = rng.randrange(8)
+        if roll < 0.15 and rid not in running and rid not in preempted:
+            prompt = _arr([rng.randrange(3) for _ in range(rng.randrange(1, 9))])
+            a, b = batch.admit_chunk(rid, prompt), single.admit_chunk(rid, prompt)
+            assert (a is None) == (b is None)
+            if a is not None:
+                assert a[0] == b[0] and a[2].tolist() == b[2].tolist()
+                running.append(rid)
+        elif roll < 0.18 and running:
+            rid = rng.choice(running)
+            running.remove(rid)
+            if rng.random() < 0.5:
+                batch.finish(rid), single.finish(rid)
+            else:
+                batch.preempt(rid), single.preempt(rid)
+                preempted.append(rid)
+        elif roll < 0.3 and preempted:
+            rid = preempted.pop(rng.randrange(len(preempted)))
+            a, b = batch.resume(rid), single.resume(rid)
+            assert (a is None) == (b is None)
+            (running if a is not None else preempted).append(rid)
+            resumed += a is not None
+        ids = _arr(running)
+        # every running request holds one placeholder here: commit it, then schedule the next
+        sampled = _arr([rng.randrange(3) for _ in running])
+        batch.commit_batch(ids, sampled)
+        for i, t in zip(running, sampled.tolist(), strict=True):
+            single.commit_tokens(i, _arr([t]))
+        done, blocks, offsets = batch.schedule_batch(ids, np.ones(len(running), np.int64))
+        want: list[list[int]] = []
+        for i in running:
+            got = single.schedule(i, 1)
+            if got is None:
+                break
+            want.append(got.tolist())
+        assert done == len(want), f"step {step}"
+        assert [blocks[offsets[k] : offsets[k + 1]].tolist() for k in range(done)] == want
+        refused += done < len(running)
+        for i in running[done:]:  # refused: the scheduler preempts them
+            batch.preempt(i), single.preempt(i)
+            running.remove(i)
+            preempted.append(i)
+        assert _snapshot(batch, list(range(8))) == _snapshot(single, list(range(8)))
+        assert batch.take_events() == single.take_events()
+        batch.check_invariants()
+    assert refused > 2 and resumed > 5, (refused, resumed)  # the loop met both
 
 
 # ---------------------------------------------------------------------------- state machine

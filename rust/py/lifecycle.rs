@@ -9,6 +9,8 @@
 //! As in the rest of the binding, every argument is converted before the
 //! cache is borrowed, and output objects are built after the borrow ends.
 
+use std::borrow::Cow;
+
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -96,6 +98,47 @@ pub fn drafts(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
 /// As [`super::arrays::int64_vec`].
 pub fn opt_int64(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Vec<i64>>> {
     obj.filter(|o| !o.is_none()).map(|o| super::arrays::int64_vec(o, what)).transpose()
+}
+
+/// A per-request int64 array of a batch call (request ids, counts), read in
+/// place where it is a 1-D C-contiguous int64 array whose entries are all
+/// `>= 0`; anything else is read by [`super::arrays::ids`] (a copy), which
+/// raises that reader's error for it. The ids of a scheduler step are read
+/// twice per step (`schedule_batch`, `commit_batch`): no copy, no per-entry
+/// branch.
+///
+/// # Safety
+/// As [`super::arrays::tokens`]: no Python code may run while the view is alive.
+#[allow(unsafe_code)]
+pub unsafe fn ids_in_place<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [u64]>> {
+    // SAFETY: our caller's contract.
+    if let Ok(super::arrays::TokenArray::I64(s)) = unsafe { super::arrays::tokens(obj, what) } {
+        if s.iter().fold(0, |acc, &x| acc | x) >= 0 {
+            // SAFETY: `i64` and `u64` have one size and alignment, every bit
+            // pattern is valid for both, and these values are non-negative, so
+            // each reads as the same number; the slice borrows the same buffer
+            // for the same lifetime.
+            return Ok(Cow::Borrowed(unsafe {
+                std::slice::from_raw_parts(s.as_ptr().cast::<u64>(), s.len())
+            }));
+        }
+    }
+    super::arrays::ids(obj, what).map(Cow::Owned)
+}
+
+/// An int64 array argument read in place where it is a 1-D C-contiguous
+/// int64 array; anything else is read by [`super::arrays::int64_vec`],
+/// which raises its error for it.
+///
+/// # Safety
+/// As [`super::arrays::tokens`]: no Python code may run while the view is alive.
+#[allow(unsafe_code)]
+pub unsafe fn int64_in_place<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [i64]>> {
+    // SAFETY: our caller's contract.
+    if let Ok(super::arrays::TokenArray::I64(s)) = unsafe { super::arrays::tokens(obj, what) } {
+        return Ok(Cow::Borrowed(s));
+    }
+    super::arrays::int64_vec(obj, what).map(Cow::Owned)
 }
 
 /// `(num_scheduled, block_ids, block_offsets)` of a batch step.
@@ -258,15 +301,21 @@ macro_rules! lifecycle_methods {
                 draft_offsets: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
                 use $crate::py::errors::IntoPyResult;
-                let ids = $crate::py::arrays::ids(request_ids, "request_ids")?;
-                let n = $crate::py::arrays::int64_vec(num_new_tokens, "num_new_tokens")?;
-                let la = $crate::py::lifecycle::count(lookahead, "lookahead")?;
-                let drafts = $crate::py::lifecycle::drafts(draft_tokens)?;
-                let off = $crate::py::lifecycle::opt_int64(draft_offsets, "draft_offsets")?;
                 let (done, blocks, offsets) = {
+                    // SAFETY: the integer arguments were converted by PyO3 before this
+                    // body; the array readers below copy or view without running Python
+                    // code, so only Rust runs while the views live.
+                    let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
+                    let n = unsafe { $crate::py::lifecycle::int64_in_place(num_new_tokens, "num_new_tokens") }?;
+                    let la = $crate::py::lifecycle::count(lookahead, "lookahead")?;
+                    let drafts = $crate::py::lifecycle::drafts(draft_tokens)?;
+                    let off = $crate::py::lifecycle::opt_int64(draft_offsets, "draft_offsets")?;
                     let mut me = slf.try_borrow_mut()?;
                     let mut blocks = Vec::new();
                     let mut offsets = Vec::new();
+                    offsets.try_reserve_exact(ids.len() + 1).map_err(|_| {
+                        $crate::py::errors::capacity(format!("cannot allocate {} block offsets", ids.len() + 1))
+                    })?;
                     let done = me.inner.schedule_batch(&ids, &n, &drafts, off.as_deref(), la, &mut blocks, &mut offsets).py()?;
                     (done, blocks, offsets)
                 };
@@ -308,11 +357,11 @@ macro_rules! lifecycle_methods {
                 num_rejected: Option<&Bound<'_, PyAny>>,
             ) -> PyResult<()> {
                 use $crate::py::errors::IntoPyResult;
-                let ids = $crate::py::arrays::ids(request_ids, "request_ids")?;
+                // SAFETY: the array readers here copy or view without running Python
+                // code, so only Rust runs while the views live.
+                let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
                 let off = $crate::py::lifecycle::opt_int64(offsets, "offsets")?;
                 let rej = $crate::py::lifecycle::opt_int64(num_rejected, "num_rejected")?;
-                // SAFETY: read after the other arguments; only Rust runs while the
-                // view lives.
                 let arr = unsafe { $crate::py::arrays::tokens(tokens, "tokens") }?;
                 let mut me = slf.try_borrow_mut()?;
                 $crate::py::request_cache::Design::commit_batch(&mut me.inner, &ids, arr, off.as_deref(), rej.as_deref()).py()

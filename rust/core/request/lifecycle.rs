@@ -4,7 +4,10 @@
 //! found through an id index, so a batch touches each record once by slot.
 //! Batches are validated in a first pass (ids known, none repeated: a batch
 //! epoch stamped on each record) and applied in a second, so a refused or
-//! failing batch changes nothing.
+//! failing batch changes nothing. The per-step calls of the engine lifecycle
+//! remember the slots of the last batch they resolved
+//! ([`PrefixCache::resolve_batch`]); a batch whose records still carry its
+//! ids at those slots needs neither the index nor the repeat check.
 
 use rustc_hash::FxHashMap;
 
@@ -33,6 +36,11 @@ pub struct PrefixCache<D: PrefixIndex> {
     pub(super) epoch: u64,
     pub(super) scratch_slots: Vec<u32>,
     pub(super) scratch_samples: Vec<usize>,
+    /// Slots of the last batch [`PrefixCache::resolve_batch`] resolved
+    /// (distinct, every id known): the next batch reuses them where each
+    /// still holds the id at its position (a scheduler sends the same
+    /// running set to every per-step call).
+    pub(super) batch_slots: Vec<u32>,
 }
 
 #[cold]
@@ -89,6 +97,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
             epoch: 0,
             scratch_slots: Vec::new(),
             scratch_samples: Vec::new(),
+            batch_slots: Vec::new(),
         }
     }
 
@@ -135,6 +144,44 @@ impl<D: PrefixIndex> PrefixCache<D> {
 
     pub(super) fn slot(&self, id: RequestId) -> KvResult<u32> {
         self.index.get(&id).copied().ok_or_else(|| unknown(id))
+    }
+
+    /// Resolves a batch of distinct known ids to their slots, left in
+    /// `batch_slots`. The last batch's slots are reused when every one still
+    /// holds the id at its position: the slab and the index agree, and
+    /// distinct slots holding the given ids mean the ids are distinct, so no
+    /// probe and no repeat check are needed. Otherwise one index probe per
+    /// id, repeats caught by the batch epoch. `false` for an unknown or
+    /// repeated id (nothing changed but epoch stamps; the caller's checked
+    /// path then reports the first error in its own order). O(ids).
+    pub(super) fn resolve_batch(&mut self, ids: &[u64]) -> bool {
+        let reqs = &self.reqs;
+        if self.batch_slots.len() == ids.len()
+            && ids
+                .iter()
+                .zip(&self.batch_slots)
+                .all(|(&id, &s)| reqs.get(s as usize).and_then(Option::as_ref).is_some_and(|r| r.id.0 == id))
+        {
+            return true;
+        }
+        self.epoch += 1;
+        let epoch = self.epoch;
+        let slots = &mut self.batch_slots;
+        slots.clear();
+        for &id in ids {
+            let Some(&slot) = self.index.get(&RequestId(id)) else {
+                slots.clear();
+                return false;
+            };
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+            if req.epoch == epoch {
+                slots.clear();
+                return false;
+            }
+            req.epoch = epoch;
+            slots.push(slot);
+        }
+        true
     }
 
     pub(super) fn req(&self, slot: u32) -> &RecordOf<D> {

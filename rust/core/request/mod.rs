@@ -43,7 +43,10 @@
 //! # Costs
 //! Id checks and slot lookups: O(1) hash-map probes per id; `append_batch`
 //! and `free_batch` validate the whole batch (O(ids)) before changing
-//! anything. Memory: one slab entry per running request plus its tokens and
+//! anything. `schedule_batch` and `commit_batch` reuse the slots of the last
+//! batch while each still holds the id at its position (one record read per
+//! id, no probe): a scheduler sends the same running set to both calls of a
+//! step and to the next step. Memory: one slab entry per running request plus its tokens and
 //! table; freed slab entries are reused.
 
 mod lifecycle;

@@ -33,14 +33,18 @@
 //! `admit_chunk`: the design's lookup (O(prompt)) + O(blocks allocated or
 //! cached). `schedule` / `commit_tokens`: O(1) per request plus O(new
 //! blocks) and the design's work per block cached. Batches validate every
-//! request (O(ids)) before changing any.
+//! request (O(ids)) before changing any. The decode step's plain case (no
+//! drafts, no rejections) runs one validation pass and one apply pass over
+//! the batch's remembered slots; every other case, and every error, takes
+//! the checked path (`*_checked`), which reports the first error in request
+//! order.
 
 use super::lifecycle::{repeated, unknown};
 use super::{Admitted, Life, PrefixCache, PrefixIndex, Reads, RecordOf, SpecArg, Status};
 use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::hash::Token;
 use crate::core::ids::RequestId;
-use crate::core::tables::batch_ranges;
+use crate::core::tables::{batch_ranges, Ranges};
 
 /// Options of an admission step (vLLM's `allocate_slots` arguments).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -378,6 +382,31 @@ impl<D: PrefixIndex> PrefixCache<D> {
     ) -> KvResult<usize> {
         new_blocks.clear();
         offsets.clear();
+        if num_new.len() == ids.len() && draft_offsets.is_none() && drafts.is_empty() {
+            if let Some(done) = self.schedule_plain(ids, num_new, lookahead, new_blocks, offsets) {
+                return Ok(done);
+            }
+        }
+        self.schedule_batch_checked(ids, num_new, drafts, draft_offsets, lookahead, new_blocks, offsets)
+    }
+
+    /// [`PrefixCache::schedule_batch`] in full generality: every request
+    /// checked in order (the first error found is the one reported), then
+    /// scheduled. The fast path ([`PrefixCache::schedule_plain`]) answers the
+    /// same wherever it applies (the unit tests compare the two).
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn schedule_batch_checked(
+        &mut self,
+        ids: &[u64],
+        num_new: &[i64],
+        drafts: &[i64],
+        draft_offsets: Option<&[i64]>,
+        lookahead: usize,
+        new_blocks: &mut Vec<D::Entry>,
+        offsets: &mut Vec<i64>,
+    ) -> KvResult<usize> {
+        new_blocks.clear();
+        offsets.clear();
         if num_new.len() != ids.len() {
             return Err(bad(format!("{} counts for {} requests", num_new.len(), ids.len())));
         }
@@ -435,6 +464,70 @@ impl<D: PrefixIndex> PrefixCache<D> {
         self.scratch_slots = slots;
         self.scratch_samples = samples;
         Ok(done)
+    }
+
+    /// [`PrefixCache::schedule_batch`] without drafts, the decode step's
+    /// common case: slots resolved once per batch ([`PrefixCache::resolve_batch`]),
+    /// one validation pass, one apply pass. `None`, with nothing changed, when
+    /// any request fails a check; the caller's checked path then reports the
+    /// first error in its order (the conditions here are exactly its
+    /// conditions without drafts).
+    fn schedule_plain(
+        &mut self,
+        ids: &[u64],
+        num_new: &[i64],
+        lookahead: usize,
+        new_blocks: &mut Vec<D::Entry>,
+        offsets: &mut Vec<i64>,
+    ) -> Option<usize> {
+        if !self.resolve_batch(ids) {
+            return None;
+        }
+        let slots = std::mem::take(&mut self.batch_slots);
+        let valid = slots.iter().zip(num_new).all(|(&slot, &n)| {
+            let req = self.req(slot);
+            let l = &req.life;
+            // n >= 1 fits usize; `end` saturates as `check_schedule`'s does.
+            #[allow(clippy::cast_sign_loss)]
+            let end = l.num_computed.saturating_add(n as usize);
+            n >= 1
+                && l.status == Status::Running
+                && l.drafts.is_empty()
+                && end <= req.tokens.len() + l.pending
+        });
+        if !valid {
+            self.batch_slots = slots;
+            return None;
+        }
+        // `apply_step` without drafts or reservation, one record borrow per request.
+        let bs = self.design.block_size();
+        let mut done = 0;
+        offsets.push(0);
+        for (&slot, &n) in slots.iter().zip(num_new) {
+            #[allow(clippy::cast_sign_loss)]
+            let n = n as usize;
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+            let held = req.blocks.len();
+            let upto = req.life.num_computed + n;
+            let samples = usize::from(upto == req.tokens.len() + req.life.pending);
+            let slots_end = upto.saturating_add(lookahead);
+            // A decode step usually fits the table it has: no division then.
+            let need = if slots_end <= held * bs { 0 } else { slots_end.div_ceil(bs) - held };
+            if need > self.design.num_available() {
+                break;
+            }
+            if need > 0 {
+                self.design.allocate(need, &mut req.blocks);
+                new_blocks.extend_from_slice(&req.blocks[held..]);
+            }
+            Self::cache_step(&mut self.design, req, upto);
+            req.life.num_computed = upto;
+            req.life.pending += samples;
+            offsets.push(new_blocks.len() as i64);
+            done += 1;
+        }
+        self.batch_slots = slots;
+        Some(done)
     }
 
     /// Commits the ids sampled for request `id`'s step in flight: the
@@ -497,6 +590,30 @@ impl<D: PrefixIndex> PrefixCache<D> {
     where
         D: Reads<T>,
     {
+        if num_rejected.is_none() {
+            if let Ok(ranges) = batch_ranges(ids.len(), tokens.len(), offsets) {
+                if self.commit_plain(ids, tokens, ranges) {
+                    return Ok(());
+                }
+            }
+        }
+        self.commit_batch_checked(ids, tokens, offsets, num_rejected)
+    }
+
+    /// [`PrefixCache::commit_batch`] in full generality: every request
+    /// checked in order (the first error found is the one reported), then
+    /// committed. The fast path ([`PrefixCache::commit_plain`]) answers the
+    /// same wherever it applies (the unit tests compare the two).
+    pub(super) fn commit_batch_checked<T: Token>(
+        &mut self,
+        ids: &[u64],
+        tokens: &[T],
+        offsets: Option<&[i64]>,
+        num_rejected: Option<&[i64]>,
+    ) -> KvResult<()>
+    where
+        D: Reads<T>,
+    {
         let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
         if num_rejected.is_some_and(|r| r.len() != ids.len()) {
             return Err(bad("one num_rejected per request".into()));
@@ -536,6 +653,40 @@ impl<D: PrefixIndex> PrefixCache<D> {
         }
         self.scratch_slots = slots;
         Ok(())
+    }
+
+    /// [`PrefixCache::commit_batch`] without rejections, for requests without
+    /// drafts in flight (the async decode step): slots resolved once per batch
+    /// ([`PrefixCache::resolve_batch`]), one validation pass, one apply pass.
+    /// `false`, with nothing changed, when any request is not that case or
+    /// fails a check (then the caller's checked path decides, exactly).
+    fn commit_plain<T: Token>(&mut self, ids: &[u64], tokens: &[T], ranges: Ranges<'_>) -> bool
+    where
+        D: Reads<T>,
+    {
+        if !self.resolve_batch(ids) {
+            return false;
+        }
+        let slots = std::mem::take(&mut self.batch_slots);
+        let mut touched = 0i64;
+        let valid = slots.iter().enumerate().all(|(i, &slot)| {
+            let req = self.req(slot);
+            let l = &req.life;
+            let (a, b) = ranges.get(i);
+            // Touch the end of the token list the commit will write: these
+            // independent loads overlap here instead of missing one by one below.
+            touched ^= req.tokens.last().map_or(0, |&t| t.into());
+            l.status == Status::Running && l.drafts.is_empty() && b - a <= l.pending
+        });
+        std::hint::black_box(touched);
+        if valid {
+            for (i, &slot) in slots.iter().enumerate() {
+                let (a, b) = ranges.get(i);
+                self.apply_commit(slot, &tokens[a..b], 0);
+            }
+        }
+        self.batch_slots = slots;
+        valid
     }
 
     /// Preempts request `id` (vLLM's `_preempt_request`): its blocks return

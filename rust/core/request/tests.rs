@@ -49,6 +49,26 @@ impl Reads<i64> for PlainPool {
     }
 }
 
+impl Reads<i32> for PlainPool {
+    fn extend_tokens(dst: &mut Vec<i64>, src: &[i32]) {
+        dst.extend(src.iter().map(|&t| i64::from(t)));
+    }
+
+    fn lookup(&mut self, _tokens: &[i32], _spec: &KeySpec) -> KvResult<usize> {
+        Ok(0)
+    }
+
+    fn plan_admit(
+        &mut self,
+        _id: RequestId,
+        tokens: &[i32],
+        _spec: Cow<'_, KeySpec>,
+        _skip_reading: bool,
+    ) -> KvResult<Vec<i64>> {
+        Ok(tokens.iter().map(|&t| i64::from(t)).collect())
+    }
+}
+
 impl PrefixIndex for PlainPool {
     type Tok = i64;
     type Entry = BlockId;
@@ -261,4 +281,168 @@ fn engine_lifecycle_chunks_drafts_placeholders_preemption() {
     c.check_invariants().expect("consistent");
     c.finish(RequestId(1)).expect("runs");
     assert_eq!(c.design().free.len(), 11);
+}
+
+/// A small deterministic generator (xorshift64*) for the batch differential test.
+struct Rng(u64);
+
+impl Rng {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) % n
+    }
+}
+
+/// Every running request (id order) with its counters, tokens, table and
+/// design state, then the design's own fingerprint.
+fn snapshot<D: PrefixIndex>(c: &PrefixCache<D>, design: &dyn Fn(&PrefixCache<D>) -> String) -> String {
+    let mut ids: Vec<_> = c.index.keys().copied().collect();
+    ids.sort_by_key(|id| id.0);
+    let reqs: Vec<String> = ids
+        .iter()
+        .map(|&id| {
+            let r = c.get(id).expect("indexed");
+            format!("{} {:?} {:?} {:?} {:?}", id.0, r.life, r.tokens, r.blocks, r.ext)
+        })
+        .collect();
+    format!("{reqs:?} | {}", design(c))
+}
+
+/// Random lifecycle traffic in which `schedule_batch` / `commit_batch` are
+/// answered both by the public calls (fast path first, the remembered batch
+/// slots reused across calls) and by the fully checked path on a copy: the
+/// same results, the same errors, the same state after every batch call,
+/// while requests are admitted, preempted, finished and re-admitted (into
+/// other slots or the same ones) and batches repeat, reorder, repeat an id
+/// or name an unknown one.
+fn batch_paths_agree<D: PrefixIndex + Reads<i32> + Clone>(
+    mut c: PrefixCache<D>,
+    seed: u64,
+    design: &dyn Fn(&PrefixCache<D>) -> String,
+) -> usize {
+    use super::StepOpts;
+    let mut rng = Rng(seed);
+    let mut batch: Vec<u64> = vec![0, 1, 2];
+    let mut fast_ok = 0;
+    for step in 0..6000 {
+        match rng.below(14) {
+            0 | 1 => {
+                let id = rng.below(6);
+                let len = 1 + rng.below(12) as usize;
+                let k = 1 + rng.below(4) as i32;
+                let p: Vec<i32> = (0..len as i32).map(|t| (t * k) % 5).collect();
+                let chunk = [None, Some(1 + rng.below(8) as usize)][rng.below(2) as usize];
+                let o = StepOpts { chunk, lookahead: rng.below(3) as usize, ..StepOpts::default() };
+                let _ = c.admit_chunk(RequestId(id), &p, KeySpec::default(), false, &o);
+            }
+            2 => {
+                let id = RequestId(rng.below(6));
+                let _ = match rng.below(4) {
+                    0 => c.preempt(id),
+                    1 => c.finish(id),
+                    2 => c.resume(id, &StepOpts::default()).map(|_| ()),
+                    _ => c.free(id),
+                };
+            }
+            3 => {
+                // a single step with drafts, or a commit that accepts / rejects some
+                let id = RequestId(rng.below(6));
+                if rng.below(2) == 0 {
+                    let drafts: Vec<i64> = (0..rng.below(3)).map(|_| rng.below(3) as i64).collect();
+                    let n = 1 + rng.below(4) as usize + drafts.len();
+                    let _ = c.schedule(id, n, &drafts, 0, 0);
+                } else {
+                    let toks: Vec<i32> = (0..rng.below(3)).map(|_| rng.below(3) as i32).collect();
+                    let _ = c.commit_tokens(id, &toks, rng.below(2) as usize);
+                }
+            }
+            4 => {
+                // the batch changes: reordered, an id replaced (maybe repeated or unknown), resized
+                match rng.below(6) {
+                    4 | 5 => {
+                        // the running set, as a scheduler sends it
+                        batch = c.index.keys().map(|id| id.0).collect();
+                        batch.sort_unstable();
+                        batch.retain(|&id| c.life(RequestId(id)).is_ok_and(|l| l.drafts.is_empty()));
+                    }
+                    0 => batch.reverse(),
+                    1 if !batch.is_empty() => {
+                        let i = rng.below(batch.len() as u64) as usize;
+                        batch[i] = rng.below(7);
+                    }
+                    2 => batch.push(rng.below(6)),
+                    _ => {
+                        batch.pop();
+                    }
+                }
+            }
+            op => {
+                let (mut a, mut b) = (c.clone(), c.clone());
+                if op % 2 == 0 {
+                    let n: Vec<i64> = batch
+                        .iter()
+                        .map(|_| if rng.below(8) == 0 { rng.below(5) as i64 - 1 } else { 1 })
+                        .collect();
+                    let n = if rng.below(30) == 0 { n[..n.len().saturating_sub(1)].to_vec() } else { n };
+                    let la = rng.below(3) as usize;
+                    let (mut ba, mut oa, mut bb, mut ob) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+                    let ra = a.schedule_batch(&batch, &n, &[], None, la, &mut ba, &mut oa);
+                    let rb = b.schedule_batch_checked(&batch, &n, &[], None, la, &mut bb, &mut ob);
+                    assert_eq!(ra, rb, "step {step}: schedule_batch({batch:?}, {n:?})");
+                    assert_eq!((&ba, &oa), (&bb, &ob), "step {step}: new blocks");
+                    fast_ok += usize::from(ra.is_ok_and(|d| d > 0));
+                } else {
+                    // one id each, or CSR offsets (0-2 ids each)
+                    let csr = rng.below(3) == 0;
+                    let per: Vec<usize> =
+                        batch.iter().map(|_| if csr { rng.below(3) as usize } else { 1 }).collect();
+                    let toks: Vec<i32> = (0..per.iter().sum()).map(|_| rng.below(3) as i32).collect();
+                    let off: Vec<i64> = std::iter::once(0)
+                        .chain(per.iter().scan(0, |acc, &k| {
+                            *acc += k as i64;
+                            Some(*acc)
+                        }))
+                        .collect();
+                    let off = csr.then_some(&off[..]);
+                    let ra = a.commit_batch(&batch, &toks, off, None);
+                    let rb = b.commit_batch_checked(&batch, &toks, off, None);
+                    assert_eq!(ra, rb, "step {step}: commit_batch({batch:?})");
+                    fast_ok += usize::from(ra.is_ok() && !batch.is_empty());
+                }
+                assert_eq!(snapshot(&a, design), snapshot(&b, design), "step {step}: states differ");
+                a.check_invariants().expect("consistent");
+                c = a;
+            }
+        }
+    }
+    fast_ok
+}
+
+#[test]
+fn batch_fast_paths_answer_as_the_checked_paths() {
+    for seed in 1..=4u64 {
+        let c = PlainPool::cache(24, 2);
+        let ok = batch_paths_agree(c, seed, &|c| format!("{:?}", c.design().free));
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
+        let c = crate::core::hash_chain::HashChainCache::new(
+            20,
+            2,
+            crate::core::hash::HashAlgo::parse("xxh3_128").expect("known"),
+            None,
+            true,
+        )
+        .expect("valid");
+        let ok = batch_paths_agree(c, seed, &|c| {
+            let q: Vec<_> = c.pool().free_queue().collect();
+            let h: Vec<_> = (0..20).map(|b| c.pool().block_hash(BlockId(b))).collect();
+            format!("{q:?} {h:?} {:?}", c.pool().num_cached_hashes())
+        });
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
+        let c = crate::core::radix_cache::RadixPrefixCache::new(20, 2, crate::core::radix::Policy::Lru, true)
+            .expect("valid");
+        let ok = batch_paths_agree(c, seed, &|c| format!("{} {}", c.tree().dump(), c.pool().num_free()));
+        assert!(ok > 40, "seed {seed}: only {ok} batch calls succeeded");
+    }
 }
