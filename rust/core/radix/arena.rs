@@ -9,7 +9,11 @@
 //!   reused 2^32 times);
 //! - `num_nodes` counts live non-root nodes;
 //! - a child is filed in its parent's map under [`child_key`] of its
-//!   namespace and first page; siblings with one key share a [`Kids::Many`].
+//!   namespace and first page; siblings with one key share a [`Kids::Many`];
+//! - a node's `owed_hits` / `owed_tick` are zero unless it is locked
+//!   (`lock_ref > 0`): the hit counts and stamps a request's page-by-page
+//!   extension owes to its path wait there until that lock is released
+//!   (see the recency section of the module header).
 //!
 //! # Costs
 //! Allocating and releasing a node: O(1) (amortised; released nodes keep
@@ -63,6 +67,14 @@ pub(super) struct Node {
     pub(super) priority: i64,
     /// Chained page hashes (only when events are enabled).
     pub(super) hashes: Vec<u64>,
+    /// Inserts still owed to this node and each of its ancestors (root
+    /// excluded): their true `hit_count` adds the `owed_hits` of every node
+    /// of their subtree. Non-zero only while the subtree holds a lock.
+    pub(super) owed_hits: u64,
+    /// A recency stamp still owed to this node and each of its ancestors:
+    /// their true `last_access` is the largest `owed_tick` in their subtree
+    /// when that is larger. Non-zero only while the subtree holds a lock.
+    pub(super) owed_tick: u64,
 }
 
 impl Node {
@@ -84,6 +96,8 @@ impl Node {
             generation,
             live: false,
             hashes: Vec::new(),
+            owed_hits: 0,
+            owed_tick: 0,
         }
     }
 }

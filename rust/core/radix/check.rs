@@ -27,6 +27,7 @@ impl RadixTree {
             root.lock_ref
         );
         ensure_inv!(root.evict_key.is_none(), "root is in the evictable set");
+        ensure_inv!(root.owed_hits == 0 && root.owed_tick == 0, "root owes counts (it keeps none)");
         // Reachability from the root, with parent links and child keys (3).
         let mut seen = vec![false; self.nodes.len()];
         seen[0] = true;
@@ -128,8 +129,15 @@ impl RadixTree {
                 n.key.len()
             );
             ensure_inv!(
-                n.last_access <= self.clock && n.created <= self.clock,
+                n.last_access <= self.clock && n.created <= self.clock && n.owed_tick <= self.clock,
                 "node {i}: time beyond the clock"
+            );
+            // owed counts wait only on locked paths (an unlock settles them)
+            ensure_inv!(
+                n.lock_ref > 0 || (n.owed_hits == 0 && n.owed_tick == 0),
+                "node {i}: unlocked but owes hits {} / stamp {}",
+                n.owed_hits,
+                n.owed_tick
             );
             // 5. sizes
             if n.lock_ref == 0 {

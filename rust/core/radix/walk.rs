@@ -338,7 +338,9 @@ impl RadixTree {
     /// as after `insert` of the whole path + `key` (which would walk to
     /// `node` and add the same leaf), `match_prefix` of it, `lock(leaf)` and
     /// `unlock(node)`, without walking from the root or re-locking the path:
-    /// O(key + depth) cheap writes. Returns `None`, with nothing changed, when `node`
+    /// the path's hit counts and stamps are owed on `node` and settled by the
+    /// unlock that releases the lock (module docs, recency), so the cost is
+    /// O(key), whatever the depth. Returns `None`, with nothing changed, when `node`
     /// holds no own lock, already has a child starting with `key`'s first
     /// page, `key` is empty or misaligned, `ns` is new to the tree, or a
     /// value is in the tree (the caller then takes the general path).
@@ -362,29 +364,24 @@ impl RadixTree {
             return None;
         }
         self.check_values([&[], values, &[]]).ok()?;
-        // insert: one tick; every path node counted, the leaf created at it.
+        // insert: one tick, the leaf created at it; every path node counted
+        // (owed: recorded once on `node`, for it and its ancestors).
         self.clock += 1;
-        let tick = self.clock;
-        let mut cur = node;
-        while cur != NodeId::ROOT {
-            let c = &mut self.nodes[cur.idx()];
-            c.hit_count += 1;
-            cur = c.parent;
-        }
+        let leaf = self.add_leaf(node, ns, key, values, 0, self.clock, true);
         // lock(leaf) + unlock(node): only the leaf's count changes (the leaf
         // is created locked, so it never enters the evictable set).
-        let leaf = self.add_leaf(node, ns, key, values, 0, tick, true);
-        if !root {
-            self.nodes[node.idx()].own_locks -= 1;
-        }
-        // The caller's match of the new path: a second tick on root, path and leaf.
+        // The caller's match of the new path: a second tick on root, path
+        // and leaf (the path's stamp owed on `node` as well). Every node of
+        // the path stays locked (through the leaf) until an unlock settles it.
         self.clock += 1;
         let tick = self.clock;
         self.nodes[0].last_access = tick;
-        let mut cur = leaf;
-        while cur != NodeId::ROOT {
-            self.stamp(cur, tick);
-            cur = self.nodes[cur.idx()].parent;
+        self.nodes[leaf.idx()].last_access = tick;
+        if !root {
+            let n = &mut self.nodes[node.idx()];
+            n.own_locks -= 1;
+            n.owed_hits += 1;
+            n.owed_tick = tick;
         }
         Some(leaf)
     }
