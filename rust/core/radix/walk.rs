@@ -17,6 +17,8 @@
 //! plus O(hit pages) to copy values; a split moves O(edge) tokens.
 //! `insert`: the walk, O(prefix pages) to find duplicates and O(new pages).
 
+use std::collections::hash_map::Entry;
+
 use super::arena::{child_key, child_key_of, Kids};
 use super::values::same_values;
 use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
@@ -325,7 +327,8 @@ impl RadixTree {
             self.rekey(node);
         }
         if prefix < tokens.len() {
-            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            let key = &tokens[prefix..];
+            self.add_leaf(node, ns, child_key(ns, &key[..ps]), key, &values[pp..], priority, tick, false);
         }
         Ok(prefix)
     }
@@ -359,15 +362,18 @@ impl RadixTree {
             || key.is_empty()
             || !key.len().is_multiple_of(ps)
             || values.len() != key.len() / ps
-            || n.children.contains_key(&child_key(ns, &key[..ps]))
         {
+            return None;
+        }
+        let ck = child_key(ns, &key[..ps]);
+        if n.children.contains_key(&ck) {
             return None;
         }
         self.check_values([&[], values, &[]]).ok()?;
         // insert: one tick, the leaf created at it; every path node counted
         // (owed: recorded once on `node`, for it and its ancestors).
         self.clock += 1;
-        let leaf = self.add_leaf(node, ns, key, values, 0, self.clock, true);
+        let leaf = self.add_leaf(node, ns, ck, key, values, 0, self.clock, true);
         // lock(leaf) + unlock(node): only the leaf's count changes (the leaf
         // is created locked, so it never enters the evictable set).
         // The caller's match of the new path: a second tick on root, path
@@ -387,12 +393,14 @@ impl RadixTree {
     }
 
     /// Adds a leaf under `parent` holding `key` / `value` (validated by the
-    /// caller), unlocked, or with one own lock when `locked`. Returns it.
+    /// caller; `ck` is [`child_key`] of `ns` and the key's first page),
+    /// unlocked, or with one own lock when `locked`. Returns it.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_leaf(
         &mut self,
         parent: NodeId,
         ns: Ns,
+        ck: u64,
         key: &[i32],
         value: &[PageId],
         priority: i64,
@@ -414,17 +422,18 @@ impl RadixTree {
         n.last_access = tick;
         n.own_locks = u32::from(locked);
         n.lock_ref = u32::from(locked);
-        let k = child_key(ns, &key[..self.page_size]);
-        let kids = &mut self.nodes[parent.idx()].children;
-        match kids.get_mut(&k) {
-            None => {
-                kids.insert(k, Kids::One(leaf));
+        debug_assert_eq!(ck, child_key(ns, &key[..self.page_size]));
+        match self.nodes[parent.idx()].children.entry(ck) {
+            Entry::Vacant(e) => {
+                e.insert(Kids::One(leaf));
             }
-            Some(Kids::One(x)) => {
-                let x = *x;
-                kids.insert(k, Kids::Many(vec![x, leaf]));
-            }
-            Some(Kids::Many(v)) => v.push(leaf),
+            Entry::Occupied(mut e) => match e.get_mut() {
+                Kids::One(x) => {
+                    let x = *x;
+                    e.insert(Kids::Many(vec![x, leaf]));
+                }
+                Kids::Many(v) => v.push(leaf),
+            },
         }
         if parent == NodeId::ROOT {
             self.ns.add_root_child(ns);
