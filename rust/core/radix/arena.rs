@@ -10,6 +10,8 @@
 //! - `num_nodes` counts live non-root nodes;
 //! - a child is filed in its parent's map under [`child_key`] of its
 //!   namespace and first page; siblings with one key share a [`Kids::Many`];
+//!   except that a non-root node's first child is held in `only` (the map
+//!   empty) until a second one arrives (both then go to the map);
 //! - a node's `owed_hits` / `owed_tick` are zero unless it is locked
 //!   (`lock_ref > 0`): the hit counts and stamps a request's page-by-page
 //!   extension owes to its path wait there until that lock is released
@@ -67,6 +69,11 @@ pub(super) struct Node {
     pub(super) priority: i64,
     /// Chained page hashes (only when events are enabled).
     pub(super) hashes: Vec<u64>,
+    /// The node's child while it is its only one, kept out of `children`
+    /// (then empty): no map allocation or page hash for the one-child nodes
+    /// a split or a request's page-by-page growth makes. `NodeId::ROOT` when
+    /// unused; never used by the root (whose children differ in namespace).
+    pub(super) only: NodeId,
     /// Inserts still owed to this node and each of its ancestors (root
     /// excluded): their true `hit_count` adds the `owed_hits` of every node
     /// of their subtree. Non-zero only while the subtree holds a lock.
@@ -98,7 +105,14 @@ impl Node {
             hashes: Vec::new(),
             owed_hits: 0,
             owed_tick: 0,
+            only: NodeId::ROOT,
         }
+    }
+
+    /// Whether the node has a child (in `only` or in `children`). O(1).
+    #[inline]
+    pub(super) fn has_children(&self) -> bool {
+        self.only != NodeId::ROOT || !self.children.is_empty()
     }
 }
 
@@ -212,7 +226,11 @@ impl RadixTree {
 
     pub(super) fn children_of(&self, id: NodeId) -> Vec<NodeId> {
         let mut out = Vec::new();
-        for k in self.nodes[id.idx()].children.values() {
+        let n = &self.nodes[id.idx()];
+        if n.only != NodeId::ROOT {
+            out.push(n.only);
+        }
+        for k in n.children.values() {
             match k {
                 Kids::One(c) => out.push(*c),
                 Kids::Many(v) => out.extend_from_slice(v),

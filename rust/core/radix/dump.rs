@@ -65,7 +65,7 @@ impl RadixTree {
     pub fn sequences(&self) -> Vec<(Option<String>, Vec<i32>)> {
         let mut out = Vec::new();
         for (i, n) in self.nodes.iter().enumerate().skip(1) {
-            if n.live && n.children.is_empty() {
+            if n.live && !n.has_children() {
                 let mut toks = Vec::new();
                 #[allow(clippy::cast_possible_truncation)]
                 let mut cur = NodeId(i as u32);

@@ -120,7 +120,7 @@ impl RadixTree {
     /// non-root node, and takes it out otherwise. O(log L).
     pub(super) fn update_leaf_status(&mut self, id: NodeId) {
         let n = &self.nodes[id.idx()];
-        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && n.children.is_empty();
+        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && !n.has_children();
         match (want, n.evict_key) {
             (true, None) => {
                 let k = self.policy.key(n);
@@ -172,6 +172,9 @@ impl RadixTree {
             let m = &self.nodes[x.idx()];
             hits += m.owed_hits;
             last = last.max(m.owed_tick);
+            if m.only != NodeId::ROOT {
+                stack.push(m.only);
+            }
             for k in m.children.values() {
                 match k {
                     Kids::One(c) => stack.push(*c),
@@ -222,25 +225,29 @@ impl RadixTree {
                 ev.push(KvEvent::BlockRemoved { block_hashes: node.hashes });
             }
             let parent = node.parent;
-            let ck = child_key(node.ns, &node.key[..self.page_size]);
-            let kids = &mut self.nodes[parent.idx()].children;
-            let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
-                Kids::One(c) => {
-                    assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
-                    true
-                }
-                Kids::Many(v) => {
-                    let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
-                    v.remove(pos);
-                    if v.len() == 1 {
-                        let last = v[0];
-                        kids.insert(ck, Kids::One(last));
+            if self.nodes[parent.idx()].only == x {
+                self.nodes[parent.idx()].only = NodeId::ROOT;
+            } else {
+                let ck = child_key(node.ns, &node.key[..self.page_size]);
+                let kids = &mut self.nodes[parent.idx()].children;
+                let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
+                    Kids::One(c) => {
+                        assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
+                        true
                     }
-                    false
+                    Kids::Many(v) => {
+                        let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
+                        v.remove(pos);
+                        if v.len() == 1 {
+                            let last = v[0];
+                            kids.insert(ck, Kids::One(last));
+                        }
+                        false
+                    }
+                };
+                if remove_entry {
+                    kids.remove(&ck);
                 }
-            };
-            if remove_entry {
-                kids.remove(&ck);
             }
             if parent == NodeId::ROOT {
                 self.ns.remove_root_child(node.ns);
