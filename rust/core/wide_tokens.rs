@@ -10,9 +10,9 @@
 //! portable [`scalar`] reference. Every implementation returns the
 //! reference's answer for every input (property tests below run each level
 //! the CPU supports against it). AVX-512 (sign extension of 8 ids per
-//! instruction, or a two-source permute of the low halves) measured no
-//! faster than AVX2 on a Zen 4 machine, whose 512-bit unit is double-pumped,
-//! so it is not used.
+//! instruction, a two-source permute of the low halves, or a truncation of
+//! 8 ids with a separate range check) measured no faster than AVX2 on a
+//! Zen 4 machine, whose 512-bit unit is double-pumped, so it is not used.
 //!
 //! # Contract
 //! - [`common_prefix`]`(a, b)`: the largest `i <= min(len)` with
@@ -33,7 +33,7 @@
 //! # Costs
 //! O(tokens compared) / O(ids checked), one pass, no allocation. On the
 //! Zen 4 development machine, 3,280 tokens: int32 memcmp ~0.12 µs, AVX2
-//! compare ~0.55 µs (bound by the sign extensions), scalar ~1.6 µs; range
+//! compare ~0.35-0.55 µs (bound by the sign extensions), scalar ~1.6 µs; range
 //! check ~0.19 µs (AVX2) / ~0.9 µs (scalar).
 //!
 //! With [`crate::core::pages`], the core's only `unsafe`: x86 intrinsics
