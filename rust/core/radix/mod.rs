@@ -107,9 +107,10 @@
 //! `match_prefix`: O(n) token compares (galloping memcmp), O(d) hash lookups
 //! plus O(hit pages) to copy values; a split moves O(edge) tokens.
 //! `insert`: the same walk, O(new pages) and O(prefix pages) to find
-//! duplicates. `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed
-//! node plus O(its pages). Memory: 4 bytes per token, 4 per page, ~200 bytes
-//! per node, and a bitmap of one bit per value up to the largest value ever
+//! duplicates. `extend_locked`: O(new tokens), whatever the depth.
+//! `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed
+//! node plus O(its pages). Memory: 4 bytes per token, 4 per page, 256 bytes
+//! per node (arena slot), and a bitmap of one bit per value up to the largest value ever
 //! stored (256 MiB at most for int32 slots; a refused insert does not grow it).
 
 mod arena;
