@@ -216,13 +216,19 @@ impl RadixIndex {
 
     /// Inserts a running request's full pages (of its first `upto` tokens)
     /// now; see [`RadixPrefixCache::checkpoint`].
+    #[inline]
     fn checkpoint(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        // Most steps complete no page: no call, no division then.
+        if upto.min(req.tokens.len()) >= req.ext.cached + self.page_size {
+            self.checkpoint_pages(req, upto);
+        }
+    }
+
+    /// [`RadixIndex::checkpoint`] once a page may have filled.
+    #[inline(never)]
+    fn checkpoint_pages(&mut self, req: &mut RecordOf<Self>, upto: usize) {
         let ps = self.page_size;
         let cached = req.ext.cached;
-        // Most steps complete no page: no division then.
-        if upto.min(req.tokens.len()) < cached + ps {
-            return;
-        }
         let n = (upto.min(req.tokens.len()) / ps).min(req.blocks.len()) * ps;
         if n <= cached {
             return;

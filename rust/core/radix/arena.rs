@@ -9,12 +9,18 @@
 //!   reused 2^32 times);
 //! - `num_nodes` counts live non-root nodes;
 //! - a child is filed in its parent's map under [`child_key`] of its
-//!   namespace and first page; siblings with one key share a [`Kids::Many`].
+//!   namespace and first page; siblings with one key share a [`Kids::Many`];
+//!   except that a non-root node's first child is held in `only` (the map
+//!   empty) until a second one arrives (both then go to the map);
+//! - a node's `owed_hits` / `owed_tick` are zero unless it is locked
+//!   (`lock_ref > 0`): the hit counts and stamps a request's page-by-page
+//!   extension owes to its path wait there until that lock is released
+//!   (see the recency section of the module header).
 //!
 //! # Costs
 //! Allocating and releasing a node: O(1) (amortised; released nodes keep
 //! no heap memory). Resolving a handle: O(1). Memory: one 64-byte-aligned
-//! [`Node`] (~200 bytes) per live or free slot.
+//! [`Node`] (256 bytes, four cache lines) per live or free slot.
 
 use std::hash::Hasher as _;
 
@@ -63,7 +69,23 @@ pub(super) struct Node {
     pub(super) priority: i64,
     /// Chained page hashes (only when events are enabled).
     pub(super) hashes: Vec<u64>,
+    /// The node's child while it is its only one, kept out of `children`
+    /// (then empty): no map allocation or page hash for the one-child nodes
+    /// a split or a request's page-by-page growth makes. `NodeId::ROOT` when
+    /// unused; never used by the root (whose children differ in namespace).
+    pub(super) only: NodeId,
+    /// Inserts still owed to this node and each of its ancestors (root
+    /// excluded): their true `hit_count` adds the `owed_hits` of every node
+    /// of their subtree. Non-zero only while the subtree holds a lock.
+    pub(super) owed_hits: u64,
+    /// A recency stamp still owed to this node and each of its ancestors:
+    /// their true `last_access` is the largest `owed_tick` in their subtree
+    /// when that is larger. Non-zero only while the subtree holds a lock.
+    pub(super) owed_tick: u64,
 }
+
+// Four cache lines: a walk reads the first, a match's output and locks the second.
+const _: () = assert!(std::mem::size_of::<Node>() == 256);
 
 impl Node {
     pub(super) fn empty(generation: u32) -> Self {
@@ -84,7 +106,16 @@ impl Node {
             generation,
             live: false,
             hashes: Vec::new(),
+            owed_hits: 0,
+            owed_tick: 0,
+            only: NodeId::ROOT,
         }
+    }
+
+    /// Whether the node has a child (in `only` or in `children`). O(1).
+    #[inline]
+    pub(super) fn has_children(&self) -> bool {
+        self.only != NodeId::ROOT || !self.children.is_empty()
     }
 }
 
@@ -198,7 +229,11 @@ impl RadixTree {
 
     pub(super) fn children_of(&self, id: NodeId) -> Vec<NodeId> {
         let mut out = Vec::new();
-        for k in self.nodes[id.idx()].children.values() {
+        let n = &self.nodes[id.idx()];
+        if n.only != NodeId::ROOT {
+            out.push(n.only);
+        }
+        for k in n.children.values() {
             match k {
                 Kids::One(c) => out.push(*c),
                 Kids::Many(v) => out.extend_from_slice(v),

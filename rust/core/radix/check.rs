@@ -27,6 +27,7 @@ impl RadixTree {
             root.lock_ref
         );
         ensure_inv!(root.evict_key.is_none(), "root is in the evictable set");
+        ensure_inv!(root.owed_hits == 0 && root.owed_tick == 0, "root owes counts (it keeps none)");
         // Reachability from the root, with parent links and child keys (3).
         let mut seen = vec![false; self.nodes.len()];
         seen[0] = true;
@@ -36,7 +37,19 @@ impl RadixTree {
         while let Some(id) = stack.pop() {
             let n = &self.nodes[id.idx()];
             let mut child_locks = 0u32;
-            for (&k, kids) in &n.children {
+            // An only child: as if filed under its own key (checked below).
+            let only = if n.only == NodeId::ROOT {
+                None
+            } else {
+                ensure_inv!(id != NodeId::ROOT, "the root holds an only child");
+                ensure_inv!(n.children.is_empty(), "node {}: an only child and a child map", id.0);
+                ensure_inv!(n.only.idx() < self.nodes.len(), "node {}: only child out of the arena", id.0);
+                let cn = &self.nodes[n.only.idx()];
+                ensure_inv!(cn.key.len() >= ps, "node {}: only child with a short key", id.0);
+                Some((child_key(cn.ns, &cn.key[..ps]), Kids::One(n.only)))
+            };
+            for (k, kids) in n.children.iter().map(|(&k, v)| (k, v)).chain(only.iter().map(|(k, v)| (*k, v)))
+            {
                 let list: &[NodeId] = match kids {
                     Kids::One(c) => std::slice::from_ref(c),
                     Kids::Many(v) => {
@@ -128,8 +141,15 @@ impl RadixTree {
                 n.key.len()
             );
             ensure_inv!(
-                n.last_access <= self.clock && n.created <= self.clock,
+                n.last_access <= self.clock && n.created <= self.clock && n.owed_tick <= self.clock,
                 "node {i}: time beyond the clock"
+            );
+            // owed counts wait only on locked paths (an unlock settles them)
+            ensure_inv!(
+                n.lock_ref > 0 || (n.owed_hits == 0 && n.owed_tick == 0),
+                "node {i}: unlocked but owes hits {} / stamp {}",
+                n.owed_hits,
+                n.owed_tick
             );
             // 5. sizes
             if n.lock_ref == 0 {
@@ -138,7 +158,7 @@ impl RadixTree {
                 protected += n.key.len();
             }
             // 6. evictable set membership and keys
-            let want = n.lock_ref == 0 && n.children.is_empty();
+            let want = n.lock_ref == 0 && !n.has_children();
             ensure_inv!(
                 want == n.evict_key.is_some(),
                 "node {i}: evictable={} but in set={}",

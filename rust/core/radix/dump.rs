@@ -2,7 +2,7 @@
 //! sequences. Read-only; for tests, debugging and the Python `dump()`.
 //!
 //! # Costs
-//! `dump`: O(nodes log nodes). `sequences`: O(total tokens × depth).
+//! `dump`: O(nodes log nodes + owing nodes × depth). `sequences`: O(total tokens × depth).
 
 use std::fmt::Write as _;
 
@@ -10,7 +10,9 @@ use super::{NodeId, RadixTree};
 
 impl RadixTree {
     /// A human-readable dump: one line per node, depth-first, children in
-    /// `(namespace, first token, id)` order. O(nodes log nodes).
+    /// `(namespace, first token, id)` order; hit counts and stamps include
+    /// what extensions still owe (module docs, recency).
+    /// O(nodes log nodes + owing nodes × depth).
     #[must_use]
     pub fn dump(&self) -> String {
         let mut s = format!(
@@ -23,6 +25,8 @@ impl RadixTree {
             self.protected_size,
             self.clock
         );
+        // Hit counts and stamps as the per-node walk would have left them.
+        let settled = self.settled_all();
         let mut stack = vec![(NodeId::ROOT, 0usize)];
         while let Some((id, depth)) = stack.pop() {
             let n = &self.nodes[id.idx()];
@@ -41,9 +45,9 @@ impl RadixTree {
                     head.join(" "),
                     n.lock_ref,
                     n.own_locks,
-                    n.last_access,
+                    settled[id.idx()].1,
                     n.created,
-                    n.hit_count,
+                    settled[id.idx()].0,
                     n.priority,
                     indent = 2 * depth
                 );
@@ -61,7 +65,7 @@ impl RadixTree {
     pub fn sequences(&self) -> Vec<(Option<String>, Vec<i32>)> {
         let mut out = Vec::new();
         for (i, n) in self.nodes.iter().enumerate().skip(1) {
-            if n.live && n.children.is_empty() {
+            if n.live && !n.has_children() {
                 let mut toks = Vec::new();
                 #[allow(clippy::cast_possible_truncation)]
                 let mut cur = NodeId(i as u32);

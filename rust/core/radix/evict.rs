@@ -93,16 +93,23 @@ impl Policy {
         }
     }
 
+    /// The key of a node whose stored counts are its true ones (an unlocked
+    /// node owes nothing: see the recency section of the module header).
     fn key(self, n: &Node) -> EvictKey {
+        self.key_with(n, n.hit_count, n.last_access)
+    }
+
+    /// The key of `n` with hit count `hits` and last access `last`.
+    fn key_with(self, n: &Node, hits: u64, last: u64) -> EvictKey {
         let (a, b) = match self {
-            Policy::Lru => (n.last_access, 0),
-            Policy::Lfu => (n.hit_count, n.last_access),
+            Policy::Lru => (last, 0),
+            Policy::Lfu => (hits, last),
             Policy::Fifo => (n.created, 0),
-            Policy::Mru => (u64::MAX - n.last_access, 0),
+            Policy::Mru => (u64::MAX - last, 0),
             Policy::Filo => (u64::MAX - n.created, 0),
             #[allow(clippy::cast_sign_loss)]
-            Policy::Priority => ((n.priority as u64) ^ (1 << 63), n.last_access),
-            Policy::Slru { threshold } => (u64::from(n.hit_count >= threshold), n.last_access),
+            Policy::Priority => ((n.priority as u64) ^ (1 << 63), last),
+            Policy::Slru { threshold } => (u64::from(hits >= threshold), last),
         };
         (a, b, n.seq)
     }
@@ -113,7 +120,7 @@ impl RadixTree {
     /// non-root node, and takes it out otherwise. O(log L).
     pub(super) fn update_leaf_status(&mut self, id: NodeId) {
         let n = &self.nodes[id.idx()];
-        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && n.children.is_empty();
+        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && !n.has_children();
         match (want, n.evict_key) {
             (true, None) => {
                 let k = self.policy.key(n);
@@ -141,10 +148,61 @@ impl RadixTree {
         }
     }
 
-    /// The policy key of a live node. O(1).
+    /// The policy key of a live node (its hit count and recency including
+    /// what extensions below still owe it). O(1) for an unlocked node,
+    /// O(subtree) for a locked one.
     #[must_use]
     pub fn evict_key(&self, id: NodeId) -> EvictKey {
-        self.policy.key(&self.nodes[id.idx()])
+        let (hits, last) = self.settled(id);
+        self.policy.key_with(&self.nodes[id.idx()], hits, last)
+    }
+
+    /// `(hit_count, last_access)` of a live node as the per-node walk would
+    /// have left them: the stored ones plus what extensions in its subtree
+    /// still owe (nothing when it is unlocked or the root). O(1) for an
+    /// unlocked node, O(subtree) for a locked one.
+    pub(super) fn settled(&self, id: NodeId) -> (u64, u64) {
+        let n = &self.nodes[id.idx()];
+        let (mut hits, mut last) = (n.hit_count, n.last_access);
+        if id == NodeId::ROOT || n.lock_ref == 0 {
+            return (hits, last);
+        }
+        let mut stack = vec![id];
+        while let Some(x) = stack.pop() {
+            let m = &self.nodes[x.idx()];
+            hits += m.owed_hits;
+            last = last.max(m.owed_tick);
+            if m.only != NodeId::ROOT {
+                stack.push(m.only);
+            }
+            for k in m.children.values() {
+                match k {
+                    Kids::One(c) => stack.push(*c),
+                    Kids::Many(v) => stack.extend_from_slice(v),
+                }
+            }
+        }
+        (hits, last)
+    }
+
+    /// [`Self::settled`] of every arena slot (free and root slots: their
+    /// stored values). O(arena + owing nodes × depth).
+    pub(super) fn settled_all(&self) -> Vec<(u64, u64)> {
+        let mut out: Vec<(u64, u64)> = self.nodes.iter().map(|n| (n.hit_count, n.last_access)).collect();
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            if !n.live || (n.owed_hits == 0 && n.owed_tick == 0) {
+                continue;
+            }
+            #[allow(clippy::cast_possible_truncation)]
+            let mut cur = NodeId(i as u32);
+            while cur != NodeId::ROOT {
+                let o = &mut out[cur.idx()];
+                o.0 += n.owed_hits;
+                o.1 = o.1.max(n.owed_tick);
+                cur = self.nodes[cur.idx()].parent;
+            }
+        }
+        out
     }
 
     /// Evicts whole unlocked leaves, lowest key first, until at least
@@ -167,25 +225,29 @@ impl RadixTree {
                 ev.push(KvEvent::BlockRemoved { block_hashes: node.hashes });
             }
             let parent = node.parent;
-            let ck = child_key(node.ns, &node.key[..self.page_size]);
-            let kids = &mut self.nodes[parent.idx()].children;
-            let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
-                Kids::One(c) => {
-                    assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
-                    true
-                }
-                Kids::Many(v) => {
-                    let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
-                    v.remove(pos);
-                    if v.len() == 1 {
-                        let last = v[0];
-                        kids.insert(ck, Kids::One(last));
+            if self.nodes[parent.idx()].only == x {
+                self.nodes[parent.idx()].only = NodeId::ROOT;
+            } else {
+                let ck = child_key(node.ns, &node.key[..self.page_size]);
+                let kids = &mut self.nodes[parent.idx()].children;
+                let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
+                    Kids::One(c) => {
+                        assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
+                        true
                     }
-                    false
+                    Kids::Many(v) => {
+                        let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
+                        v.remove(pos);
+                        if v.len() == 1 {
+                            let last = v[0];
+                            kids.insert(ck, Kids::One(last));
+                        }
+                        false
+                    }
+                };
+                if remove_entry {
+                    kids.remove(&ck);
                 }
-            };
-            if remove_entry {
-                kids.remove(&ck);
             }
             if parent == NodeId::ROOT {
                 self.ns.remove_root_child(node.ns);

@@ -66,6 +66,20 @@
 //! deterministic. Both halves of a split get the tick; the new upper half is
 //! "created" then (under FIFO/FILO a split parent looks new, as in SGLang).
 //!
+//! Owed counts: [`RadixTree::extend_locked`] (a running request's pages
+//! entering the tree one leaf at a time below its own lock) would count an
+//! insert on, and stamp, every node of a path that grows one node per page.
+//! It records both once instead, on the extended node (`owed_hits` +1,
+//! `owed_tick` = the tick), owed to that node and its ancestors. Those nodes
+//! are all locked (the lock moved down to the new leaf), so no eviction key
+//! reads them; [`RadixTree::unlock`] settles the owed counts of its walk
+//! (adding each node's subtree sum on the way up, taking the largest stamp)
+//! before any of those nodes can become evictable, and the readers of a
+//! locked node's counts ([`RadixTree::dump`], [`RadixTree::evict_key`])
+//! add what is still owed. So every observable count and stamp is the one
+//! the per-node walk would have written; a split copies the stored count,
+//! and the owed part below still reaches both halves.
+//!
 //! # Who frees what
 //! The tree owns the values of its nodes. [`RadixTree::insert`] returns the
 //! length of the prefix that was already present; the caller's values for
@@ -93,9 +107,10 @@
 //! `match_prefix`: O(n) token compares (galloping memcmp), O(d) hash lookups
 //! plus O(hit pages) to copy values; a split moves O(edge) tokens.
 //! `insert`: the same walk, O(new pages) and O(prefix pages) to find
-//! duplicates. `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed
-//! node plus O(its pages). Memory: 4 bytes per token, 4 per page, ~200 bytes
-//! per node, and a bitmap of one bit per value up to the largest value ever
+//! duplicates. `extend_locked`: O(new tokens), whatever the depth.
+//! `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed
+//! node plus O(its pages). Memory: 4 bytes per token, 4 per page, 256 bytes
+//! per node (arena slot), and a bitmap of one bit per value up to the largest value ever
 //! stored (256 MiB at most for int32 slots; a refused insert does not grow it).
 
 mod arena;
@@ -370,7 +385,9 @@ impl RadixTree {
     }
 
     /// Releases a lock taken on `id` by [`RadixTree::lock`]; the reverse
-    /// walk. Unlocking the root is a no-op. O(depth + log L).
+    /// walk, which also settles the hit counts and stamps extensions owe to
+    /// the path (module docs, recency). Unlocking the root is a no-op.
+    /// O(depth + log L).
     ///
     /// # Errors
     /// `Lock` if `id` holds no lock of its own (a double unlock, or a node
@@ -390,9 +407,17 @@ impl RadixTree {
             ));
         }
         n.own_locks -= 1;
+        // Settle what extensions below owe to this path (before any of its
+        // nodes can become evictable): each node gets the owed hits of its
+        // walked subtree part and the latest owed stamp.
+        let (mut hits, mut tick) = (0, 0);
         let mut cur = id;
         while cur != NodeId::ROOT {
             let n = &mut self.nodes[cur.idx()];
+            hits += std::mem::take(&mut n.owed_hits);
+            tick = tick.max(std::mem::take(&mut n.owed_tick));
+            n.hit_count += hits;
+            n.last_access = n.last_access.max(tick);
             n.lock_ref = n.lock_ref.checked_sub(1).expect("lock_ref >= own locks along the path");
             if n.lock_ref == 0 {
                 self.evictable_size += n.key.len();

@@ -896,3 +896,174 @@ fn extend_locked_at_the_root_is_insert_match_lock() {
         a.check_invariants().expect("consistent");
     }
 }
+
+/// Requests growing their paths page by page through `extend_locked` (the
+/// path's counts and stamps owed, settled at unlock) leave every observable
+/// as the general path does (insert the whole path, match it, lock the new
+/// node, unlock the old one), under every policy, with other requests
+/// matching into (and splitting) those paths, locking and unlocking them,
+/// finishing, branching off and evicting in between: the dump (stamps, hit
+/// counts), each live node's eviction key, the evicted values in order, the
+/// events and the invariants.
+#[test]
+fn extend_locked_chains_match_the_general_path_under_every_policy() {
+    struct Req {
+        toks: Vec<i32>,
+        node: NodeId,
+    }
+    let policies = [
+        Policy::Lru,
+        Policy::Lfu,
+        Policy::Fifo,
+        Policy::Mru,
+        Policy::Filo,
+        Policy::Priority,
+        Policy::Slru { threshold: 2 },
+        Policy::Slru { threshold: 5 },
+    ];
+    let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+    let mut rnd = |n: usize| {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        usize::try_from(seed % n as u64).expect("small")
+    };
+    for ps in [1usize, 4] {
+        for policy in policies {
+            let mut a = RadixTree::new(ps, policy, true).expect("valid");
+            let mut b = a.clone();
+            let mut next_tok = 1000i32;
+            let mut next_page = 1u32;
+            let mut reqs: Vec<Req> = Vec::new();
+            let mut readers: Vec<NodeId> = Vec::new();
+            for step in 0..400 {
+                match rnd(10) {
+                    // a new request: hits a prefix of a running one (or nothing)
+                    0 | 1 if reqs.len() < 6 => {
+                        let toks = match reqs.len() {
+                            0 => Vec::new(),
+                            n => {
+                                let t = &reqs[rnd(n)].toks;
+                                t[..rnd(t.len() / ps + 1) * ps].to_vec()
+                            }
+                        };
+                        let ma = a.match_prefix(&toks, None, &mut Vec::new());
+                        let mb = b.match_prefix(&toks, None, &mut Vec::new());
+                        assert_eq!(ma, mb);
+                        a.lock(ma.node);
+                        b.lock(mb.node);
+                        reqs.push(Req { toks: toks[..ma.len].to_vec(), node: ma.node });
+                    }
+                    // a request's next pages enter the tree
+                    2..=5 if !reqs.is_empty() => {
+                        let i = rnd(reqs.len());
+                        let pages = 1 + rnd(3) * rnd(2);
+                        let r = &mut reqs[i];
+                        let key: Vec<i32> = (0..pages * ps)
+                            .map(|_| {
+                                next_tok += 1;
+                                next_tok
+                            })
+                            .collect();
+                        let vals: Vec<PageId> = (0..pages)
+                            .map(|_| {
+                                next_page += 1;
+                                PageId(next_page)
+                            })
+                            .collect();
+                        let leaf = a.extend_locked(r.node, None, &key, &vals).expect("fast path applies");
+                        r.toks.extend_from_slice(&key);
+                        b.insert(&r.toks, &b.path_values_of(r.node, &vals), None, 0, &[], &mut Vec::new())
+                            .expect("general path");
+                        let m = b.match_prefix(&r.toks, None, &mut Vec::new());
+                        assert_eq!(m.node, leaf);
+                        b.lock(m.node);
+                        b.unlock(r.node).expect("held");
+                        r.node = leaf;
+                    }
+                    // a reader matches into a running path (splitting it), locks it
+                    6 if !reqs.is_empty() => {
+                        let t = reqs[rnd(reqs.len())].toks.clone();
+                        let q = &t[..rnd(t.len() / ps + 1) * ps];
+                        let ma = a.match_prefix(q, None, &mut Vec::new());
+                        assert_eq!(ma, b.match_prefix(q, None, &mut Vec::new()));
+                        a.lock(ma.node);
+                        b.lock(ma.node);
+                        readers.push(ma.node);
+                    }
+                    // a request or a reader finishes
+                    7 => {
+                        let node = if rnd(2) == 0 && !reqs.is_empty() {
+                            let i = rnd(reqs.len());
+                            reqs.swap_remove(i).node
+                        } else if !readers.is_empty() {
+                            let i = rnd(readers.len());
+                            readers.swap_remove(i)
+                        } else {
+                            continue;
+                        };
+                        a.unlock(node).expect("held");
+                        b.unlock(node).expect("held");
+                    }
+                    // a branch off a running path (the general insert)
+                    8 if !reqs.is_empty() => {
+                        let t = &reqs[rnd(reqs.len())].toks;
+                        let mut q = t[..rnd(t.len() / ps + 1) * ps].to_vec();
+                        q.extend(std::iter::repeat_n(-1 - step, ps));
+                        let vals: Vec<PageId> = (0..q.len() / ps)
+                            .map(|_| {
+                                next_page += 1;
+                                PageId(next_page)
+                            })
+                            .collect();
+                        let (mut da, mut db) = (Vec::new(), Vec::new());
+                        let pa = a.insert(&q, &vals, None, 0, &[], &mut da).expect("insert");
+                        assert_eq!(pa, b.insert(&q, &vals, None, 0, &[], &mut db).expect("insert"));
+                        assert_eq!(da, db);
+                    }
+                    _ => {
+                        let n = rnd(6) * ps;
+                        let (mut fa, mut fb) = (Vec::new(), Vec::new());
+                        assert_eq!(a.evict(n, &mut fa), b.evict(n, &mut fb));
+                        assert_eq!(fa, fb, "eviction order");
+                    }
+                }
+                assert_eq!(a.dump(), b.dump(), "step {step} ({policy:?}, page {ps})");
+                for i in 1..a.nodes.len() {
+                    if a.nodes[i].live {
+                        let id = NodeId(u32::try_from(i).expect("small"));
+                        assert_eq!(a.evict_key(id), b.evict_key(id), "node {i} at step {step}");
+                    }
+                }
+                assert_eq!(a.take_events(), b.take_events());
+                a.check_invariants().expect("consistent");
+                b.check_invariants().expect("consistent");
+            }
+            // everything released: nothing owed, the same full eviction order
+            for r in reqs {
+                a.unlock(r.node).expect("held");
+                b.unlock(r.node).expect("held");
+            }
+            for n in readers {
+                a.unlock(n).expect("held");
+                b.unlock(n).expect("held");
+            }
+            assert!(a.nodes.iter().all(|n| n.owed_hits == 0 && n.owed_tick == 0));
+            assert_eq!(a.dump(), b.dump());
+            let (mut fa, mut fb) = (Vec::new(), Vec::new());
+            a.evict(usize::MAX, &mut fa);
+            b.evict(usize::MAX, &mut fb);
+            assert_eq!(fa, fb, "full eviction order");
+        }
+    }
+}
+
+impl RadixTree {
+    /// Tests: the values of the path root..=`id`, then `more`.
+    fn path_values_of(&self, id: NodeId, more: &[PageId]) -> Vec<PageId> {
+        let mut out = Vec::new();
+        self.path_values(id, &mut out);
+        out.extend_from_slice(more);
+        out
+    }
+}

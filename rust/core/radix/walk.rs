@@ -17,6 +17,8 @@
 //! plus O(hit pages) to copy values; a split moves O(edge) tokens.
 //! `insert`: the walk, O(prefix pages) to find duplicates and O(new pages).
 
+use std::collections::hash_map::Entry;
+
 use super::arena::{child_key, child_key_of, Kids};
 use super::values::same_values;
 use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
@@ -81,11 +83,17 @@ impl RadixTree {
     /// page-aligned common prefix length. O(common prefix).
     pub(super) fn find_child<T: Token>(&self, node: NodeId, ns: Ns, q: &[T]) -> Option<(NodeId, usize)> {
         let ps = self.page_size;
-        let kids = self.nodes[node.idx()].children.get(&child_key_of(ns, &q[..ps])?)?;
         let try_one = |c: NodeId| {
             let l = common_prefix_of(&self.nodes[c.idx()].key, q) / ps * ps;
             (l > 0).then_some((c, l))
         };
+        let n = &self.nodes[node.idx()];
+        if n.children.is_empty() {
+            // An only child (same namespace: not under the root): its edge
+            // decides, no page hash.
+            return if n.only == NodeId::ROOT { None } else { try_one(n.only) };
+        }
+        let kids = n.children.get(&child_key_of(ns, &q[..ps])?)?;
         match kids {
             Kids::One(c) => try_one(*c),
             Kids::Many(v) => v.iter().find_map(|&c| try_one(c)),
@@ -204,7 +212,6 @@ impl RadixTree {
             if cn.hashes.is_empty() { Vec::new() } else { cn.hashes.drain(..lp).collect() };
         let (parent, ns, lock_ref, hit_count, priority) =
             (cn.parent, cn.ns, cn.lock_ref, cn.hit_count, cn.priority);
-        let lower_key = child_key(ns, &cn.key[..ps]);
         let u = self.alloc_node();
         let un = &mut self.nodes[u.idx()];
         un.key = upper_key;
@@ -217,9 +224,13 @@ impl RadixTree {
         un.priority = priority;
         un.created = tick;
         un.last_access = tick;
-        un.children.insert(lower_key, Kids::One(c));
-        let upper_key = child_key(ns, &un.key[..ps]);
+        un.only = c;
         self.nodes[c.idx()].parent = u;
+        if self.nodes[parent.idx()].only == c {
+            self.nodes[parent.idx()].only = u;
+            return u;
+        }
+        let upper_key = child_key(ns, &self.nodes[u.idx()].key[..ps]);
         let kids = self.nodes[parent.idx()]
             .children
             .get_mut(&upper_key)
@@ -338,7 +349,9 @@ impl RadixTree {
     /// as after `insert` of the whole path + `key` (which would walk to
     /// `node` and add the same leaf), `match_prefix` of it, `lock(leaf)` and
     /// `unlock(node)`, without walking from the root or re-locking the path:
-    /// O(key + depth) cheap writes. Returns `None`, with nothing changed, when `node`
+    /// the path's hit counts and stamps are owed on `node` and settled by the
+    /// unlock that releases the lock (module docs, recency), so the cost is
+    /// O(key), whatever the depth. Returns `None`, with nothing changed, when `node`
     /// holds no own lock, already has a child starting with `key`'s first
     /// page, `key` is empty or misaligned, `ns` is new to the tree, or a
     /// value is in the tree (the caller then takes the general path).
@@ -357,40 +370,44 @@ impl RadixTree {
             || key.is_empty()
             || !key.len().is_multiple_of(ps)
             || values.len() != key.len() / ps
-            || n.children.contains_key(&child_key(ns, &key[..ps]))
         {
             return None;
         }
-        self.check_values([&[], values, &[]]).ok()?;
-        // insert: one tick; every path node counted, the leaf created at it.
-        self.clock += 1;
-        let tick = self.clock;
-        let mut cur = node;
-        while cur != NodeId::ROOT {
-            let c = &mut self.nodes[cur.idx()];
-            c.hit_count += 1;
-            cur = c.parent;
+        let clash = if n.children.is_empty() {
+            n.only != NodeId::ROOT && self.nodes[n.only.idx()].key[..ps] == key[..ps]
+        } else {
+            n.children.contains_key(&child_key(ns, &key[..ps]))
+        };
+        if clash {
+            return None;
         }
+        self.check_values([&[], values, &[]]).ok()?;
+        // insert: one tick, the leaf created at it; every path node counted
+        // (owed: recorded once on `node`, for it and its ancestors).
+        self.clock += 1;
+        let leaf = self.add_leaf(node, ns, key, values, 0, self.clock, true);
         // lock(leaf) + unlock(node): only the leaf's count changes (the leaf
         // is created locked, so it never enters the evictable set).
-        let leaf = self.add_leaf(node, ns, key, values, 0, tick, true);
-        if !root {
-            self.nodes[node.idx()].own_locks -= 1;
-        }
-        // The caller's match of the new path: a second tick on root, path and leaf.
+        // The caller's match of the new path: a second tick on root, path
+        // and leaf (the path's stamp owed on `node` as well). Every node of
+        // the path stays locked (through the leaf) until an unlock settles it.
         self.clock += 1;
         let tick = self.clock;
         self.nodes[0].last_access = tick;
-        let mut cur = leaf;
-        while cur != NodeId::ROOT {
-            self.stamp(cur, tick);
-            cur = self.nodes[cur.idx()].parent;
+        self.nodes[leaf.idx()].last_access = tick;
+        if !root {
+            let n = &mut self.nodes[node.idx()];
+            n.own_locks -= 1;
+            n.owed_hits += 1;
+            n.owed_tick = tick;
         }
         Some(leaf)
     }
 
     /// Adds a leaf under `parent` holding `key` / `value` (validated by the
     /// caller), unlocked, or with one own lock when `locked`. Returns it.
+    /// A childless non-root parent holds it as its only child (no page
+    /// hash); otherwise it is filed in the map (with the only child, if any).
     #[allow(clippy::too_many_arguments)]
     pub(super) fn add_leaf(
         &mut self,
@@ -417,17 +434,18 @@ impl RadixTree {
         n.last_access = tick;
         n.own_locks = u32::from(locked);
         n.lock_ref = u32::from(locked);
-        let k = child_key(ns, &key[..self.page_size]);
-        let kids = &mut self.nodes[parent.idx()].children;
-        match kids.get_mut(&k) {
-            None => {
-                kids.insert(k, Kids::One(leaf));
+        let ps = self.page_size;
+        let p = &self.nodes[parent.idx()];
+        if parent != NodeId::ROOT && !p.has_children() {
+            self.nodes[parent.idx()].only = leaf;
+        } else {
+            let only = p.only;
+            if only != NodeId::ROOT {
+                // a second child: both go to the map
+                self.nodes[parent.idx()].only = NodeId::ROOT;
+                self.file_child(parent, child_key(ns, &self.nodes[only.idx()].key[..ps]), only);
             }
-            Some(Kids::One(x)) => {
-                let x = *x;
-                kids.insert(k, Kids::Many(vec![x, leaf]));
-            }
-            Some(Kids::Many(v)) => v.push(leaf),
+            self.file_child(parent, child_key(ns, &key[..ps]), leaf);
         }
         if parent == NodeId::ROOT {
             self.ns.add_root_child(ns);
@@ -440,5 +458,21 @@ impl RadixTree {
         self.update_leaf_status(parent);
         self.update_leaf_status(leaf);
         leaf
+    }
+
+    /// Files `child` in `parent`'s map under `ck`.
+    fn file_child(&mut self, parent: NodeId, ck: u64, child: NodeId) {
+        match self.nodes[parent.idx()].children.entry(ck) {
+            Entry::Vacant(e) => {
+                e.insert(Kids::One(child));
+            }
+            Entry::Occupied(mut e) => match e.get_mut() {
+                Kids::One(x) => {
+                    let x = *x;
+                    e.insert(Kids::Many(vec![x, child]));
+                }
+                Kids::Many(v) => v.push(child),
+            },
+        }
     }
 }
