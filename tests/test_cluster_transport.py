@@ -359,6 +359,39 @@ def test_a_repair_does_not_hold_up_other_streams(replay_answers: bool) -> None:
         pub.close()
 
 
+def test_a_repair_holds_at_most_max_held_batches() -> None:
+    """A replay that never answers, with a long timeout: once more than ``max_held``
+    batches wait behind the repair it ends, the missing batch is given up (degraded) and
+    the held ones are applied in order, long before the timeout; memory stays bounded."""
+    raw = RawPublisher()
+    try:
+        with ClusterListener(ClusterIndex(BS), replay_timeout=60.0, max_held=3) as lst:
+            payloads = random_payloads(7, 6)
+            a = connect(lst, raw, "a", payloads[0])
+            raw.gate.clear()  # the replay socket stays silent
+            t0 = time.monotonic()
+            raw.send(1, payloads[1], drop=True)
+            for seq in range(2, 5):  # the gap's end and two more: three held
+                raw.send(seq, payloads[seq])
+            wait_for(lambda: lst.stats["held"] >= 3, "three held batches")
+            assert lst.repairing == 1 and lst.index.worker_info(a)["next_seq"] == 1
+            raw.send(5, payloads[5])  # the fourth: over max_held
+            wait_for(lambda: lst.index.worker_info(a)["next_seq"] == 6, "the held batches")
+            assert time.monotonic() - t0 < 30.0
+            assert lst.repairing == 0
+            assert lst.index.status(a) == "degraded"
+            assert lst.index.worker_info(a)["lost"] == 1
+            assert lst.stats["given_up"] == 1
+            lst.index.check_invariants()
+        with pytest.raises(kvindex.InvalidArgumentError, match="max_held"):
+            ClusterListener(ClusterIndex(BS), max_held=0)
+        with pytest.raises(kvindex.DTypeError, match="max_held"):
+            ClusterListener(ClusterIndex(BS), max_held=True)
+    finally:
+        raw.gate.set()
+        raw.close()
+
+
 @pytest.mark.parametrize(
     "bad",
     ["nonsense", "tcp://", "tcp://127.0.0.1", "bogus://x:1", "tcp://127.0.0.1:notaport"],

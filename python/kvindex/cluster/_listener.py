@@ -10,8 +10,9 @@ Gap repair never blocks the receive loop. A gap sends one replay request and put
 stream in repair: its later batches are held (in order) while the loop goes on receiving
 every stream, the replay answers included, as they arrive. Replayed batches in the gap
 are applied as they come; when the gap is filled, the replay ends (its end marker) or
-``replay_timeout`` passes, the held batches are applied in order, and what replay did
-not supply is given up (the worker degraded). The index then ends in the state a
+``replay_timeout`` passes, or more than ``max_held`` batches wait behind it, the held
+batches are applied in order, and what replay did not supply is given up (the worker
+degraded). The index then ends in the state a
 lossless run gives whenever replay had the missing batches.
 """
 
@@ -75,7 +76,9 @@ class ClusterListener:
     stream whose first batch received is not its first: subscribed mid-stream, or ZMQ's
     slow joiner; its start is fetched through replay like a gap's, logged at INFO
     level), batches held behind a repair, batches repaired by replay and batches given
-    up, and the time spent in the index's ``apply`` (``apply_ns``). :meth:`close` stops the thread.
+    up, and the time spent in the index's ``apply`` (``apply_ns``). At most ``max_held``
+    batches per stream wait behind a repair: one more ends it, giving up what replay has
+    not supplied. :meth:`close` stops the thread.
     """
 
     def __init__(
@@ -85,9 +88,11 @@ class ClusterListener:
         replay_timeout: float = 1.0,
         poll_interval: float = 0.01,
         rcvhwm: int = 100_000,
+        max_held: int = 100_000,
     ) -> None:
         self.index = index
         self._replay_timeout = replay_timeout
+        self._max_held = _opt.count("max_held", max_held, low=1, high=2**62)
         self._poll_ms = max(int(poll_interval * 1000), 1)
         self._rcvhwm = rcvhwm
         self._ctx = zmq.Context()
@@ -317,6 +322,14 @@ class ClusterListener:
         if s.repair is not None:
             s.held.append((seq, payload))
             self._count("held")
+            if len(s.held) > self._max_held:
+                logger.warning(
+                    "kvindex.cluster: %s: %d batches held behind replay from %d; giving up",
+                    s.name,
+                    len(s.held),
+                    s.repair.start,
+                )
+                self._end_repair(s)
             return
         outcome, expected = self._apply(s, seq, payload)
         if outcome != "gap":
