@@ -60,9 +60,11 @@
 //!   with a bitset of still-matching workers, O(words + holders) per block,
 //!   and stops at the first block no worker holds.
 //! - Memory per (block, worker) pair: 13 bytes / the table's load factor
-//!   (0.44..0.875) for singly held blocks (+ under 2 MiB of huge-page
-//!   rounding per table); 4 bytes (list) or W/8 bytes per block (bitset) for
-//!   shared ones.
+//!   (13/32..7/8: a table whose free buckets went to removal tombstones is
+//!   rebuilt at its size unless 13/16 full, so churn never leaves it doubled
+//!   and sparse; see `table`) for singly held blocks (+ under 2 MiB of
+//!   huge-page rounding per table); 4 bytes (list) or W/8 bytes per block
+//!   (bitset) for shared ones.
 
 pub mod holders;
 pub mod huge;

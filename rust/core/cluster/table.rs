@@ -67,6 +67,11 @@ fn fx(h: u64) -> u64 {
     FxBuildHasher.hash_one(h)
 }
 
+/// A table with no free bucket left is rebuilt in place (not doubled)
+/// while fewer than `.0 / .1` of its buckets hold entries: doubling it then
+/// would leave it under 13/32 full, over 32 bytes per entry.
+const REBUILD_BELOW: (usize, usize) = (13, 16);
+
 /// Block hash -> `u32`, see the module header.
 #[derive(Debug, Default)]
 pub struct BlockTable {
@@ -121,8 +126,32 @@ impl BlockTable {
     /// The entry of `h`, for inserting or updating.
     #[inline]
     pub fn entry(&mut self, h: u64) -> Entry<'_, Slot, TableAlloc> {
+        if self.map.len() == self.map.capacity() {
+            self.make_room();
+        }
         let k = Key::of(h);
         self.map.entry(fx(h), |e| e.0 == k, |e| fx(e.0.get()))
+    }
+
+    /// Called when no free bucket is left (hashbrown would grow the table
+    /// on the next `entry`): a table less than [`REBUILD_BELOW`] full, whose
+    /// free buckets went to removal tombstones, is rebuilt at its size (or
+    /// smaller) instead of doubled. A churning table then stays at least
+    /// 13/32 full after any growth, within 32 bytes per entry. O(entries),
+    /// once per as many inserts as the rebuild frees buckets for.
+    #[cold]
+    #[inline(never)]
+    fn make_room(&mut self) {
+        let (len, buckets) = (self.map.len(), self.map.num_buckets());
+        if buckets == 0 || len * REBUILD_BELOW.1 >= buckets * REBUILD_BELOW.0 {
+            return; // full enough: hashbrown doubles it
+        }
+        let mut fresh = HashTable::with_capacity_in(len + 1, TableAlloc);
+        for e in self.map.drain() {
+            fresh.insert_unique(fx(e.0.get()), e, |x| fx(x.0.get()));
+        }
+        self.map = fresh;
+        self.ahead = None;
     }
 
     /// The entry of `h` if present, for updating or removing.
@@ -230,6 +259,49 @@ mod tests {
         for i in t.map.iter_buckets() {
             let at = std::ptr::from_ref(t.map.get_bucket(i).expect("full")) as usize;
             assert_eq!(at + (i + 1) * size, a.ctrl);
+        }
+    }
+
+    /// Churn (random hashes removed and stored) at a size three quarters of
+    /// its buckets: tombstones use up the free buckets, and the table is
+    /// rebuilt at its size rather than doubled: within 32 bytes per entry,
+    /// every entry kept.
+    #[test]
+    fn churn_does_not_double_the_table() {
+        let mut x = 0x1234_5678_9abc_def0u64;
+        let mut next = move || {
+            // splitmix64
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = x;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^ (z >> 31)
+        };
+        let insert = |t: &mut BlockTable, h: u64| match t.entry(h) {
+            Entry::Vacant(v) => {
+                v.insert((super::Key::of(h), 1));
+            }
+            Entry::Occupied(_) => panic!("hash present twice"),
+        };
+        let mut t = BlockTable::default();
+        let mut live: Vec<u64> = (0..25_000).map(|_| next()).collect();
+        for &h in &live {
+            insert(&mut t, h);
+        }
+        let buckets = t.buckets();
+        for i in 0..200_000 {
+            let j = (next() % live.len() as u64) as usize;
+            t.find(live[j]).expect("present").remove();
+            live[j] = next();
+            insert(&mut t, live[j]);
+            if i % 1000 == 0 {
+                assert!(t.memory_bytes() <= 32 * t.len(), "{} B for {}", t.memory_bytes(), t.len());
+            }
+        }
+        assert_eq!(t.buckets(), buckets);
+        assert_eq!(t.len(), live.len());
+        for &h in &live {
+            assert_eq!(t.get(h), Some(1));
         }
     }
 
