@@ -200,9 +200,11 @@ def test_a_batch_for_another_dp_rank_is_rejected() -> None:
 @pytest.mark.parametrize("namespaced", [False, True])
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespaced: bool) -> None:
-    """RadixPrefixCache workers: with ``algo="radix_xxh3_64"`` the index hashes a prompt
-    as the tree's events do, so each worker's overlap (in tokens) equals what that cache's
-    own ``lookup`` hits, after every applied batch (evictions and resets included)."""
+    """RadixPrefixCache workers: after every applied batch (evictions and resets
+    included) each worker's blocks in the index are exactly its cache's own
+    ``cached_page_hashes``, and with ``algo="radix_xxh3_64"`` the index hashes a prompt as
+    the tree's events do, so each worker's overlap (in tokens) equals what that cache's
+    own ``lookup`` hits."""
     rng = random.Random(11 + page_size)
     n_workers = 3
     pages = 40 if page_size == 16 else 300
@@ -243,6 +245,8 @@ def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespa
         assert ix.apply(slots[w], seqs[w], payload) == ("applied", -1)
         seqs[w] += 1
         ix.check_invariants()
+        for slot, c in zip(slots, caches, strict=True):
+            assert np.array_equal(ix.worker_blocks(slot), c.cached_page_hashes())
         for toks, salt in prompts[-6:]:
             # k full blocks of the prompt; lookup of k * page_size + 1 tokens counts them
             k = (len(toks) - 1) // page_size
@@ -250,6 +254,7 @@ def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespa
             want = [c.lookup(toks[: k * page_size + 1], cache_salt=salt) for c in caches]
             assert [g * page_size for g in got] == want
     assert any(c.stats["evictions"] for c in caches)
+    assert any(len(c.cached_page_hashes()) for c in caches)
     assert max(c.lookup(t, cache_salt=s) for c in caches for t, s in prompts) > 0
     # a namespace isolates: the same tokens under another salt are another chain
     toks, salt = prompts[-1]

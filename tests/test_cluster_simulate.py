@@ -7,9 +7,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from kvindex.cluster.simulate import simulate_cluster
+from kvindex import RadixPrefixCache
+from kvindex.cluster import ClusterIndex
+from kvindex.cluster.simulate import RADIX_ALGO, _check_index, _Engine, simulate_cluster
+from kvindex.events import EventEncoder
 from kvindex.simulate.cli import main
 from kvindex.simulate.workloads import chat_workload
 
@@ -20,8 +24,8 @@ from kvindex.simulate.workloads import chat_workload
         ("hash_chain", "kv", 60),
         ("hash_chain", "random", 60),
         ("hash_chain", "approx", 60),
-        ("radix", "kv", 30),
-        ("radix", "random", 30),
+        ("radix", "kv", 60),
+        ("radix", "random", 60),
     ],
 )
 def test_cluster_run_checks_the_index_every_step(design: str, route: str, requests: int) -> None:
@@ -36,6 +40,24 @@ def test_cluster_run_checks_the_index_every_step(design: str, route: str, reques
     if route != "approx":
         assert res.block_events > 0 and res.index_ns_per_event > 0
         assert res.flagged_decisions == 0
+
+
+def test_the_oracle_compares_a_radix_engines_page_hashes() -> None:
+    """The per-step check holds radix engines to their full hash listing: an index that
+    has not applied an engine's events disagrees, and agrees once it has."""
+    e = _Engine(0, 16, 4, {"policy": "lru"}, "", publish=False)
+    e.cache = RadixPrefixCache(17, 4, enable_events=True)
+    index = ClusterIndex(4, algo=RADIX_ALGO)
+    index.add_worker("engine0")
+    prompt = np.arange(13, dtype=np.int32)
+    e.cache.admit(1, prompt)
+    e.cache.free(1)
+    assert len(e.cache.cached_page_hashes()) == 3
+    with pytest.raises(AssertionError, match="disagrees with engine 0"):
+        _check_index(0, [e], index, [prompt], 1)
+    payload = EventEncoder().encode(e.cache, 0.0)
+    assert payload is not None and index.apply(0, 0, payload) == ("applied", -1)
+    _check_index(1, [e], index, [prompt], 1)
 
 
 def test_global_pool_bounds_the_cluster() -> None:

@@ -316,6 +316,87 @@ def test_events_off_by_default() -> None:
     assert t.take_events() == []
 
 
+def fold(held: dict[int, int], events: list[object]) -> list[int]:
+    """A subscriber's hash set after ``events`` (announcements counted), sorted."""
+    for e in events:
+        if isinstance(e, kvindex.BlockStored):
+            for h in e.block_hashes:
+                held[h] = held.get(h, 0) + 1
+        elif isinstance(e, kvindex.BlockRemoved):
+            for h in e.block_hashes:
+                held[h] -= 1
+                if not held[h]:
+                    del held[h]
+        else:
+            held.clear()
+    return sorted(held)
+
+
+def test_cached_page_hashes_are_what_the_events_announced() -> None:
+    t = tree(2, enable_events=True)
+    held: dict[int, int] = {}
+
+    def same() -> None:
+        got = t.cached_page_hashes()
+        assert got.dtype == np.uint64 and got.ndim == 1
+        assert got.tolist() == fold(held, t.take_events())
+        assert got.tolist() == sorted(set(got.tolist()))
+
+    assert t.cached_page_hashes().tolist() == []
+    ins(t, [1, 2, 3, 4, 5, 6], range(6))
+    same()
+    t.match_prefix(a32([1, 2, 3, 4, 9]))  # splits an edge: the set is unchanged
+    same()
+    ins(t, [1, 2, 3, 4, 7, 8], range(10, 16))
+    ins(t, [1, 2], range(20, 22), "ns")
+    same()
+    assert len(t.cached_page_hashes()) == t.total_size // 2 == 5
+    before = snapshot(t)
+    t.cached_page_hashes()
+    assert snapshot(t) == before and t.take_events() == [], "read-only"
+    t.evict(2)
+    same()
+    t.reset()
+    same()
+    assert t.cached_page_hashes().tolist() == []
+
+
+def test_prefix_cache_page_hashes_follow_its_events() -> None:
+    c = kvindex.RadixPrefixCache(16, 4, enable_events=True)
+    held: dict[int, int] = {}
+    rng = np.random.default_rng(3)
+    base = rng.integers(0, 50, 40).astype(np.int32)
+    running: list[int] = []
+    for rid in range(40):
+        n = int(rng.integers(5, 20))
+        p = np.concatenate([base[: int(rng.integers(0, 20))], rng.integers(0, 50, n)])
+        if c.admit(rid, p.astype(np.int32)) is not None:
+            c.checkpoint(rid)  # a running request's pages enter the tree
+            c.append(rid, a32([1, 2, 3]))
+            running.append(rid)
+        if len(running) > 1 or (running and rid % 4 == 0):
+            c.free(running.pop(0))
+        assert c.cached_page_hashes().tolist() == fold(held, c.take_events())
+    assert c.stats["evictions"] > 0
+    c.check_invariants()
+
+
+@pytest.mark.parametrize("design", ["tree", "cache"])
+def test_cached_page_hashes_need_events(design: str) -> None:
+    c: kvindex.RadixCache | kvindex.RadixPrefixCache
+    if design == "tree":
+        c = tree(1)
+        c.insert(a32([1, 2]), a32([1, 2]))
+    else:
+        c = kvindex.RadixPrefixCache(8, 1)
+        c.admit(1, a32([1, 2, 3]))
+        c.free(1)
+    before = c.dump()
+    with pytest.raises(InvalidArgumentError, match="enable_events"):
+        c.cached_page_hashes()
+    assert c.dump() == before
+
+
 # ---------------------------------------------------------------- bad input
 
 

@@ -595,6 +595,11 @@ class RadixTree:
         """Locks held on the node itself."""
     def path_slots(self, node: int) -> npt.NDArray[np.int32]:
         """Slots of the path root..node, in order."""
+    def cached_page_hashes(self) -> npt.NDArray[np.uint64]:
+        """The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
+        subscriber holds after applying every event the tree emitted (if the bounded
+        event buffer dropped none). Read-only. ``InvalidArgumentError`` unless
+        ``enable_events`` (the tree hashes no page then)."""
     def all_slots(self) -> npt.NDArray[np.int32]:
         """Every slot the tree holds."""
     def evict(self, num_tokens: int) -> npt.NDArray[np.int32]:
@@ -907,6 +912,11 @@ class RadixPrefixCache:
         """Blocks no request or cache entry holds, in the order the pool hands
         them out (the hash chain's free queue also holds idle cached blocks).
         """
+    def cached_page_hashes(self) -> npt.NDArray[np.uint64]:
+        """The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
+        subscriber holds after applying every event the cache emitted (if the bounded
+        event buffer dropped none). Read-only. ``InvalidArgumentError`` unless
+        ``enable_events`` (the tree hashes no page then)."""
     def cached_blocks(self) -> npt.NDArray[np.int32]:
         """The pages the tree holds."""
     def ref_count(self, block_id: int) -> int:

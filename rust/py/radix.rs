@@ -438,6 +438,14 @@ impl PyRadixCache {
         slot_array(slf.py(), &pages, me.inner.page_size())
     }
 
+    /// The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
+    /// subscriber holds after applying every event the tree emitted (if the bounded
+    /// event buffer dropped none). Read-only. ``InvalidArgumentError`` unless
+    /// ``enable_events`` (the tree hashes no page then).
+    fn cached_page_hashes<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        Ok(PyArray1::from_vec(py, self.inner.cached_page_hashes().py()?))
+    }
+
     /// Every slot the tree holds.
     fn all_slots<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let mut pages = Vec::new();
@@ -579,6 +587,15 @@ request_cache_class!(PyRadixPrefixCache {
     fn num_cached_tokens(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId(args::u64_arg(request_id, "request_id")?);
         slf.try_borrow()?.inner.num_cached_tokens(id).py()
+    }
+
+    /// The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
+    /// subscriber holds after applying every event the cache emitted (if the bounded
+    /// event buffer dropped none). Read-only. ``InvalidArgumentError`` unless
+    /// ``enable_events`` (the tree hashes no page then).
+    fn cached_page_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray1<u64>>> {
+        let v = slf.try_borrow()?.inner.tree().cached_page_hashes().py()?;
+        Ok(PyArray1::from_vec(slf.py(), v))
     }
 
     /// The pages the tree holds.

@@ -28,9 +28,10 @@ listener's ``apply`` calls) and per routing decision, batches repaired or lost. 
 reference rows: ``global`` (one engine with W times the pool, running limit and budget:
 the upper bound) and per-node caches under ``random`` routing (Mooncake's comparison).
 With ``check``, every step compares the index with each engine's own cache (raises on a
-difference): for every prompt routed so far, the leading blocks the index says the engine
-holds equal what the engine's ``lookup`` hits; for hash-chain engines also the set of
-block hashes held.
+difference): the set of block hashes each engine holds (a hash-chain engine's cached
+blocks' hashes, a radix engine's ``cached_page_hashes``) equals the index's
+``worker_blocks``, and for the step's newly routed prompts the leading blocks the index
+says each engine holds equal what the engine's ``lookup`` hits.
 """
 
 from __future__ import annotations
@@ -138,17 +139,20 @@ def _check_index(
     routed: list[np.ndarray],
     new: int,
 ) -> None:
-    """The brute-force oracle: the index against every engine's own cache. Hash-chain
-    engines: the block hashes held, as a set, and the step's ``new`` prompts (the last
-    of ``routed``) by lookup; radix engines (whose tree has no hash listing): every prompt
-    routed so far by lookup."""
+    """The brute-force oracle: the index against every engine's own cache. The block
+    hashes each engine holds, as a set (hash chain: its cached blocks' hashes; radix: the
+    tree's page hashes), and the step's ``new`` prompts (the last of ``routed``) by
+    lookup."""
     bs = index.block_size
-    chain = isinstance(engines[0].cache, HashChainCache)
-    if chain:
-        for slot, e in enumerate(engines):
-            if index.worker_blocks(slot).tolist() != _cache_blocks(e.cache):
-                raise AssertionError(f"step {step}: the index disagrees with engine {slot}")
-    for p in routed[len(routed) - new :] if chain else routed:
+    for slot, e in enumerate(engines):
+        held = index.worker_blocks(slot)
+        if e.radix:
+            same = np.array_equal(held, e.cache.cached_page_hashes())
+        else:
+            same = held.tolist() == _cache_blocks(e.cache)
+        if not same:
+            raise AssertionError(f"step {step}: the index disagrees with engine {slot}")
+    for p in routed[len(routed) - new :]:
         # The first k full blocks, k < len(p) / bs: the cache's lookup of k * bs + 1 tokens
         # counts exactly those blocks (a hit leaves the last token to compute).
         k = (len(p) - 1) // bs

@@ -1,6 +1,7 @@
 //! KV-event hashing: the chained page hashes a namespaced path reports in
 //! `BlockStored` / `BlockRemoved` events (the scheme is in the module
-//! header), and the `BlockStored` of a new leaf. [`namespace_seed`] and
+//! header), the `BlockStored` of a new leaf, and the listing of the hashes
+//! the tree holds ([`RadixTree::cached_page_hashes`]). [`namespace_seed`] and
 //! [`chain_page_hashes`] are the one implementation of the scheme: the
 //! cluster index hashes query prompts with them too.
 //!
@@ -13,11 +14,13 @@
 //!
 //! # Costs
 //! O(page tokens) per hashed page (one XXH3-64 over its little-endian
-//! bytes); nothing when events are off. Memory: 8 bytes per page.
+//! bytes); nothing when events are off. Memory: 8 bytes per page. The
+//! listing: O(pages log pages) (a copy and a sort; nothing is rehashed).
 
 use xxhash_rust::xxh3::{xxh3_64, xxh3_64_with_seed};
 
 use super::{NodeId, Ns, RadixTree};
+use crate::core::error::{KvError, KvResult};
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::hash::Token;
 
@@ -58,6 +61,33 @@ pub fn chain_page_hashes<T: Token>(
 }
 
 impl RadixTree {
+    /// The page hashes the tree holds (with events on, one per cached
+    /// page), ascending and each once: the set a subscriber holds
+    /// after applying every `BlockStored` / `BlockRemoved` /
+    /// `AllBlocksCleared` the tree has emitted (as long as the bounded buffer
+    /// dropped none). Read-only: no recency, no events.
+    /// O(pages log pages).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when events are off (the tree hashes no page then).
+    pub fn cached_page_hashes(&self) -> KvResult<Vec<u64>> {
+        if self.events.is_none() {
+            return Err(KvError::invalid(
+                "the tree lists page hashes only with enable_events=True (it hashes no page otherwise)",
+            ));
+        }
+        let mut mine: Vec<u64> = Vec::new();
+        for n in self.nodes[1..].iter().filter(|n| n.live) {
+            mine.extend_from_slice(&n.hashes);
+        }
+        mine.sort_unstable();
+        // Equal hashes are equal (namespace, prefix) up to 64-bit collisions,
+        // and the tree holds a prefix once; a colliding hash is listed once,
+        // as a subscriber's set holds it.
+        mine.dedup();
+        Ok(mine)
+    }
+
     pub(super) fn ns_seed(&self, ns: Ns) -> u64 {
         namespace_seed(self.ns.name(ns))
     }

@@ -18,7 +18,7 @@
 //! | `namespace` | namespace interning |
 //! | `values` | the value bitmap (each value stored once) |
 //! | `walk` | match and insert (walks, splits, new leaves) |
-//! | `event_hash` | chained page hashes and `BlockStored` of new leaves |
+//! | `event_hash` | chained page hashes, `BlockStored` of new leaves, the hash listing |
 //! | `evict` | the evictable set and eviction policies |
 //! | `dump` | debug dump and cached sequences |
 //! | `check` | `check_invariants` |

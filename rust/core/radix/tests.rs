@@ -297,6 +297,77 @@ fn handles_go_stale() {
     t.check_invariants().expect("invariants");
 }
 
+/// A subscriber's view of one cache's event stream: each hash announced and
+/// not yet removed, with its announcement count (as the cluster index counts
+/// repeated announcements by one worker).
+#[derive(Default)]
+struct Folded(rustc_hash::FxHashMap<u64, u32>);
+
+impl Folded {
+    /// Applies drained events; an error names a removal of a hash not held.
+    fn apply(&mut self, events: Vec<KvEvent>) -> Result<(), String> {
+        for ev in events {
+            match ev {
+                KvEvent::BlockStored { block_hashes, .. } => {
+                    for h in block_hashes {
+                        *self.0.entry(h).or_default() += 1;
+                    }
+                }
+                KvEvent::BlockRemoved { block_hashes } => {
+                    for h in block_hashes {
+                        let n = self.0.get_mut(&h).ok_or_else(|| format!("removal of {h:#x}, not held"))?;
+                        *n -= 1;
+                        if *n == 0 {
+                            self.0.remove(&h);
+                        }
+                    }
+                }
+                KvEvent::AllBlocksCleared => self.0.clear(),
+            }
+        }
+        Ok(())
+    }
+
+    /// The held hashes, ascending.
+    fn sorted(&self) -> Vec<u64> {
+        let mut v: Vec<u64> = self.0.keys().copied().collect();
+        v.sort_unstable();
+        v
+    }
+}
+
+#[test]
+fn cached_page_hashes_list_what_the_events_announced() {
+    let mut t = RadixTree::new(2, Policy::Lru, true).expect("ok");
+    assert_eq!(t.cached_page_hashes(), Ok(vec![]));
+    ins(&mut t, &[1, 2, 3, 4, 5, 6], None, 0);
+    ins(&mut t, &[1, 2, 3, 4, 7, 8], None, 10); // splits [1 2 3 4 | 5 6]
+    ins(&mut t, &[1, 2], Some("n"), 20);
+    let mut sub = Folded::default();
+    sub.apply(t.take_events()).expect("consistent stream");
+    let listed = t.cached_page_hashes().expect("events on");
+    assert_eq!(listed.len(), 5, "one hash per cached page");
+    assert_eq!(listed, sub.sorted());
+    // Read-only: no tick, no event.
+    let clock = t.clock();
+    assert_eq!(t.cached_page_hashes().expect("events on"), listed);
+    assert_eq!((t.clock(), t.take_events()), (clock, vec![]));
+    let mut freed = Vec::new();
+    t.evict(2, &mut freed);
+    sub.apply(t.take_events()).expect("consistent stream");
+    assert_eq!(t.cached_page_hashes().expect("events on"), sub.sorted());
+    assert_eq!(sub.sorted().len(), 4);
+    t.reset(&mut freed);
+    sub.apply(t.take_events()).expect("consistent stream");
+    assert_eq!(t.cached_page_hashes(), Ok(vec![]));
+    // Events off: no hashes exist, so the listing is refused (nothing changes).
+    let mut off = tree(2);
+    ins(&mut off, &[1, 2], None, 0);
+    let err = off.cached_page_hashes().expect_err("events off");
+    assert_eq!(err.kind, ErrorKind::InvalidArgument);
+    assert_eq!(off.total_size(), 2);
+}
+
 #[test]
 fn events_chain_and_split() {
     let mut t = RadixTree::new(4, Policy::Lru, true).expect("ok");
@@ -432,6 +503,7 @@ proptest! {
         // Handles we matched: (handle, path tokens, namespace); locks we hold per handle.
         let mut handles: Vec<(NodeHandle, Vec<i32>, Option<&str>)> = Vec::new();
         let mut locks: rustc_hash::FxHashMap<NodeHandle, u32> = rustc_hash::FxHashMap::default();
+        let mut sub = Folded::default();
         for op in ops {
             let seqs = t.sequences();
             let sizes = (t.total_size(), t.evictable_size(), t.protected_size());
@@ -502,6 +574,9 @@ proptest! {
                 }
             }
             t.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+            // The listing is what a subscriber of the stream holds.
+            sub.apply(t.take_events()).map_err(TestCaseError::fail)?;
+            prop_assert_eq!(t.cached_page_hashes().expect("events on"), sub.sorted());
             // Every locked path stays matchable (reference invariant 12).
             for (h, path, ns) in &handles {
                 if locks.get(h).copied().unwrap_or(0) > 0 {
@@ -652,6 +727,7 @@ mod request_cache {
         Checkpoint(usize),
         Free(usize),
         Evict(usize),
+        Reset,
     }
 
     fn op() -> impl Strategy<Value = Op> {
@@ -662,6 +738,7 @@ mod request_cache {
             1 => (0usize..6).prop_map(Op::Checkpoint),
             3 => (0usize..6).prop_map(Op::Free),
             1 => (0usize..10).prop_map(Op::Evict),
+            1 => Just(Op::Reset),
         ]
     }
 
@@ -672,7 +749,8 @@ mod request_cache {
         fn random_requests_keep_ownership(ps in prop_oneof![Just(1usize), Just(2), Just(4)],
                                           pages in 3usize..24,
                                           ops in proptest::collection::vec(op(), 1..50)) {
-            let mut c = RadixPrefixCache::new(pages, ps, Policy::Lru, false).expect("ok");
+            let mut c = RadixPrefixCache::new(pages, ps, Policy::Lru, true).expect("ok");
+            let mut sub = super::Folded::default();
             let salt = KeySpec::new(None, Some("x".into()), vec![]).expect("ok");
             let none = KeySpec::default();
             let mut running: Vec<u64> = Vec::new();
@@ -729,8 +807,16 @@ mod request_cache {
                     Op::Evict(k) => {
                         c.evict(k);
                     }
+                    Op::Reset => {
+                        // Refused (nothing changes) while requests run.
+                        let kind = c.reset().err().map(|e| e.kind);
+                        let want = (!running.is_empty()).then_some(crate::core::error::ErrorKind::BlockInUse);
+                        prop_assert_eq!(kind, want);
+                    }
                 }
                 c.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+                sub.apply(c.take_events()).map_err(TestCaseError::fail)?;
+                prop_assert_eq!(c.tree().cached_page_hashes().expect("events on"), sub.sorted());
             }
             for id in running {
                 c.free(RequestId(id)).expect("ok");
