@@ -31,6 +31,8 @@ pub mod ids;
 pub mod memo;
 pub mod page_pool;
 pub mod pages;
+#[cfg(test)]
+pub(crate) mod prop_config;
 pub mod radix;
 pub mod radix_cache;
 pub mod request;

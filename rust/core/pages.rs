@@ -339,24 +339,13 @@ mod tests {
     use std::mem::MaybeUninit;
 
     use proptest::prelude::*;
-    use proptest::test_runner::RngSeed;
 
     use super::*;
 
     /// Deterministic by default (fixed seed, 512 cases); `PROPTEST_CASES`
     /// and `PROPTEST_RNG_SEED` override for a longer randomised run.
     fn config() -> ProptestConfig {
-        let env = ProptestConfig::default(); // reads PROPTEST_* from the environment
-        ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() { env.cases } else { 512 },
-            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-                env.rng_seed
-            } else {
-                RngSeed::Fixed(0x6b76_7061_6765_7301)
-            },
-            failure_persistence: None,
-            ..env
-        }
+        crate::core::prop_config::deterministic(512, 0x6b76_7061_6765_7301)
     }
 
     /// Page sizes: every unrolled size, and odd ones that take the generic path.

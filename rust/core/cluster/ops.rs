@@ -278,7 +278,7 @@ fn hash(r: &mut Reader<'_>) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
-    use proptest::test_runner::{Config as ProptestConfig, RngSeed};
+    use proptest::test_runner::Config as ProptestConfig;
 
     use super::{batch_ops, fast, Op, Ops};
     use crate::core::wire::batch::{decode_batch, encode_batch, Tagging};
@@ -359,17 +359,7 @@ mod tests {
     }
 
     fn config() -> ProptestConfig {
-        let env = ProptestConfig::default();
-        ProptestConfig {
-            cases: if std::env::var_os("PROPTEST_CASES").is_some() { env.cases } else { 512 },
-            rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-                env.rng_seed
-            } else {
-                RngSeed::Fixed(0x6b76_6f70_7331)
-            },
-            failure_persistence: None,
-            ..env
-        }
+        crate::core::prop_config::deterministic(512, 0x6b76_6f70_7331)
     }
 
     proptest! {

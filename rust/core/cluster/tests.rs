@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config as ProptestConfig, RngSeed};
+use proptest::test_runner::Config as ProptestConfig;
 
 use super::holders::LIST_MAX;
 use super::{ClusterIndex, Outcome, Status, WorkerId};
@@ -237,17 +237,7 @@ impl Model {
 }
 
 fn config() -> ProptestConfig {
-    let env = ProptestConfig::default();
-    ProptestConfig {
-        cases: if std::env::var_os("PROPTEST_CASES").is_some() { env.cases } else { 256 },
-        rng_seed: if std::env::var_os("PROPTEST_RNG_SEED").is_some() {
-            env.rng_seed
-        } else {
-            RngSeed::Fixed(0x6b76_636c_7573_7465)
-        },
-        failure_persistence: None,
-        ..env
-    }
+    crate::core::prop_config::deterministic(256, 0x6b76_636c_7573_7465)
 }
 
 proptest! {
