@@ -5,6 +5,8 @@ worker's own cache state (its blocks' hashes). Plus stream faults at the API lev
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -39,6 +41,48 @@ def leading(held: set[int], hashes: list[int]) -> int:
     return n
 
 
+def traffic(
+    rng: random.Random,
+    caches: list[Any],
+    ix: ClusterIndex,
+    enc: EventEncoder,
+    *,
+    steps: int,
+    p_free: float,
+    p_reset: float,
+    prompt: Callable[[], tuple[np.ndarray, dict[str, Any]]],
+) -> Iterator[list[tuple[np.ndarray, dict[str, Any]]]]:
+    """Random traffic on the caches, whose workers are slots 0.. of ``ix``: each step
+    frees a running request of a random worker or admits ``prompt()`` (tokens, admit
+    keywords) there, sometimes resets an idle cache, then applies that cache's events to
+    the index as one batch. Yields the prompts admitted so far after each applied batch
+    (the index then checked)."""
+    running: list[list[int]] = [[] for _ in caches]
+    seqs = [0] * len(caches)
+    prompts: list[tuple[np.ndarray, dict[str, Any]]] = []
+    rid = 0
+    for _ in range(steps):
+        w = rng.randrange(len(caches))
+        cache = caches[w]
+        if running[w] and rng.random() < p_free:
+            cache.free(running[w].pop(rng.randrange(len(running[w]))))
+        else:
+            toks, kw = prompt()
+            rid += 1
+            if cache.admit(rid, toks, **kw) is not None:
+                running[w].append(rid)
+                prompts.append((toks, kw))
+        if rng.random() < p_reset and not running[w]:
+            cache.reset()
+        payload = enc.encode(cache, 1.0)
+        if payload is None:
+            continue
+        assert ix.apply(w, seqs[w], payload) == ("applied", -1)
+        seqs[w] += 1
+        ix.check_invariants()
+        yield prompts
+
+
 @pytest.mark.parametrize("array_tagged", [False, True])
 @pytest.mark.parametrize("algo", ["xxh3_128", "vllm_sha256_cbor"])
 def test_index_matches_each_caches_own_state(algo: str, array_tagged: bool) -> None:
@@ -51,37 +95,19 @@ def test_index_matches_each_caches_own_state(algo: str, array_tagged: bool) -> N
     ix = ClusterIndex(BS, algo=algo)
     slots = [ix.add_worker(f"engine{i}", 0) for i in range(n_workers)]
     prefixes = [list(rng.randrange(100) for _ in range(12)) for _ in range(4)]
-    running: list[list[int]] = [[] for _ in range(n_workers)]
-    seqs = [0] * n_workers
-    rid = 0
-    prompts: list[np.ndarray] = []
-    for _ in range(150):
-        w = rng.randrange(n_workers)
-        cache = caches[w]
-        if running[w] and rng.random() < 0.45:
-            cache.free(running[w].pop(rng.randrange(len(running[w]))))
-        else:
-            toks = np.array(
-                rng.choice(prefixes)[: rng.randrange(4, 13)]
-                + [rng.randrange(100) for _ in range(rng.randrange(0, 9))],
-                dtype=np.int64,
-            )
-            rid += 1
-            if cache.admit(rid, toks) is not None:
-                running[w].append(rid)
-                prompts.append(toks)
-        if rng.random() < 0.03 and not running[w]:
-            cache.reset()
-        payload = enc.encode(cache, 1.0)
-        if payload is None:
-            continue
-        assert ix.apply(slots[w], seqs[w], payload) == ("applied", -1)
-        seqs[w] += 1
-        ix.check_invariants()
+
+    def prompt() -> tuple[np.ndarray, dict[str, Any]]:
+        toks = rng.choice(prefixes)[: rng.randrange(4, 13)]
+        toks += [rng.randrange(100) for _ in range(rng.randrange(0, 9))]
+        return np.array(toks, dtype=np.int64), {}
+
+    for prompts in traffic(
+        rng, caches, ix, enc, steps=150, p_free=0.45, p_reset=0.03, prompt=prompt
+    ):
         oracle = [cache_hashes(c) for c in caches]
         for i in range(n_workers):
             assert set(ix.worker_blocks(slots[i]).tolist()) == oracle[i]
-        for toks in prompts[-5:]:
+        for toks, _ in prompts[-5:]:
             hashes = [low64(bytes(h)) for h in kvindex.block_hashes(toks, BS, algo=algo)]
             assert ix.hashes(toks).tolist() == hashes
             want = [leading(oracle[i], hashes) for i in range(n_workers)]
@@ -217,37 +243,20 @@ def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespa
     slots = [ix.add_worker(f"engine{i}", 0) for i in range(n_workers)]
     prefixes = [[rng.randrange(50) for _ in range(96)] for _ in range(3)]
     salts = ["tenant-a", "tenant-b"] if namespaced else [None]
-    running: list[list[int]] = [[] for _ in range(n_workers)]
-    seqs = [0] * n_workers
-    rid = 0
-    prompts: list[tuple[np.ndarray, str | None]] = []
-    for _ in range(160):
-        w = rng.randrange(n_workers)
-        cache = caches[w]
-        if running[w] and rng.random() < 0.5:
-            cache.free(running[w].pop(rng.randrange(len(running[w]))))
-        else:
-            toks = np.array(
-                rng.choice(prefixes)[: rng.randrange(8, 97)]
-                + [rng.randrange(50) for _ in range(rng.randrange(0, 40))],
-                dtype=np.int32,
-            )
-            salt = rng.choice(salts)
-            rid += 1
-            if cache.admit(rid, toks, cache_salt=salt) is not None:
-                running[w].append(rid)
-                prompts.append((toks, salt))
-        if rng.random() < 0.02 and not running[w]:
-            cache.reset()
-        payload = enc.encode(cache, 1.0)
-        if payload is None:
-            continue
-        assert ix.apply(slots[w], seqs[w], payload) == ("applied", -1)
-        seqs[w] += 1
-        ix.check_invariants()
+
+    def prompt() -> tuple[np.ndarray, dict[str, Any]]:
+        toks = rng.choice(prefixes)[: rng.randrange(8, 97)]
+        toks += [rng.randrange(50) for _ in range(rng.randrange(0, 40))]
+        return np.array(toks, dtype=np.int32), {"cache_salt": rng.choice(salts)}
+
+    prompts: list[tuple[np.ndarray, dict[str, Any]]] = []
+    for prompts in traffic(
+        rng, caches, ix, enc, steps=160, p_free=0.5, p_reset=0.02, prompt=prompt
+    ):
         for slot, c in zip(slots, caches, strict=True):
             assert np.array_equal(ix.worker_blocks(slot), c.cached_page_hashes())
-        for toks, salt in prompts[-6:]:
+        for toks, kw in prompts[-6:]:
+            salt = kw["cache_salt"]
             # k full blocks of the prompt; lookup of k * page_size + 1 tokens counts them
             k = (len(toks) - 1) // page_size
             got = ix.overlaps(toks[: k * page_size], cache_salt=salt).tolist()
@@ -255,9 +264,9 @@ def test_radix_engines_events_give_the_caches_own_lookup(page_size: int, namespa
             assert [g * page_size for g in got] == want
     assert any(c.stats["evictions"] for c in caches)
     assert any(len(c.cached_page_hashes()) for c in caches)
-    assert max(c.lookup(t, cache_salt=s) for c in caches for t, s in prompts) > 0
+    assert max(c.lookup(t, **kw) for c in caches for t, kw in prompts) > 0
     # a namespace isolates: the same tokens under another salt are another chain
-    toks, salt = prompts[-1]
+    toks, salt = prompts[-1][0], prompts[-1][1]["cache_salt"]
     other = ix.hashes(toks, cache_salt="elsewhere")
     assert not np.array_equal(ix.hashes(toks, cache_salt=salt), other)
 
