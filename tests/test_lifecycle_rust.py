@@ -780,3 +780,29 @@ def test_huge_counts_are_refused_not_wrapped(kind: str) -> None:
     res = c.admit_chunk(9, _arr(range(8)), chunk=big)
     assert res is not None and res[0] + res[1] == 8
     c.check_invariants()
+
+
+@pytest.mark.parametrize("kind", ["hash_chain", "radix"])
+def test_batch_arguments_are_converted_before_the_arrays_are_read(kind: str) -> None:
+    """``schedule_batch`` reads its id and count arrays in place, after converting its
+    other arguments (``lookahead`` through ``__index__``, which may run Python code). An
+    ``__index__`` that rewrites the caller's id array makes the call see the rewritten
+    ids (an unknown request: an error, nothing changed), never an array changing under
+    a read."""
+
+    class Sneaky:
+        def __init__(self, victim: np.ndarray) -> None:
+            self.victim = victim
+
+        def __index__(self) -> int:
+            self.victim[:] = 999  # an id no request has
+            return 1
+
+    c = _setup(kind)
+    before = _snapshot(c, [1, 2, 3, 4, 5])
+    ids = _arr([1, 2])
+    with pytest.raises(kvindex.KvIndexError, match="999"):
+        c.schedule_batch(ids, _arr([2, 1]), lookahead=Sneaky(ids))
+    assert ids.tolist() == [999, 999]
+    assert _snapshot(c, [1, 2, 3, 4, 5]) == before
+    c.check_invariants()

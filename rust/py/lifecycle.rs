@@ -131,9 +131,10 @@ pub type IdsAndCounts<'a> = (Cow<'a, [u64]>, Cow<'a, [i64]>);
 
 /// The request ids and per-request counts of `schedule_batch`, both read in
 /// place when both are 1-D C-contiguous int64 arrays (the ids `>= 0`), else
-/// both copied by [`super::arrays::ids`] and [`super::arrays::int64_vec`], in
-/// that order, which raise their errors. Never a view while a copying reader
-/// (which may run Python code: `__index__`, sequences) runs.
+/// both copied (the ids by [`super::arrays::ids`] unless they were viewed, then
+/// the counts by [`super::arrays::int64_vec`]), which raise their errors.
+/// Never a view while a copying reader (which may run Python code:
+/// `__index__`, sequences) runs.
 ///
 /// # Safety
 /// As [`super::arrays::tokens`]: no Python code may run while the views are alive.
@@ -144,7 +145,8 @@ pub unsafe fn ids_and_counts<'a>(
 ) -> PyResult<IdsAndCounts<'a>> {
     // SAFETY: our caller's contract; `ids_in_place` returns a view only for an
     // int64 array (no Python code run), and a copy otherwise.
-    if let Cow::Borrowed(i) = unsafe { ids_in_place(ids, "request_ids") }? {
+    let ids = unsafe { ids_in_place(ids, "request_ids") }?;
+    if let Cow::Borrowed(i) = ids {
         // SAFETY: our caller's contract; `tokens` runs no Python code.
         if let Ok(super::arrays::TokenArray::I64(n)) =
             unsafe { super::arrays::tokens(counts, "num_new_tokens") }
@@ -152,7 +154,9 @@ pub unsafe fn ids_and_counts<'a>(
             return Ok((Cow::Borrowed(i), Cow::Borrowed(n)));
         }
     }
-    let i = super::arrays::ids(ids, "request_ids")?;
+    // A copy of the ids (a plain memory copy of a view): no view lives while the
+    // counts' reader may run Python code.
+    let i = ids.into_owned();
     let n = super::arrays::int64_vec(counts, "num_new_tokens")?;
     Ok((Cow::Owned(i), Cow::Owned(n)))
 }
