@@ -309,43 +309,64 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
     a.try_readonly().map_err(|_| busy(what))
 }
 
-/// Copies a 1-D contiguous int64 array out, without numpy's borrow registry
-/// (see the module documentation): id and length arrays are one entry per
-/// request, and the copy is cheaper than borrow tracking. A copy that cannot
-/// be allocated raises `CapacityError`.
-pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+/// A 1-D C-contiguous int64 array read in place (the per-request id and count
+/// arrays of the batch calls); anything else raises `DTypeError`.
+///
+/// # Safety
+/// As [`tokens`]: no Python code may run while the view is alive.
+pub unsafe fn int64_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a [i64]> {
     let arr = untyped(obj, what)?;
     if arr.cast::<PyArray1<i64>>().is_err() {
         return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
     }
-    // SAFETY: the view is copied out at once; no Python code runs meanwhile
-    // (errors are built lazily).
-    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
-        return Err(dtype(format!("{what} must have dtype int64")));
-    };
+    // SAFETY: our caller's contract.
+    match unsafe { tokens(obj, what) }? {
+        TokenArray::I64(src) => Ok(src),
+        TokenArray::I32(_) => Err(dtype(format!("{what} must have dtype int64"))),
+    }
+}
+
+/// Non-negative request ids read in place as `u64`s, from an array
+/// [`int64_view`] accepts; a negative id raises `InvalidArgumentError`
+/// naming the first. One branch-free pass in the common case.
+///
+/// # Safety
+/// As [`tokens`]: no Python code may run while the view is alive.
+pub unsafe fn ids_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a [u64]> {
+    // SAFETY: our caller's contract.
+    let src = unsafe { int64_view(obj, what) }?;
+    if src.iter().fold(0, |acc, &x| acc | x) < 0 {
+        let x = src.iter().copied().find(|&x| x < 0).unwrap_or_default();
+        return Err(invalid(format!("{what} must be non-negative, got {x}")));
+    }
+    // SAFETY: `i64` and `u64` have one size and alignment, every bit pattern is
+    // valid for both, and these values are non-negative, so each reads as the
+    // same number; the slice borrows the same buffer for the same lifetime.
+    Ok(unsafe { std::slice::from_raw_parts(src.as_ptr().cast::<u64>(), src.len()) })
+}
+
+/// A copy of `src` that raises `CapacityError` when it cannot be allocated.
+fn copied<T: Copy>(src: &[T]) -> PyResult<Vec<T>> {
     let mut v = Vec::new();
     v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
     v.extend_from_slice(src);
     Ok(v)
 }
 
+/// Copies a 1-D contiguous int64 array out ([`int64_view`]), without numpy's
+/// borrow registry (see the module documentation): id and length arrays are
+/// one entry per request, and the copy is cheaper than borrow tracking.
+pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
+    // SAFETY: the view is copied out at once; no Python code runs meanwhile
+    // (errors are built lazily).
+    copied(unsafe { int64_view(obj, what) }?)
+}
+
 /// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s
-/// (copied, as [`int64_vec`]).
+/// ([`ids_view`]), copied as [`int64_vec`] copies.
 pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
-    let arr = untyped(obj, what)?;
-    if arr.cast::<PyArray1<i64>>().is_err() {
-        return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
-    }
     // SAFETY: as in `int64_vec`.
-    let TokenArray::I64(src) = unsafe { tokens(obj, what) }? else {
-        return Err(dtype(format!("{what} must have dtype int64")));
-    };
-    let mut v = Vec::new();
-    v.try_reserve_exact(src.len()).map_err(|_| too_big(&[src.len()]))?;
-    for &x in src {
-        v.push(u64::try_from(x).map_err(|_| invalid(format!("{what} must be non-negative, got {x}")))?);
-    }
-    Ok(v)
+    copied(unsafe { ids_view(obj, what) }?)
 }
 
 /// Reads block ids: a 1-D C-contiguous int32 or int64 array (as token arrays

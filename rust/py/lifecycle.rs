@@ -9,8 +9,6 @@
 //! As in the rest of the binding, every argument is converted before the
 //! cache is borrowed, and output objects are built after the borrow ends.
 
-use std::borrow::Cow;
-
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyTuple};
@@ -98,67 +96,6 @@ pub fn drafts(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
 /// As [`super::arrays::int64_vec`].
 pub fn opt_int64(obj: Option<&Bound<'_, PyAny>>, what: &str) -> PyResult<Option<Vec<i64>>> {
     obj.filter(|o| !o.is_none()).map(|o| super::arrays::int64_vec(o, what)).transpose()
-}
-
-/// A per-request int64 array of a batch call (request ids, counts), read in
-/// place where it is a 1-D C-contiguous int64 array whose entries are all
-/// `>= 0`; anything else is read by [`super::arrays::ids`] (a copy), which
-/// raises that reader's error for it. The ids of a scheduler step are read
-/// twice per step (`schedule_batch`, `commit_batch`): no copy, no per-entry
-/// branch.
-///
-/// # Safety
-/// As [`super::arrays::tokens`]: no Python code may run while the view is alive.
-#[allow(unsafe_code)]
-pub unsafe fn ids_in_place<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [u64]>> {
-    // SAFETY: our caller's contract.
-    if let Ok(super::arrays::TokenArray::I64(s)) = unsafe { super::arrays::tokens(obj, what) } {
-        if s.iter().fold(0, |acc, &x| acc | x) >= 0 {
-            // SAFETY: `i64` and `u64` have one size and alignment, every bit
-            // pattern is valid for both, and these values are non-negative, so
-            // each reads as the same number; the slice borrows the same buffer
-            // for the same lifetime.
-            return Ok(Cow::Borrowed(unsafe {
-                std::slice::from_raw_parts(s.as_ptr().cast::<u64>(), s.len())
-            }));
-        }
-    }
-    super::arrays::ids(obj, what).map(Cow::Owned)
-}
-
-/// Request ids and per-request counts, viewed or copied.
-pub type IdsAndCounts<'a> = (Cow<'a, [u64]>, Cow<'a, [i64]>);
-
-/// The request ids and per-request counts of `schedule_batch`, both read in
-/// place when both are 1-D C-contiguous int64 arrays (the ids `>= 0`), else
-/// both copied (the ids by [`super::arrays::ids`] unless they were viewed, then
-/// the counts by [`super::arrays::int64_vec`]), which raise their errors.
-/// Never a view while a copying reader (which may run Python code:
-/// `__index__`, sequences) runs.
-///
-/// # Safety
-/// As [`super::arrays::tokens`]: no Python code may run while the views are alive.
-#[allow(unsafe_code)]
-pub unsafe fn ids_and_counts<'a>(
-    ids: &'a Bound<'_, PyAny>,
-    counts: &'a Bound<'_, PyAny>,
-) -> PyResult<IdsAndCounts<'a>> {
-    // SAFETY: our caller's contract; `ids_in_place` returns a view only for an
-    // int64 array (no Python code run), and a copy otherwise.
-    let ids = unsafe { ids_in_place(ids, "request_ids") }?;
-    if let Cow::Borrowed(i) = ids {
-        // SAFETY: our caller's contract; `tokens` runs no Python code.
-        if let Ok(super::arrays::TokenArray::I64(n)) =
-            unsafe { super::arrays::tokens(counts, "num_new_tokens") }
-        {
-            return Ok((Cow::Borrowed(i), Cow::Borrowed(n)));
-        }
-    }
-    // A copy of the ids (a plain memory copy of a view): no view lives while the
-    // counts' reader may run Python code.
-    let i = ids.into_owned();
-    let n = super::arrays::int64_vec(counts, "num_new_tokens")?;
-    Ok((Cow::Owned(i), Cow::Owned(n)))
 }
 
 /// `(num_scheduled, block_ids, block_offsets)` of a batch step.
@@ -330,14 +267,15 @@ macro_rules! lifecycle_methods {
                     let off = $crate::py::lifecycle::opt_int64(draft_offsets, "draft_offsets")?;
                     // SAFETY: nothing below runs Python code while the views live (the
                     // readers copy or view; the cache is Rust).
-                    let (ids, n) = unsafe { $crate::py::lifecycle::ids_and_counts(request_ids, num_new_tokens) }?;
+                    let ids = unsafe { $crate::py::arrays::ids_view(request_ids, "request_ids") }?;
+                    let n = unsafe { $crate::py::arrays::int64_view(num_new_tokens, "num_new_tokens") }?;
                     let mut me = slf.try_borrow_mut()?;
                     let mut blocks = Vec::new();
                     let mut offsets = Vec::new();
                     offsets.try_reserve_exact(ids.len() + 1).map_err(|_| {
                         $crate::py::errors::capacity(format!("cannot allocate {} block offsets", ids.len() + 1))
                     })?;
-                    let done = me.inner.schedule_batch(&ids, &n, &drafts, off.as_deref(), la, &mut blocks, &mut offsets).py()?;
+                    let done = me.inner.schedule_batch(ids, n, &drafts, off.as_deref(), la, &mut blocks, &mut offsets).py()?;
                     (done, blocks, offsets)
                 };
                 $crate::py::lifecycle::scheduled_batch(slf.py(), done, &blocks, &offsets)
@@ -384,10 +322,10 @@ macro_rules! lifecycle_methods {
                 let rej = $crate::py::lifecycle::opt_int64(num_rejected, "num_rejected")?;
                 // SAFETY: nothing below runs Python code while the views live (the
                 // readers copy or view; the cache is Rust).
-                let ids = unsafe { $crate::py::lifecycle::ids_in_place(request_ids, "request_ids") }?;
+                let ids = unsafe { $crate::py::arrays::ids_view(request_ids, "request_ids") }?;
                 let arr = unsafe { $crate::py::arrays::tokens(tokens, "tokens") }?;
                 let mut me = slf.try_borrow_mut()?;
-                $crate::py::request_cache::Design::commit_batch(&mut me.inner, &ids, arr, off.as_deref(), rej.as_deref()).py()
+                $crate::py::request_cache::Design::commit_batch(&mut me.inner, ids, arr, off.as_deref(), rej.as_deref()).py()
             }
 
             /// Preempts a request (vLLM's ``_preempt_request``): its blocks return to the pool,
