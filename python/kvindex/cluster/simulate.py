@@ -296,13 +296,7 @@ def _loop(
     progress: Callable[[int], None] | None,
 ) -> None:
     reqs = workload.requests
-    followers: dict[int, list[int]] = {}
-    arrivals: list[tuple[int, int]] = []
-    for r in reqs:
-        if r.after >= 0:
-            followers.setdefault(r.after, []).append(r.rid)
-        else:
-            heapq.heappush(arrivals, (r.arrival, r.rid))
+    followers, arrivals = workload.arrival_queue()
     finished = 0
     step = 0
     route_ns = 0

@@ -451,14 +451,7 @@ def simulate_run(
     step_ns = tm.step_ns
 
     reqs = workload.requests
-    followers: dict[int, list[int]] = {}
-    arrivals: list[tuple[int, int]] = []
-    for r in reqs:
-        if r.after >= 0:
-            followers.setdefault(r.after, []).append(r.rid)
-        else:
-            arrivals.append((r.arrival, r.rid))
-    heapq.heapify(arrivals)
+    followers, arrivals = workload.arrival_queue()
     waiting: deque[_Live] = deque()
     running: list[_Live] = []
     finished = 0

@@ -14,6 +14,7 @@ tokens). Token ranges never overlap:
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +106,20 @@ class Workload:
         """Output tokens of request ``rid``: a range unique to it."""
         start = OUTPUT_BASE + int(self._out[rid])
         return np.arange(start, start + self.requests[rid].output_len, dtype=np.int32)
+
+    def arrival_queue(self) -> tuple[dict[int, list[int]], list[tuple[int, int]]]:
+        """The requests a replay starts from: those that follow another (``after >= 0``),
+        by the rid they follow, in rid order; and a heap (``heapq``) of ``(arrival, rid)``
+        of the others."""
+        followers: dict[int, list[int]] = {}
+        arrivals: list[tuple[int, int]] = []
+        for r in self.requests:
+            if r.after >= 0:
+                followers.setdefault(r.after, []).append(r.rid)
+            else:
+                arrivals.append((r.arrival, r.rid))
+        heapq.heapify(arrivals)
+        return followers, arrivals
 
     def summary(self) -> dict[str, Any]:
         """Counts for reports: requests, prompt/output tokens, kinds, the largest request."""
