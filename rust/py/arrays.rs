@@ -315,6 +315,11 @@ pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArr
 /// # Safety
 /// As [`tokens`]: no Python code may run while the view is alive.
 pub unsafe fn int64_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a [i64]> {
+    // SAFETY: our caller's contract. One check in the common case; the checks
+    // below only name what is wrong.
+    if let Ok(TokenArray::I64(src)) = unsafe { tokens(obj, what) } {
+        return Ok(src);
+    }
     let arr = untyped(obj, what)?;
     if arr.cast::<PyArray1<i64>>().is_err() {
         return Err(dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))));
