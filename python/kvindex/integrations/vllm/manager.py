@@ -415,7 +415,7 @@ class KVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Evict blocks from the prefix cache by id (held blocks keep their references)."""
-        ids = sorted(block_ids) if not isinstance(block_ids, (list, tuple)) else list(block_ids)
+        ids = list(block_ids)  # the set's own order, as vLLM iterates it
         collector = self.metrics_collector
         if collector is not None:
             for i in ids:
