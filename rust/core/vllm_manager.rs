@@ -154,6 +154,16 @@ impl VllmManager {
         self.reqs.contains_key(rid)
     }
 
+    /// Ids of the requests holding a table, and of those with a cached count.
+    #[must_use]
+    pub fn request_ids(&self, cached_only: bool) -> Vec<&str> {
+        self.reqs
+            .iter()
+            .filter(|(_, r)| !cached_only || r.num_cached.is_some())
+            .map(|(k, _)| k.as_str())
+            .collect()
+    }
+
     /// vLLM's `num_cached_block` entry of the request.
     #[must_use]
     pub fn num_cached(&self, rid: &str) -> Option<usize> {

@@ -46,7 +46,9 @@ init_none_hash(sha256)
 
 
 def full_attention(block_size: int) -> FullAttentionSpec:
-    return FullAttentionSpec(block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32)
+    return FullAttentionSpec(
+        block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32
+    )
 
 
 def swa(block_size: int) -> SlidingWindowSpec:
@@ -56,7 +58,10 @@ def swa(block_size: int) -> SlidingWindowSpec:
 
 
 def config(num_blocks: int, block_size: int, *specs: Any) -> KVCacheConfig:
-    groups = [KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs or (full_attention(block_size),))]
+    groups = [
+        KVCacheGroupSpec([f"layer{i}"], s)
+        for i, s in enumerate(specs or (full_attention(block_size),))
+    ]
     return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
@@ -73,8 +78,12 @@ def make_request(rid: str, tokens: list[int], block_size: int) -> Request:
 
 
 def managers(num_blocks: int, block_size: int, **kw: Any) -> tuple[Any, KVCacheManager]:
-    args = dict(max_model_len=8192, scheduler_block_size=block_size, hash_block_size=block_size, **kw)
-    return VllmManager(config(num_blocks, block_size), **args), KVCacheManager(config(num_blocks, block_size), **args)
+    args = dict(
+        max_model_len=8192, scheduler_block_size=block_size, hash_block_size=block_size, **kw
+    )
+    return VllmManager(config(num_blocks, block_size), **args), KVCacheManager(
+        config(num_blocks, block_size), **args
+    )
 
 
 def ids(blocks: Any) -> Any:
@@ -97,7 +106,9 @@ def test_hit_allocate_free_against_vllm() -> None:
     assert n1 == n2 == 12 and ids(b1) == ids(b2)
     assert ids(ref.allocate_slots(r_ref, 2, n1, b1)) == ids(kvi.allocate_slots(r_kvi, 2, n2, b2))
     assert ref.get_block_ids("b") == kvi.get_block_ids("b")
-    assert [b.ref_cnt for b in kvi.get_blocks("b").blocks[0]] == [b.ref_cnt for b in ref.get_blocks("b").blocks[0]]
+    assert [b.ref_cnt for b in kvi.get_blocks("b").blocks[0]] == [
+        b.ref_cnt for b in ref.get_blocks("b").blocks[0]
+    ]
     assert kvi.take_events() == ref.take_events()
     assert kvi.usage == ref.usage
     assert kvi.estimate_cached_tokens(r_kvi) == ref.estimate_cached_tokens(r_ref)
@@ -120,9 +131,14 @@ def test_random_differential(seed: int, caching: bool) -> None:
         if op < 0.35 or not running:
             rid = f"r{next_id}"
             next_id += 1
-            prompt = rng.choice(prefixes) + [rng.randrange(50) for _ in range(rng.randint(1, 5 * bs))]
+            prompt = rng.choice(prefixes) + [
+                rng.randrange(50) for _ in range(rng.randint(1, 5 * bs))
+            ]
             pair = make_request(rid, prompt, bs), make_request(rid, prompt, bs)
-            (b1, n1, _), (b2, n2, _) = ref.get_computed_blocks(pair[0]), kvi.get_computed_blocks(pair[1])
+            (b1, n1, _), (b2, n2, _) = (
+                ref.get_computed_blocks(pair[0]),
+                kvi.get_computed_blocks(pair[1]),
+            )
             assert (ids(b1), n1) == (ids(b2), n2)
             chunk = rng.randint(1, len(prompt) - n1)
             look = rng.choice([0, 0, 2])
@@ -130,7 +146,16 @@ def test_random_differential(seed: int, caching: bool) -> None:
             out = []
             for m, r, b, n in ((ref, pair[0], b1, n1), (kvi, pair[1], b2, n2)):
                 out.append(
-                    ids(m.allocate_slots(r, chunk, n, b, num_lookahead_tokens=look, full_sequence_must_fit=must_fit))
+                    ids(
+                        m.allocate_slots(
+                            r,
+                            chunk,
+                            n,
+                            b,
+                            num_lookahead_tokens=look,
+                            full_sequence_must_fit=must_fit,
+                        )
+                    )
                 )
             assert out[0] == out[1]
             if out[0] is not None:
@@ -148,7 +173,7 @@ def test_random_differential(seed: int, caching: bool) -> None:
                 for r in pair:
                     r.append_output_token_ids(tok)
                 n = 1
-            out = [ids(m.allocate_slots(r, n)) for m, r in zip((ref, kvi), pair)]
+            out = [ids(m.allocate_slots(r, n)) for m, r in zip((ref, kvi), pair, strict=True)]
             assert out[0] == out[1]
             if out[0] is not None:
                 for r in pair:
@@ -205,7 +230,9 @@ def test_events_have_vllm_content() -> None:
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),
     ],
 )
-def test_unsupported_configs_raise_one_clear_error(cfg: KVCacheConfig, kw: dict[str, Any], what: str) -> None:
+def test_unsupported_configs_raise_one_clear_error(
+    cfg: KVCacheConfig, kw: dict[str, Any], what: str
+) -> None:
     args: dict[str, Any] = dict(max_model_len=64, scheduler_block_size=4, hash_block_size=4)
     args.update(kw)
     with pytest.raises(UnsupportedVllmConfigError, match=what) as info:
