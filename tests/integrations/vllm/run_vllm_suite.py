@@ -82,14 +82,11 @@ def parse_junit(path: Path, src: Path) -> dict[str, tuple[str, str]]:
 
 
 def pytest_command(vpy: str, files: list[str], junit: Path, swap: bool) -> list[str]:
-    cmd = [
-        vpy, "-m", "pytest", "--noconftest", "-p", "kvindex_vllm_fixtures",
-        "-p", "no:cacheprovider", "-q", "-o", "junit_family=xunit1",
-        f"--junitxml={junit}", *files,
+    plugins = ["-p", "kvindex_vllm_fixtures"] + (["-p", "kvindex_vllm_swap"] if swap else [])
+    return [
+        vpy, "-m", "pytest", "--noconftest", *plugins, "-p", "no:cacheprovider", "-q",
+        "-o", "junit_family=xunit1", f"--junitxml={junit}", *files,
     ]  # fmt: skip
-    if swap:
-        cmd[5:5] = ["-p", "kvindex_vllm_swap"]
-    return cmd
 
 
 def _row(*cells: object) -> str:

@@ -6,6 +6,7 @@ does, then driven for a few steps; and the ``KVINDEX_VLLM=1`` plugin path."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,11 +31,13 @@ from kvindex.integrations.vllm.manager import KVCacheManager
 
 BLOCK = 16
 NUM_BLOCKS = 256
+# A local model folder (config.json only), as `vllm serve /path/to/model` takes it.
+MODEL = str(Path(__file__).resolve().parent.parent / "models" / "facebook" / "opt-125m")
 
 
 def engine_config(*cli: str) -> Any:
     parser = EngineArgs.add_cli_args(FlexibleArgumentParser())
-    args = parser.parse_args(["--model", "facebook/opt-125m", "--block-size", str(BLOCK), *cli])
+    args = parser.parse_args(["--model", MODEL, "--block-size", str(BLOCK), *cli])
     return EngineArgs.from_cli_args(args).create_engine_config()
 
 
