@@ -28,7 +28,7 @@ env_dir=$(cd "$1" && pwd)
 parent=$2
 pip_flags=(--disable-pip-version-check -q)
 stamp="$env_dir/.ready"
-want="$VLLM_VERSION $WHEEL_SHA256 $SDIST_SHA256 $(sha256sum "$here/requirements.txt" | cut -c1-64) $(cd "$here/models" && find . -name '*.json' | sort | xargs sha256sum | sha256sum | cut -c1-64) $parent"
+want="$(sha256sum "$0" | cut -c1-64) $VLLM_VERSION $WHEEL_SHA256 $SDIST_SHA256 $(sha256sum "$here/requirements.txt" | cut -c1-64) $(cd "$here/models" && find . -name '*.json' | sort | xargs sha256sum | sha256sum | cut -c1-64) $parent"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
   echo "vLLM test environment up to date: $env_dir"; exit 0
 fi
@@ -75,6 +75,10 @@ check "$dl/$SDIST" "$SDIST_SHA256"
 rm -rf "$env_dir/vllm-src"
 mkdir -p "$env_dir/vllm-src"
 tar -xzf "$dl/$SDIST" -C "$env_dir/vllm-src" --strip-components=1 "vllm-$VLLM_VERSION/tests"
+# vLLM's tests get a pytest configuration of their own, so that no configuration of a folder
+# above (this repository's pyproject.toml when ENV_DIR is inside the checkout) applies to them.
+printf '[pytest]\n# vLLM 0.33.0 tests/ run with pytest defaults (see setup_env.sh)\n' \
+  > "$env_dir/vllm-src/pytest.ini"
 
 "$vpy" - "$here/models" "$env_dir/redirect.json" <<'PY'
 import json, pathlib, sys
