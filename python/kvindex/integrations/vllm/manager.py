@@ -243,6 +243,8 @@ class KVCacheManager:
         )
         self._events: list[KVCacheEvent] = []
         self._loose = 0
+        self._last_hit: tuple[KVCacheBlocks, list[int]] | None = None
+        self._last_ids: list[int] = []
         # The one-call path serves running requests when nothing else must watch the
         # allocation (KV events, the metrics collector) and caching is on.
         self._fast = enable_caching and not enable_kv_cache_events and metrics_collector is None
@@ -293,6 +295,7 @@ class KVCacheManager:
     ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         ids = self._core.find_hit(block_hashes, max_length // bs, self._drop_eagle)
+        self._last_ids = ids
         blocks = self._blocks
         return [blocks[i] for i in ids], len(ids) * bs
 
@@ -314,7 +317,11 @@ class KVCacheManager:
             self._emit_stored(request, 0, len(blocks))
         if not blocks:
             return self.empty_kv_cache_blocks, 0, 0
-        return KVCacheBlocks((blocks,)), n, 0
+        result = KVCacheBlocks((blocks,))
+        # allocate_slots usually adopts exactly this result next: keep its ids so the
+        # blocks need not be read back one by one.
+        self._last_hit = (result, self._last_ids)
+        return result, n, 0
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -399,7 +406,16 @@ class KVCacheManager:
             new_computed_blocks is not None
             and new_computed_blocks is not self.empty_kv_cache_blocks
         ):
-            hit = [b.block_id for b in new_computed_blocks.blocks[0]]
+            last = self._last_hit
+            if (
+                last is not None
+                and last[0] is new_computed_blocks
+                and len(last[1]) == len(new_computed_blocks.blocks[0])
+            ):
+                hit = last[1]
+            else:
+                hit = [b.block_id for b in new_computed_blocks.blocks[0]]
+            self._last_hit = None
             adopt = new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks
         else:
             hit = []
