@@ -233,6 +233,39 @@ def pytest_command(vpy: str, files: list[str], junit: Path, swap: bool) -> list[
     ]  # fmt: skip
 
 
+def compare(
+    stock: dict[str, tuple[str, str]], swapped: dict[str, tuple[str, str]]
+) -> tuple[list[str], dict[str, Counter[str]]]:
+    """The problems (each a line naming the test) and the per-file outcome counts of the two
+    runs' results: a stock pass must pass on kvindex unless listed out of scope; a listed
+    one must fail with kvindex's error."""
+    problems: list[str] = []
+    per_file: dict[str, Counter[str]] = {}
+    for nodeid, (outcome, _) in sorted(stock.items()):
+        f = nodeid.split("::")[0]
+        c = per_file.setdefault(f, Counter())
+        c[f"stock_{outcome}"] += 1
+        s_outcome, s_text = swapped.get(nodeid, ("missing", ""))
+        c[f"kvindex_{s_outcome}"] += 1
+        reason = out_of_scope_reason(nodeid)
+        if outcome != "passed":
+            continue
+        if reason is None:
+            if s_outcome != "passed":
+                first = s_text.strip().splitlines()[0] if s_text.strip() else ""
+                problems.append(f"REGRESSION {nodeid}: {s_outcome} on kvindex: {first[:300]}")
+        elif s_outcome == "passed":
+            problems.append(f"LISTED OUT OF SCOPE BUT PASSES on kvindex ({reason}): {nodeid}")
+        elif ERROR_NAME not in s_text and ERROR_MESSAGE not in s_text:
+            first = s_text.strip().splitlines()[0] if s_text.strip() else ""
+            problems.append(f"OUT OF SCOPE ({reason}), not {ERROR_NAME}: {nodeid}: {first[:300]}")
+        else:
+            c["out_of_scope"] += 1
+    for nodeid in sorted(set(swapped) - set(stock)):
+        problems.append(f"only in the kvindex run: {nodeid}")
+    return problems, per_file
+
+
 def _row(*cells: object) -> str:
     first, *rest = (str(c) for c in cells)
     return f"{first:<45}" + "".join(f" {c:>12}" for c in rest)
@@ -308,30 +341,7 @@ def main() -> int:
     stock = parse_junit(stock_xml, src)
     swapped = parse_junit(swap_xml, src)
 
-    problems: list[str] = []
-    per_file: dict[str, Counter[str]] = {}
-    for nodeid, (outcome, _) in sorted(stock.items()):
-        f = nodeid.split("::")[0]
-        c = per_file.setdefault(f, Counter())
-        c[f"stock_{outcome}"] += 1
-        s_outcome, s_text = swapped.get(nodeid, ("missing", ""))
-        c[f"kvindex_{s_outcome}"] += 1
-        reason = out_of_scope_reason(nodeid)
-        if outcome != "passed":
-            continue
-        if reason is None:
-            if s_outcome != "passed":
-                first = s_text.strip().splitlines()[0] if s_text.strip() else ""
-                problems.append(f"REGRESSION {nodeid}: {s_outcome} on kvindex: {first[:300]}")
-        elif s_outcome == "passed":
-            problems.append(f"LISTED OUT OF SCOPE BUT PASSES on kvindex ({reason}): {nodeid}")
-        elif ERROR_NAME not in s_text and ERROR_MESSAGE not in s_text:
-            first = s_text.strip().splitlines()[0] if s_text.strip() else ""
-            problems.append(f"OUT OF SCOPE ({reason}), not {ERROR_NAME}: {nodeid}: {first[:300]}")
-        else:
-            c["out_of_scope"] += 1
-    for nodeid in sorted(set(swapped) - set(stock)):
-        problems.append(f"only in the kvindex run: {nodeid}")
+    problems, per_file = compare(stock, swapped)
 
     print(f"\nkvindex's KVCacheManager constructed {report['constructed']} times")
     if report["constructed"] == 0:
