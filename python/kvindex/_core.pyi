@@ -1090,10 +1090,7 @@ class ClusterIndex:
 
 @final
 class _VllmManager:
-    """vLLM 0.33's single-group block manager over kvindex's block pool: the state behind
-    ``kvindex.integrations.vllm.KVCacheManager`` (use that class). Request ids are vLLM's
-    strings; ``hashes`` are a request's ``block_hashes`` (``bytes`` items, at most 32
-    bytes each), of which a call reads only the ones it needs."""
+    """vLLM 0.33's single-group block manager over kvindex's block pool."""
 
     def __new__(
         cls,
@@ -1105,19 +1102,31 @@ class _VllmManager:
         log_new: bool = False,
     ) -> Self: ...
     @property
-    def num_blocks(self) -> int: ...
+    def num_blocks(self) -> int:
+        """Blocks in the pool, the null block 0 included."""
     @property
-    def block_size(self) -> int: ...
+    def block_size(self) -> int:
+        """Tokens per block."""
     @property
-    def num_free_blocks(self) -> int: ...
+    def num_free_blocks(self) -> int:
+        """Free blocks (idle cached ones included)."""
     @property
-    def usage(self) -> float: ...
+    def usage(self) -> float:
+        """``1 - free / (num_blocks - 1)``."""
     @property
-    def num_cached_hashes(self) -> int: ...
-    def find_hit(self, hashes: Sequence[bytes], max_blocks: int, drop_last: bool) -> list[int]: ...
+    def num_cached_hashes(self) -> int:
+        """Distinct cached hashes."""
+    @property
+    def last_cached_run(self) -> tuple[int, int] | None:
+        """The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached,
+        or None."""
+    def find_hit(self, hashes: Sequence[bytes], max_blocks: int, drop_last: bool) -> list[int]:
+        """The longest cached run of ``hashes[:max_blocks]``; its last block dropped with
+        ``drop_last`` (EAGLE)."""
     def num_blocks_to_allocate(
         self, request_id: str, num_tokens: int, new_computed: Sequence[int]
-    ) -> int: ...
+    ) -> int:
+        """vLLM's ``get_num_blocks_to_allocate``."""
     def allocate_slots(
         self,
         request_id: str,
@@ -1131,29 +1140,54 @@ class _VllmManager:
         adopt: bool,
         hashes: Sequence[bytes] | None = None,
         cache_tokens: int | None = None,
-    ) -> list[int] | None: ...
-    @property
-    def last_cached_run(self) -> tuple[int, int] | None: ...
+    ) -> list[int] | None:
+        """vLLM's ``allocate_slots``: new block ids, or None (nothing changed).
+
+        With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
+        (as :meth:`cache`; its run is :attr:`last_cached_run`)."""
     def cache(
         self, request_id: str, hashes: Sequence[bytes], num_tokens: int
-    ) -> tuple[int, int] | None: ...
-    def request_ids(self, cached_only: bool = False) -> list[str]: ...
-    def num_cached(self, request_id: str) -> int | None: ...
-    def has_request(self, request_id: str) -> bool: ...
-    def blocks(self, request_id: str) -> list[int]: ...
-    def num_request_blocks(self, request_id: str) -> int: ...
-    def pop_blocks(self, request_id: str) -> list[int]: ...
-    def free(self, request_id: str) -> None: ...
-    def free_blocks(self, ordered: Sequence[int]) -> None: ...
-    def touch(self, ids: Sequence[int]) -> None: ...
-    def evict_blocks(self, ids: Sequence[int]) -> int: ...
-    def reset(self) -> bool: ...
-    def take_removed(self) -> list[bytes]: ...
-    def take_new_ids(self) -> list[int]: ...
-    def record_for_zeroing(self, request_id: str, start: int) -> None: ...
-    def free_queue(self) -> list[int]: ...
-    def ref_count(self, block_id: int) -> int: ...
-    def block_hash(self, block_id: int) -> bytes | None: ...
-    def hash_tokens(self, block_id: int) -> int | None: ...
-    def cached_block(self, block_hash: bytes) -> int | None: ...
-    def check_invariants(self) -> None: ...
+    ) -> tuple[int, int] | None:
+        """Caches the request's full blocks up to ``num_tokens`` under ``hashes`` (its
+        ``block_hashes``; only the new ones are read). Returns the cached run
+        ``(start, end)`` in blocks, or None when nothing was cached."""
+    def request_ids(self, cached_only: bool = False) -> list[str]:
+        """Ids of the requests holding a table (``cached_only``: those with a cached count)."""
+    def num_cached(self, request_id: str) -> int | None:
+        """vLLM's ``num_cached_block`` entry (None: none)."""
+    def has_request(self, request_id: str) -> bool:
+        """Whether the request holds a block table."""
+    def blocks(self, request_id: str) -> list[int]:
+        """The request's block table."""
+    def num_request_blocks(self, request_id: str) -> int:
+        """The request's table length."""
+    def pop_blocks(self, request_id: str) -> list[int]:
+        """Pops the request's table without freeing it."""
+    def free(self, request_id: str) -> None:
+        """Frees the request's blocks in reverse order."""
+    def free_blocks(self, ordered: Sequence[int]) -> None:
+        """Releases one reference on each block, in order (null blocks skipped)."""
+    def touch(self, ids: Sequence[int]) -> None:
+        """Takes one reference on each block (null blocks skipped)."""
+    def evict_blocks(self, ids: Sequence[int]) -> int:
+        """Drops the hashes of blocks (held or not); returns how many had one."""
+    def reset(self) -> bool:
+        """Drops every cached hash; False (nothing changed) while blocks are held."""
+    def take_removed(self) -> list[bytes]:
+        """Drains the hashes dropped since the last call, in order."""
+    def take_new_ids(self) -> list[int]:
+        """Drains the block ids allocated since the last call."""
+    def record_for_zeroing(self, request_id: str, start: int) -> None:
+        """Logs the request's blocks from table index ``start`` as new (for zeroing)."""
+    def free_queue(self) -> list[int]:
+        """The free queue, head (next handed out) first."""
+    def ref_count(self, block_id: int) -> int:
+        """References on a block."""
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The block's cached hash, or None."""
+    def hash_tokens(self, block_id: int) -> int | None:
+        """Tokens the block's hash covers (None without a hash)."""
+    def cached_block(self, block_hash: bytes) -> int | None:
+        """The first cached block under ``block_hash``, or None."""
+    def check_invariants(self) -> None:
+        """Raises ``InvariantViolation`` if the pool's invariants are broken."""
