@@ -42,9 +42,11 @@
 //!    Rust values and the core (pure Rust) and returns plain Rust values;
 //!    Python objects are made after it returns.
 //!
-//! The one way around it is `Python::attach` inside the closure, which no
-//! binding code calls there. Modules outside this one deny `unsafe_code`, so
-//! they cannot call the private readers either.
+//! The one way around it is `Python::attach` inside the closure; the binding
+//! reaches it there only through its error constructors ([`super::errors`]),
+//! which make a lazy exception (an incref of its class) and run no Python
+//! code. The readers are private to this module, so no other module can take
+//! a view outside the guard.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
