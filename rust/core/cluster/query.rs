@@ -181,7 +181,7 @@ mod tests {
             let vals: Vec<PageId> = (1..=(12 / ps) as u32).map(PageId).collect();
             tree.insert(&toks, &vals, ns.as_deref(), 0, &[], &mut Vec::new()).expect("test setup");
             let mut stored = Vec::new();
-            for ev in tree.take_events() {
+            for ev in tree.events_mut().take() {
                 if let KvEvent::BlockStored { block_hashes, .. } = ev {
                     stored.extend(block_hashes);
                 }

@@ -221,9 +221,7 @@ impl RadixTree {
             done += node.key.len();
             freed.extend_from_slice(&node.value);
             super::unmark_all(&mut self.in_tree, &node.value);
-            if let Some(ev) = &mut self.events {
-                ev.push(KvEvent::BlockRemoved { block_hashes: node.hashes });
-            }
+            self.events.record(|| KvEvent::BlockRemoved { block_hashes: node.hashes });
             let parent = node.parent;
             if self.nodes[parent.idx()].only == x {
                 self.nodes[parent.idx()].only = NodeId::ROOT;
