@@ -12,6 +12,7 @@ from typing import Any, cast
 from kvindex.simulate.capacity import Capacity, parse_capacities
 from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.ledger import HitTally
+from kvindex.simulate.options import parse_designs, parse_ints
 from kvindex.simulate.outputs import check_output_path, check_plot_path
 from kvindex.simulate.progress import Progress
 from kvindex.simulate.report import (
@@ -76,8 +77,6 @@ _TRACE_BLOCK_SIZES = "16"
 _CHAT_CAPACITIES = "32k,64k,128k,inf"
 _TRACE_CAPACITIES = "1M,3M,10M,inf"
 _STEP_MS = 20.0
-#: The largest block (page) size the caches accept.
-MAX_BLOCK_SIZE = 2**20
 
 
 def add_arguments(
@@ -245,48 +244,6 @@ def add_arguments(
     )
 
 
-def _ints(text: str, what: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        try:
-            v = int(part)
-        except ValueError:
-            raise SimulationError(f"bad {what} {part.strip()!r}: expected an integer") from None
-        if v < 1:
-            raise SimulationError(f"{what} must be >= 1, got {v}")
-        if v > MAX_BLOCK_SIZE:
-            raise SimulationError(f"{what} must be at most 2**20 = {MAX_BLOCK_SIZE:,}, got {v:,}")
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise SimulationError(f"no {what} given")
-    return out
-
-
-def _configs(index: str, block_sizes: list[int]) -> list[tuple[str, int]]:
-    from kvindex.protocol import DESIGNS
-
-    out: list[tuple[str, int]] = []
-    for item in index.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        design, _, bs = item.partition("@")
-        design = design.strip()
-        if design not in DESIGNS:
-            raise SimulationError(
-                f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}"
-            )
-        for b in _ints(bs, "block size") if bs else block_sizes:
-            if (design, b) not in out:
-                out.append((design, b))
-    if not out:
-        raise SimulationError("no design given (--index)")
-    return out
-
-
 def _warn(args: argparse.Namespace, message: str) -> None:
     print(f"{getattr(args, 'prog', 'kvindex simulate')}: warning: {message}", file=sys.stderr)
 
@@ -448,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
         check_args(args)
         # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
         # simulator (and pyzmq) is imported only for these runs.
-        from kvindex.cluster.simulate import run_cluster
+        from kvindex.simulate.cluster import run_cluster
 
         try:
             return run_cluster(args)
@@ -459,10 +416,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_seeds(args)
     shape = ModelShape.parse(args.model_shape) if args.model_shape else None
     trace = args.workload_kind == "trace"
-    block_sizes = _ints(
+    block_sizes = parse_ints(
         args.block_size or (_TRACE_BLOCK_SIZES if trace else _CHAT_BLOCK_SIZES), "block size"
     )
-    configs = _configs(args.index, block_sizes)
+    configs = parse_designs(args.index, block_sizes)
     capacities = parse_capacities(
         args.capacity or (_TRACE_CAPACITIES if trace else _CHAT_CAPACITIES), shape
     )
