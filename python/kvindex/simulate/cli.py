@@ -68,7 +68,7 @@ capacity values (comma-separated): inf; tokens 65536, 64k, 3M, 64Ki; blocks 4096
 memory 40GiB / 80GB with --model-shape. Examples:
   kvindex simulate                                   # chat workload, default grid
   kvindex simulate --workload seeds                  # the design notes' worked examples
-  kvindex simulate --trace mooncake.jsonl --index hash_chain,radix,radix@1 --capacity 1M,3M,inf
+  kvindex simulate --trace mooncake.jsonl --design hash_chain,radix,radix@1 --capacity 1M,3M,inf
   kvindex simulate --capacity 1GiB,4GiB --model-shape layers=32,kv_heads=8,head_dim=128,dtype=bf16
 """
 
@@ -130,11 +130,13 @@ def add_arguments(
     d = p.add_argument_group("designs and pool")
     opt(
         d,
+        "--design",
         "--index",
+        dest="design",
         default="hash_chain,radix",
         metavar="LIST",
         help="designs, comma-separated: hash_chain, radix; DESIGN@BS runs one block size "
-        "only (default hash_chain,radix)",
+        "only (default hash_chain,radix); --index is an alias",
     )
     opt(
         d,
@@ -223,7 +225,7 @@ def add_arguments(
     opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
     c = p.add_argument_group(
         "cluster: W engines behind a KV-aware router (needs kvindex[events])",
-        "engines are caches of each --index design and --block-size (one report section "
+        "engines are caches of each --design and --block-size (one report section "
         "each; block size 16 by default), --hash or --policy and a --cluster-blocks pool",
     )
     opt(c, "--cluster", type=int, metavar="W", help="simulate W engine replicas behind a router")
@@ -419,7 +421,7 @@ def run(args: argparse.Namespace) -> int:
     block_sizes = parse_ints(
         args.block_size or (_TRACE_BLOCK_SIZES if trace else _CHAT_BLOCK_SIZES), "block size"
     )
-    configs = parse_designs(args.index, block_sizes)
+    configs = parse_designs(args.design, block_sizes)
     capacities = parse_capacities(
         args.capacity or (_TRACE_CAPACITIES if trace else _CHAT_CAPACITIES), shape
     )

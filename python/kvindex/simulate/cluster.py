@@ -1,6 +1,6 @@
 """``kvindex simulate --cluster W --route LIST``: W engine replicas behind a router.
 
-Each engine is a kvindex cache of the chosen design (``--index``: ``hash_chain``, a
+Each engine is a kvindex cache of the chosen design (``--design``: ``hash_chain``, a
 ``HashChainCache`` hashing with ``--hash``; ``radix``, a ``RadixPrefixCache`` evicting by
 ``--policy``; both by default, one report section each) with the block size, a
 ``--cluster-blocks`` pool, ``enable_events`` and an :class:`~kvindex.events.EventPublisher`
@@ -357,7 +357,7 @@ def _loop(
 
 
 def run_cluster(args: argparse.Namespace) -> int:
-    """The ``--cluster`` mode of ``kvindex simulate``: per design (``--index``; both by
+    """The ``--cluster`` mode of ``kvindex simulate``: per design (``--design``; both by
     default) one section with a row per ``--route`` policy plus the ``global`` pool;
     ``--json`` writes every figure, ``--plot`` draws them."""
     workers = int(args.cluster)
@@ -383,7 +383,7 @@ def run_cluster(args: argparse.Namespace) -> int:
     else:
         workload = chat_workload(getattr(args, "requests", None) or 1000, seed)
     sizes = parse_ints(str(getattr(args, "block_size", None) or 16), "block size")
-    designs = parse_designs(str(getattr(args, "index", None) or ",".join(DESIGNS)), sizes)
+    designs = parse_designs(str(getattr(args, "design", None) or ",".join(DESIGNS)), sizes)
     kw: dict[str, Any] = {
         "blocks": int(args.cluster_blocks),
         "max_running": int(getattr(args, "max_running", 64)),

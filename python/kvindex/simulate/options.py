@@ -54,5 +54,5 @@ def parse_designs(spec: str, block_sizes: list[int]) -> list[tuple[str, int]]:
             if (design, b) not in out:
                 out.append((design, b))
     if not out:
-        raise SimulationError("no design given (--index)")
+        raise SimulationError("no design given (--design)")
     return out
