@@ -4,10 +4,12 @@ The steps are ``bench_lifecycle``'s: ``append_batch`` (64 known ids, today's dec
 step), ``decode`` (``schedule_batch`` + ``commit_batch`` of 64 running requests) and
 ``async`` (``schedule_batch`` of 64 unknown ids, then their ``commit_batch``), for the
 hash chain (xxh3_128) and the radix cache, block size 16. Each build is loaded from its
-``.so`` as ``ab_radix`` loads it; rounds alternate ABBA, and the median of the per-round
-B / A ratios is printed with each build's minimum and median. Usage::
+``.so`` as ``ab_radix`` loads it; rounds alternate ABBA, each round keeps the fastest of
+``--reps`` runs per build (a step of 64 requests takes microseconds, so one run is at the
+mercy of the machine's other load), and the median of the per-round B / A ratios is
+printed with each build's minimum and median. Usage::
 
-    taskset -c 1 python benches/ab_lifecycle.py A.so B.so [--rounds 20] [--steps 2000]
+    taskset -c 1 python benches/ab_lifecycle.py A.so B.so [--rounds 10] [--reps 5] [--steps 2000]
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ STEPS: dict[str, Callable[[str, int], float]] = {
 
 def run(core: ModuleType, design: str, name: str, steps: int) -> float:
     """Seconds per step of ``name`` on ``core``'s caches."""
-    bl.kvindex = SimpleNamespace(HashChainCache=core.HashChainCache, RadixPrefixCache=core.RadixPrefixCache)  # type: ignore[assignment]
+    caches = SimpleNamespace(
+        HashChainCache=core.HashChainCache, RadixPrefixCache=core.RadixPrefixCache
+    )
+    bl.kvindex = caches  # type: ignore[assignment]
     return STEPS[name](design, steps)
 
 
@@ -37,7 +42,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("a", help="baseline build (.so)")
     ap.add_argument("b", help="candidate build (.so)")
-    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--steps", type=int, default=2000)
     args = ap.parse_args()
     a, b = ab_radix.load_core(args.a), ab_radix.load_core(args.b)
@@ -48,7 +54,8 @@ def main() -> None:
             for r in range(args.rounds):
                 got = {}
                 for i in (0, 1) if r % 2 == 0 else (1, 0):
-                    got[i] = run((a, b)[i], design, name, args.steps) * 1e6
+                    core, n = (a, b)[i], args.steps
+                    got[i] = min(run(core, design, name, n) for _ in range(args.reps)) * 1e6
                 pairs.append((got[0], got[1]))
             xa, xb = [p[0] for p in pairs], [p[1] for p in pairs]
             ratio = statistics.median(y / x for x, y in pairs)

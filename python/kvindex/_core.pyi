@@ -645,6 +645,11 @@ class RadixPrefixCache(PrefixCache):
     Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
     ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
     pool runs short.
+
+    Names: ``block_size`` is the one size (the tree's page size, which only
+    :class:`RadixTree` calls ``page_size``); counts of blocks end in ``_blocks``; the
+    tree's token counts keep SGLang's names (``cached_tokens``, ``evictable_size``,
+    ``protected_size``).
     """
 
     def __new__(

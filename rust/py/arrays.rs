@@ -42,7 +42,10 @@
 //!    Rust values and the core (pure Rust) and returns plain Rust values;
 //!    Python objects are made after it returns.
 //!
-//! The one way around it is `Python::attach` inside the closure; the binding
+//! (A `Py<T>` is `Send`: a closure may reach one through a captured struct,
+//! but using it needs a `Python` token, and none drops one, whose decref
+//! could run a finalizer.) The one way around it is `Python::attach` inside
+//! the closure; the binding
 //! reaches it there only through its error constructors ([`super::errors`]),
 //! which make a lazy exception (an incref of its class) and run no Python
 //! code. The readers are private to this module, so no other module can take

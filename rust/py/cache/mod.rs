@@ -11,6 +11,10 @@
 //!   `schedule`, `commit_tokens`, `preempt`, `finish`, ... and batches);
 //! - [`events`]: the KV-event calls.
 //!
+//! (Several `#[pymethods]` blocks for one class need PyO3's
+//! `multiple-pymethods` feature: the blocks are collected into the class's
+//! method table when the type is first built; calls are unchanged.)
+//!
 //! A method shared by both caches is written once, in one of those files,
 //! and declared once, under `class PrefixCache` in `python/kvindex/_core.pyi`.
 //! It reaches the core through [`each!`] (one match, the body compiled once
