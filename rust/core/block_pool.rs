@@ -24,7 +24,7 @@
 //! 8 bytes and compared in full against the block's own hash, so it stays
 //! small enough to live in cache: memory is about 50 bytes per block, plus
 //! ~5 bytes per cached hash. KV events (when enabled) are held in a bounded
-//! [`EventBuffer`] between drains (drop-oldest, counted).
+//! [`crate::core::event_buffer::Events`] between drains (drop-oldest, counted).
 
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;

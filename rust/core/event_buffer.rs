@@ -10,8 +10,11 @@
 //! [`Events`] is what a design holds: the buffer, or nothing when events
 //! are off.
 //!
+//! Invariants: at most `capacity` (>= 1) events are buffered; `dropped`
+//! counts every event pushed out since the last `take_dropped`.
+//!
 //! Costs: push O(1) amortised, drain O(events). Memory: at most `capacity`
-//! events.
+//! events; none with events off.
 
 use std::collections::VecDeque;
 

@@ -25,7 +25,9 @@
 //!
 //! # Prefix memo (no re-hashing of cached prefixes)
 //! A scheduler sees the same system prompt in thousands of requests; vLLM
-//! re-hashes it every time. kvindex keeps, for each cached block without extra
+//! re-hashes it every time. kvindex's prompt hasher
+//! ([`crate::core::memo::PromptHasher`], the block hasher and the memo in
+//! one object) keeps, for each cached block without extra
 //! keys, a memo entry ([`crate::core::memo`]) holding its parent hash, its
 //! tokens and its hash, found by a fingerprint of the token prefix. Hashing a
 //! prompt first probes the memo for all its blocks at once and, where the

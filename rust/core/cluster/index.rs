@@ -1,6 +1,9 @@
 //! [`ClusterIndex`]: block hash -> holder workers (membership, reference
 //! counts), queries; each worker's stream protocol (sequence numbers,
 //! duplicates, gaps, restarts) is [`super::stream`]'s.
+//!
+//! Invariants and costs: the module header of [`crate::core::cluster`]
+//! (checked by [`ClusterIndex::check_invariants`]).
 
 use hashbrown::hash_table::Entry;
 use hashbrown::HashMap;

@@ -17,6 +17,9 @@
 //! query walks (a walk that stops early hashes only up to where it stopped
 //! plus one chunk). Radix: one XXH3-64 per page over the whole prompt, then
 //! the walk. Nothing is allocated after warm-up.
+//!
+//! Invariant: a query's hashes equal the ones the workers' events carry for
+//! the same prompt (the tests compare them).
 
 use super::ClusterIndex;
 use crate::core::error::{KvError, KvResult};

@@ -1,5 +1,7 @@
 //! [`RadixTree::check_invariants`]: invariants 1-7 of the module header,
 //! plus arena, namespace, clock and page-hash bookkeeping.
+//!
+//! Costs: a full walk, O(nodes + pages), for tests and `check_invariants`.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 

@@ -20,6 +20,10 @@
 //!
 //! Costs: set membership changes are O(log L) (L = evictable leaves); one
 //! eviction is O(log L + pages of the leaf); no per-call rebuild.
+//!
+//! Invariant: the set holds exactly the unlocked childless non-root nodes,
+//! each under its current key (invariant 6 of [`crate::core::radix`],
+//! checked by `check_invariants`).
 
 use crate::core::error::{KvError, KvResult};
 use crate::core::events::KvEvent;

@@ -8,6 +8,15 @@
 //! remember the slots of the last batch they resolved
 //! ([`PrefixCache::resolve_batch`]); a batch whose records still carry its
 //! ids at those slots needs neither the index nor the repeat check.
+//!
+//! # Invariants
+//! The request layer's (module header of [`crate::core::request`], checked
+//! by [`PrefixCache::check_invariants`]). Epoch stamps and the remembered
+//! batch slots are hints: a stale one only costs the checked path.
+//!
+//! # Costs
+//! One-chunk calls: O(1) probes per id plus the design's work;
+//! [`PrefixCache::validate_batch`] O(ids), one probe per id.
 
 use rustc_hash::FxHashMap;
 

@@ -17,8 +17,9 @@
 //! ([`TableSource`]), and the ref-count tally of `check_invariants`. A
 //! design ([`PrefixDesign`]) answers only what differs: looking a prompt up,
 //! pinning and unpinning hits, allocating (evicting if it must), caching
-//! computed blocks up to a token count, and its events (drained, bounded
-//! and counted when dropped through the layer). The hash chain
+//! computed blocks up to a token count, and where its events are (an
+//! [`crate::core::event_buffer::Events`]: the layer drains, bounds and
+//! counts them, once for every design). The hash chain
 //! ([`crate::core::hash_chain`]) and the radix tree
 //! ([`crate::core::radix_cache`]) are two implementations; another design (a
 //! hybrid of block groups, an offload tier) is a third `impl PrefixDesign`,
@@ -41,9 +42,9 @@
 //! - plus the design's own invariants ([`PrefixDesign::check_invariants`]).
 //!
 //! # Costs
-//! Id checks and slot lookups: O(1) hash-map probes per id; `append_batch`
-//! and `free_batch` validate the whole batch (O(ids)) before changing
-//! anything. `schedule_batch` and `commit_batch` reuse the slots of the last
+//! Id checks and slot lookups: O(1) hash-map probes per id; every batch
+//! call validates the whole batch (O(ids), one routine:
+//! `PrefixCache::validate_batch`) before changing anything. `schedule_batch` and `commit_batch` reuse the slots of the last
 //! batch while each still holds the id at its position (one record read per
 //! id, no probe): a scheduler sends the same running set to both calls of a
 //! step and to the next step. Memory: one slab entry per running request plus its tokens and

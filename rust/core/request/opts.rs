@@ -2,6 +2,8 @@
 //! `allocate_slots` arguments) and [`Scheduled`]. Plain data, shared by the
 //! one-chunk calls (which admit with the default options) and the engine
 //! lifecycle.
+//!
+//! No invariants (any value is checked by the call that takes it); no costs.
 
 /// Options of an admission step (vLLM's `allocate_slots` arguments).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -38,6 +38,10 @@
 //! the batch's remembered slots; every other case, and every error, takes
 //! the checked path (`*_checked`), which reports the first error in request
 //! order.
+//!
+//! # Invariants
+//! The request layer's (module header of [`crate::core::request`]); the
+//! fast paths answer exactly as the checked ones (unit tests compare them).
 
 use super::opts::{Scheduled, StepOpts};
 use super::{Admitted, Life, PrefixCache, PrefixDesign, Reads, RecordOf, SpecArg, Status};
