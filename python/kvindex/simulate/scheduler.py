@@ -784,18 +784,6 @@ class WholePromptAdmission(_Scheduler):
     request is freed (``"finish"``). Evictions are the cached block hashes each admit /
     append_batch call removed for good."""
 
-    def __init__(
-        self,
-        workload: Workload,
-        spec: RunSpec,
-        usable: int,
-        cache: PrefixCache,
-        skip_futile_retries: bool,
-        progress: Callable[[int], None] | None,
-    ) -> None:
-        super().__init__(workload, spec, usable, cache, skip_futile_retries, progress)
-        self.checkpoint_at_prefill = not self.hash_chain and spec.radix_insert == "prefill"
-
     def count_evictions(self, before: int, cached: int) -> None:
         """A call that left the cache ``before`` cached blocks and cached ``cached`` new
         ones (hash chain) removed the difference; the radix tree counts what it lost."""
@@ -853,7 +841,7 @@ class WholePromptAdmission(_Scheduler):
         self.count_evictions(before, self.dset.filled())
 
     def prefill_complete(self, lv: _Live) -> None:
-        if self.checkpoint_at_prefill:
+        if not self.hash_chain and self.spec.radix_insert == "prefill":
             rid = lv.req.rid
             t0 = time.perf_counter_ns()
             self.cache.checkpoint(rid)
