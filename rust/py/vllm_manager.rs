@@ -105,7 +105,8 @@ impl PyVllmManager {
         self.inner.pool().num_cached_hashes()
     }
 
-    /// The longest cached run of ``hashes[:max_blocks]``; the last block dropped with ``drop_last``.
+    /// The longest cached run of ``hashes[:max_blocks]``; its last block dropped with
+    /// ``drop_last`` (EAGLE).
     fn find_hit(&self, hashes: &Bound<'_, PyAny>, max_blocks: i64, drop_last: bool) -> PyResult<Vec<u32>> {
         let n = hashes.len()?.min(usize::try_from(max_blocks).unwrap_or(0));
         let hs = read_hashes(hashes, 0, n)?;
@@ -123,7 +124,7 @@ impl PyVllmManager {
         Ok(self.inner.num_blocks_to_allocate(request_id, count(num_tokens, "num_tokens")?, &nc))
     }
 
-    /// vLLM's ``allocate_slots`` without the caching step: new block ids, or None (nothing changed).
+    /// vLLM's ``allocate_slots``: new block ids, or None (nothing changed).
     ///
     /// With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
     /// (as :meth:`cache`; its run is :attr:`last_cached_run`).
@@ -166,7 +167,8 @@ impl PyVllmManager {
         Ok(Some(ids_out(&new)))
     }
 
-    /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached, or None.
+    /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached,
+    /// or None.
     #[getter]
     fn last_cached_run(&self) -> Option<(usize, usize)> {
         self.last_run
