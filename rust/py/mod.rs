@@ -16,6 +16,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod radix;
 pub mod request_cache;
+pub mod vllm_hashing;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
 #[pyfunction]
@@ -34,6 +35,7 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
     m.add_function(wrap_pyfunction!(_force_panic_for_tests, m)?)?;
+    m.add_class::<vllm_hashing::PyVllmRequestHasher>()?;
     m.add_class::<hash_chain::PyHashChainCache>()?;
     m.add_class::<common::Admission>()?;
     m.add_class::<events::BlockStored>()?;

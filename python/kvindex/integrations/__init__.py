@@ -1,0 +1,1 @@
+"""Integrations of kvindex into serving engines (each imports its engine lazily)."""
