@@ -210,14 +210,14 @@ class VllmRequestHasher:
     """vLLM 0.33's ``request_block_hasher`` as one native call per request (see
     :mod:`kvindex.integrations.vllm.hashing`)."""
 
-    def __init__(
-        self,
+    def __new__(
+        cls,
         block_size: int,
         algo: str,
         *,
         none_hash: Any,
         fallback: Callable[[Any], list[bytes]],
-    ) -> None: ...
+    ) -> Self: ...
     def __call__(self, request: Any) -> list[bytes]:
         """The hashes of ``request``'s blocks that became full since its last
         ``block_hashes`` entry (vLLM's ``request_block_hasher(request)``)."""

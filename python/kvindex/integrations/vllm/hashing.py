@@ -79,7 +79,7 @@ def make_request_block_hasher(
         from vllm.utils.hashing import get_hash_fn_by_name
         from vllm.v1.core import kv_cache_utils
 
-        vllm_hasher = kv_cache_utils.get_request_block_hasher(
+        vllm_hasher: Callable[[Any], list[bytes]] = kv_cache_utils.get_request_block_hasher(
             block_size, get_hash_fn_by_name(name.removeprefix("vllm_")), num_hash_lookahead_tokens
         )
         if num_hash_lookahead_tokens:
