@@ -248,6 +248,17 @@ impl BlockPool {
         }
     }
 
+    /// Drops `b`'s cached hash whether or not it is in use (vLLM's
+    /// `evict_blocks` on a failed KV load); the block keeps its ref count and
+    /// queue position. Returns whether it had a hash. O(1).
+    pub fn drop_hash(&mut self, b: BlockId) -> bool {
+        if b == BlockId::NULL || self.meta[b.idx()].hash.is_none() {
+            return false;
+        }
+        self.evict_hash(b);
+        true
+    }
+
     /// Turns on the log of blocks that lose their hash (see [`BlockPool::take_evicted`]).
     pub fn log_evictions(&mut self) {
         self.log_evictions = true;

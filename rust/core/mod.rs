@@ -17,6 +17,7 @@
 //! | [`page_pool`] | ref-counted pool of KV pages (`PageId`) behind the radix request cache |
 //! | [`tables`] | block tables and slot mappings for kernels, shared by both caches |
 //! | [`radix_cache`] | the radix design: SGLang's request lifecycle over the tree, under the request layer |
+//! | [`vllm_manager`] | vLLM 0.33's single-group `KVCacheManager` calls over the block pool, on the request's own block hashes |
 //! | [`wire`] | KV events as vLLM 0.33 msgpack batches (encode, decode) |
 
 pub mod block_pool;
@@ -37,5 +38,6 @@ pub mod radix;
 pub mod radix_cache;
 pub mod request;
 pub mod tables;
+pub mod vllm_manager;
 pub mod wide_tokens;
 pub mod wire;

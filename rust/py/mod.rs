@@ -17,6 +17,7 @@ pub mod lifecycle;
 pub mod radix;
 pub mod request_cache;
 pub mod vllm_hashing;
+pub mod vllm_manager;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
 #[pyfunction]
@@ -50,6 +51,7 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::MatchResult>()?;
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<radix::PyRadixPrefixCache>()?;
+    m.add_class::<vllm_manager::PyVllmManager>()?;
     m.add("RADIX_POLICIES", crate::core::radix::POLICY_NAMES.to_vec())?;
     Ok(())
 }

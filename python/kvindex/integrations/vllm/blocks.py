@@ -1,0 +1,325 @@
+"""vLLM's block objects and read-only views over kvindex's block pool.
+
+vLLM's scheduler, its KV connectors and its tests read ``KVCacheBlock`` objects and a
+few ``BlockPool`` / coordinator members. Here one block object per block id is made
+once and reused; its ``ref_cnt`` and hash are read from the Rust pool when asked, never
+kept in Python. The views answer what vLLM reads (the free queue, the hash map, the
+request tables); they do not mutate, except ``BlockPoolView.free_blocks`` /
+``evict_blocks`` / ``reset_prefix_cache`` / ``take_events``, which go through the
+manager like the scheduler's own calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from vllm.v1.core.kv_cache_utils import KVCacheBlock
+
+from kvindex.exceptions import InvalidArgumentError
+
+if TYPE_CHECKING:
+    from kvindex._core import _VllmManager
+
+    from .manager import KVCacheManager
+
+_GROUP0 = (0).to_bytes(4, "big")
+
+
+class _Block(KVCacheBlock):  # type: ignore[misc]
+    """A ``KVCacheBlock`` whose ref count and hash live in the Rust pool."""
+
+    def __init__(self, block_id: int, view: BlockPoolView) -> None:
+        # vLLM's dataclass __init__ would assign ref_cnt / hash fields; these are
+        # read-through properties here, so only the plain slots are set.
+        object.__setattr__(self, "block_id", block_id)
+        object.__setattr__(self, "pool", view)
+        object.__setattr__(self, "is_null", block_id == 0)
+        self._core: _VllmManager = view._core
+        self._view = view
+
+    @property  # type: ignore[misc]
+    def ref_cnt(self) -> int:  # type: ignore[override]
+        if self.block_id == 0:
+            return 0
+        return self._core.ref_count(self.block_id)
+
+    @ref_cnt.setter
+    def ref_cnt(self, value: int) -> None:
+        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns ref counts")
+
+    @property  # type: ignore[misc]
+    def _block_hash(self) -> bytes | None:  # type: ignore[override]
+        h = self._core.block_hash(self.block_id)
+        return None if h is None else h + _GROUP0
+
+    @property
+    def block_hash(self) -> bytes | None:  # type: ignore[override]
+        return self._block_hash
+
+    @property  # type: ignore[misc]
+    def _block_hash_num_tokens(self) -> int | None:  # type: ignore[override]
+        return self._core.hash_tokens(self.block_id)
+
+    @property
+    def block_hash_num_tokens(self) -> int | None:  # type: ignore[override]
+        return self._core.hash_tokens(self.block_id)
+
+    @property  # type: ignore[misc]
+    def prev_free_block(self) -> KVCacheBlock | None:  # type: ignore[override]
+        return self._view.free_block_queue._neighbour(self.block_id, -1)
+
+    @property  # type: ignore[misc]
+    def next_free_block(self) -> KVCacheBlock | None:  # type: ignore[override]
+        return self._view.free_block_queue._neighbour(self.block_id, 1)
+
+    def set_block_hash(self, block_hash: Any, num_tokens: int | None = None) -> None:
+        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns hashes")
+
+    def reset_hash(self) -> None:
+        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns hashes")
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"KVCacheBlock(block_id={self.block_id}, ref_cnt={self.ref_cnt}, "
+            f"_block_hash={self._block_hash!r}, "
+            f"_block_hash_num_tokens={self._block_hash_num_tokens})"
+        )
+
+
+class FreeQueueView:
+    """vLLM's ``FreeKVCacheBlockQueue``, read-only: the Rust pool's free queue."""
+
+    def __init__(self, view: BlockPoolView) -> None:
+        self._view = view
+        self.fake_free_list_head = _Sentinel(self, "head")
+        self.fake_free_list_tail = _Sentinel(self, "tail")
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self._view._core.num_free_blocks
+
+    def get_all_free_blocks(self) -> list[KVCacheBlock]:
+        blocks = self._view.blocks
+        return [blocks[i] for i in self._view._core.free_queue()]
+
+    def _neighbour(self, block_id: int, step: int) -> KVCacheBlock | None:
+        q = self._view._core.free_queue()
+        try:
+            i = q.index(block_id)
+        except ValueError:
+            return None
+        j = i + step
+        if 0 <= j < len(q):
+            return self._view.blocks[q[j]]
+        return self.fake_free_list_head if j < 0 else self.fake_free_list_tail
+
+    def __len__(self) -> int:
+        return self.num_free_blocks
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return iter(self.get_all_free_blocks())
+
+
+class _Sentinel:
+    """The free queue's fake head / tail: their neighbours are the queue's ends."""
+
+    def __init__(self, queue: FreeQueueView, end: str) -> None:
+        self._queue = queue
+        self._end = end
+        self.block_id = -1
+
+    @property
+    def next_free_block(self) -> Any:
+        if self._end == "tail":
+            return None
+        q = self._queue._view._core.free_queue()
+        return self._queue._view.blocks[q[0]] if q else self._queue.fake_free_list_tail
+
+    @property
+    def prev_free_block(self) -> Any:
+        if self._end == "head":
+            return None
+        q = self._queue._view._core.free_queue()
+        return self._queue._view.blocks[q[-1]] if q else self._queue.fake_free_list_head
+
+
+class CachedHashView(Mapping[bytes, KVCacheBlock]):
+    """vLLM's ``cached_block_hash_to_block``, read-only: hash (with group id) -> first block."""
+
+    def __init__(self, view: BlockPoolView) -> None:
+        self._view = view
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        if not isinstance(key, bytes) or len(key) < 4 or key[-4:] != _GROUP0:
+            return None
+        b = self._view._core.cached_block(key[:-4])
+        return None if b is None else self._view.blocks[b]
+
+    @property
+    def _cache(self) -> dict[bytes, Any]:
+        """vLLM's underlying dict (a snapshot): hash -> block, or -> {id: block} for copies."""
+        out: dict[bytes, Any] = {}
+        for b in self._view.blocks[1:]:
+            h = b.block_hash
+            if h is None:
+                continue
+            prev = out.get(h)
+            if prev is None:
+                out[h] = b
+            elif isinstance(prev, dict):
+                prev[b.block_id] = b
+            else:
+                out[h] = {prev.block_id: prev, b.block_id: b}
+        return out
+
+    def contain(self, key: bytes, block_id: int) -> bool:
+        b = self._view.blocks[block_id]
+        return b.block_hash == key
+
+    def __getitem__(self, key: bytes) -> KVCacheBlock:
+        b = self.get_one_block(key)
+        if b is None:
+            raise KeyError(key)
+        return b
+
+    def _keys(self) -> list[bytes]:
+        seen: dict[bytes, None] = {}
+        for b in self._view.blocks[1:]:
+            h = b.block_hash
+            if h is not None:
+                seen.setdefault(h)
+        return list(seen)
+
+    def __iter__(self) -> Iterator[bytes]:
+        return iter(self._keys())
+
+    def __len__(self) -> int:
+        return self._view._core.num_cached_hashes
+
+
+class BlockPoolView:
+    """The members of vLLM's ``BlockPool`` that the scheduler, KV connectors and
+    vLLM's tests read, over kvindex's Rust pool."""
+
+    def __init__(self, manager: KVCacheManager, core: _VllmManager, hash_block_size: int) -> None:
+        self._manager = manager
+        self._core = core
+        self.num_gpu_blocks = core.num_blocks
+        self.enable_caching = manager.enable_caching
+        self.hash_block_size = hash_block_size
+        self.enable_kv_cache_events = manager.enable_kv_cache_events
+        self.blocks: list[KVCacheBlock] = [_Block(i, self) for i in range(core.num_blocks)]
+        self.null_block = self.blocks[0]
+        self.free_block_queue = FreeQueueView(self)
+        self.cached_block_hash_to_block = CachedHashView(self)
+        self.metrics_collector = manager.metrics_collector
+
+    @property
+    def kv_event_queue(self) -> list[Any]:
+        return self._manager._events
+
+    def get_num_free_blocks(self) -> int:
+        return self._core.num_free_blocks
+
+    def get_usage(self) -> float:
+        return self._core.usage
+
+    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+        if list(kv_cache_group_ids) != [0]:
+            return None
+        b = self._core.cached_block(block_hash)
+        return None if b is None else [self.blocks[b]]
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        """Takes ``num_blocks`` blocks off the free queue's head, held by no request (the
+        caller frees them through :meth:`free_blocks`)."""
+        return self._manager._take_loose_blocks(num_blocks)
+
+    def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
+        self._core.free_blocks([b.block_id for b in ordered_blocks])
+
+    def evict_blocks(self, block_ids: Iterable[int]) -> None:
+        self._manager.evict_blocks(set(block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        return self._manager._reset_pool()
+
+    def take_events(self) -> list[Any]:
+        return self._manager._take_raw_events()
+
+
+class GroupManagerView:
+    """vLLM's single-type manager of the one group, as the scheduler and tests read it."""
+
+    def __init__(self, manager: KVCacheManager, core: _VllmManager, spec: Any) -> None:
+        self._core = core
+        self._blocks = manager.block_pool.blocks
+        self.kv_cache_spec = spec
+        self.block_size = core.block_size
+        self.kv_cache_group_id = 0
+        self.block_pool = manager.block_pool
+        self.enable_caching = manager.enable_caching
+        self.use_eagle = manager.use_eagle
+        self.req_to_blocks = _ReqTables(core, self._blocks)
+        self.num_cached_block = _NumCached(core)
+        self._null_block = manager.block_pool.null_block
+        self.retains_longer_hit = False
+
+    @property
+    def records_new_block_ids(self) -> bool:
+        return False
+
+    def take_new_block_ids(self) -> list[int]:
+        return []
+
+
+class _ReqTables(Mapping[str, list[KVCacheBlock]]):
+    """``req_to_blocks``: request id -> its blocks (a fresh list per read)."""
+
+    def __init__(self, core: _VllmManager, blocks: list[KVCacheBlock]) -> None:
+        self._core = core
+        self._blocks = blocks
+
+    def __getitem__(self, rid: str) -> list[KVCacheBlock]:
+        if not self._core.has_request(rid):
+            raise KeyError(rid)
+        blocks = self._blocks
+        return [blocks[i] for i in self._core.blocks(rid)]
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self._core.has_request(rid)
+
+    def __iter__(self) -> Iterator[str]:
+        raise InvalidArgumentError("kvindex does not list its requests' tables")
+
+    def __len__(self) -> int:
+        raise InvalidArgumentError("kvindex does not count its requests' tables")
+
+
+class _NumCached(Mapping[str, int]):
+    """``num_cached_block``: request id -> cached blocks (present as in vLLM)."""
+
+    def __init__(self, core: _VllmManager) -> None:
+        self._core = core
+
+    def __getitem__(self, rid: str) -> int:
+        n = self._core.num_cached(rid) if isinstance(rid, str) else None
+        if n is None:
+            raise KeyError(rid)
+        return n
+
+    def __contains__(self, rid: object) -> bool:
+        return isinstance(rid, str) and self._core.num_cached(rid) is not None
+
+    def __iter__(self) -> Iterator[str]:
+        raise InvalidArgumentError("kvindex does not list its requests' cached counts")
+
+    def __len__(self) -> int:
+        raise InvalidArgumentError("kvindex does not count its requests' cached counts")

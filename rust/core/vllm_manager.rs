@@ -1,0 +1,468 @@
+//! vLLM 0.33's `KVCacheManager` for one full-attention (or MLA) group, over
+//! the same [`BlockPool`] the hash-chain cache uses: the calls vLLM's
+//! scheduler makes on its manager, with the block hashes vLLM computed for
+//! each request (`request.block_hashes`) instead of hashing tokens here.
+//!
+//! The Python drop-in (`kvindex.integrations.vllm.KVCacheManager`) maps each
+//! scheduler call to one call below; every decision (hits, how many blocks,
+//! which blocks, evictions, ref counts, the free-queue order) is made here.
+//!
+//! Per request the manager keeps vLLM's `req_to_blocks` table and its
+//! `num_cached_block` count (present once the request adopted a hit or
+//! cached a block, exactly when vLLM's dict has it). Every entry point
+//! validates before it changes anything; none panics on caller input.
+
+use rustc_hash::FxHashMap;
+
+use crate::core::block_pool::BlockPool;
+use crate::core::error::{ErrorKind, KvError, KvResult};
+use crate::core::ids::{BlockHash, BlockId};
+
+/// One request's blocks.
+#[derive(Clone, Debug, Default)]
+struct Req {
+    blocks: Vec<BlockId>,
+    /// vLLM's `num_cached_block[request_id]` (None: no entry).
+    num_cached: Option<usize>,
+}
+
+/// The sizes `allocate_slots` checks and allocates for (see
+/// [`VllmManager::allocate_slots`]).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SlotRequest {
+    /// Tokens the request's table must hold slots for after the call.
+    pub num_tokens_need_slot: usize,
+    /// Local computed tokens (computed so far plus the new hit).
+    pub num_local_computed: usize,
+    /// Tokens computed elsewhere (a KV connector) beyond the local ones.
+    pub num_external_computed: usize,
+    /// `Some(n)`: the whole sequence of `n` tokens must fit in the free blocks.
+    pub full_sequence_tokens: Option<usize>,
+    /// Free blocks that must stay free.
+    pub reserved_blocks: usize,
+    /// Free blocks the admission gate counts as used.
+    pub watermark_blocks: usize,
+    /// Whether the hit blocks / external tokens are adopted by this call.
+    pub adopt: bool,
+}
+
+/// vLLM's single-group manager state over a block pool.
+#[derive(Clone, Debug)]
+pub struct VllmManager {
+    pool: BlockPool,
+    block_size: usize,
+    enable_caching: bool,
+    reqs: FxHashMap<String, Req>,
+    /// Per block: tokens its cached hash covers (0: no hash).
+    hash_tokens: Vec<u32>,
+    /// Hashes dropped since the last drain, in order (kept when `log_removed`).
+    removed: Vec<BlockHash>,
+    log_removed: bool,
+    /// Newly allocated block ids since the last drain (kept when `log_new`).
+    new_ids: Vec<BlockId>,
+    log_new: bool,
+    scratch: Vec<BlockId>,
+}
+
+fn cdiv(a: usize, b: usize) -> usize {
+    a.div_ceil(b)
+}
+
+impl VllmManager {
+    /// A manager over `num_blocks` blocks (block 0 is the null block).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `num_blocks < 2` or `block_size == 0`;
+    /// `Capacity` if the tables cannot be allocated.
+    pub fn new(
+        num_blocks: usize,
+        block_size: usize,
+        enable_caching: bool,
+        log_removed: bool,
+        log_new: bool,
+    ) -> KvResult<Self> {
+        if block_size == 0 {
+            return Err(KvError::invalid("block_size must be positive".to_owned()));
+        }
+        let pool = BlockPool::new(num_blocks, false)?;
+        Ok(VllmManager {
+            pool,
+            block_size,
+            enable_caching,
+            reqs: FxHashMap::default(),
+            hash_tokens: vec![0; num_blocks],
+            removed: Vec::new(),
+            log_removed,
+            new_ids: Vec::new(),
+            log_new,
+            scratch: Vec::new(),
+        })
+    }
+
+    /// The block pool (read-only).
+    #[must_use]
+    pub fn pool(&self) -> &BlockPool {
+        &self.pool
+    }
+
+    /// Tokens per block.
+    #[must_use]
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// Tokens block `b`'s hash covers (vLLM's `block_hash_num_tokens`), 0 if none.
+    #[must_use]
+    pub fn hash_tokens(&self, b: BlockId) -> usize {
+        self.hash_tokens.get(b.idx()).map_or(0, |&t| t as usize)
+    }
+
+    /// Checks a block id is in range.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when it is not.
+    pub fn check_block(&self, id: i64) -> KvResult<BlockId> {
+        if id < 0 || id >= self.pool.num_blocks() as i64 {
+            return Err(KvError::invalid(format!(
+                "block id {id} out of range 0..{}",
+                self.pool.num_blocks()
+            )));
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        Ok(BlockId(id as u32))
+    }
+
+    /// Longest run of cached blocks for `hashes` (at most `max_blocks`), the
+    /// last one dropped when `drop_last` (EAGLE). No side effects.
+    #[must_use]
+    pub fn find_hit(&self, hashes: &[BlockHash], max_blocks: usize, drop_last: bool) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        if !self.enable_caching {
+            return out;
+        }
+        let k = hashes.len().min(max_blocks);
+        self.pool.lookup_run(&hashes[..k], &mut out);
+        if drop_last {
+            out.pop();
+        }
+        out
+    }
+
+    /// Whether the request has a table (vLLM's `req_to_blocks` entry).
+    #[must_use]
+    pub fn has_request(&self, rid: &str) -> bool {
+        self.reqs.contains_key(rid)
+    }
+
+    /// vLLM's `num_cached_block` entry of the request.
+    #[must_use]
+    pub fn num_cached(&self, rid: &str) -> Option<usize> {
+        self.reqs.get(rid).and_then(|r| r.num_cached)
+    }
+
+    /// The request's block table (empty if unknown).
+    #[must_use]
+    pub fn blocks(&self, rid: &str) -> &[BlockId] {
+        self.reqs.get(rid).map_or(&[], |r| r.blocks.as_slice())
+    }
+
+    /// vLLM's `get_num_blocks_to_allocate` for one full-attention group.
+    #[must_use]
+    pub fn num_blocks_to_allocate(&self, rid: &str, num_tokens: usize, new_computed: &[BlockId]) -> usize {
+        let required = cdiv(num_tokens, self.block_size);
+        let (held, running) =
+            self.reqs.get(rid).map_or((0, false), |r| (r.blocks.len(), r.num_cached.is_some()));
+        if running {
+            return required.saturating_sub(held);
+        }
+        let evictable = new_computed.iter().filter(|&&b| self.pool.is_free(b)).count();
+        required.saturating_sub(new_computed.len() + held) + evictable
+    }
+
+    /// Validates hit block ids: in range, not null, cached (a hit).
+    fn check_hit(&self, new_computed: &[BlockId]) -> KvResult<()> {
+        for &b in new_computed {
+            if b == BlockId::NULL || b.idx() >= self.pool.num_blocks() {
+                return Err(KvError::invalid(format!("block {} is not a cache hit", b.0)));
+            }
+            if self.pool.block_hash(b).is_none() {
+                return Err(KvError::invalid(format!("block {} is not cached: not a cache hit", b.0)));
+            }
+        }
+        Ok(())
+    }
+
+    /// vLLM's `allocate_slots` up to (excluding) caching: the full-sequence
+    /// gate, the free-block check, adopting the hit blocks and external
+    /// tokens, then new blocks up to `num_tokens_need_slot`. Returns the new
+    /// blocks, or `None` with nothing changed.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for hit blocks that are not cached, or a hit for a
+    /// request that already adopted one (nothing changed).
+    pub fn allocate_slots(
+        &mut self,
+        rid: &str,
+        new_computed: &[BlockId],
+        s: &SlotRequest,
+    ) -> KvResult<Option<Vec<BlockId>>> {
+        self.check_hit(new_computed)?;
+        let running = self.num_cached(rid).is_some();
+        if running && !new_computed.is_empty() {
+            return Err(KvError::invalid(format!(
+                "request {rid:?} is running: it cannot adopt new prefix-cache hits"
+            )));
+        }
+        if !self.enable_caching && !new_computed.is_empty() {
+            return Err(KvError::invalid("prefix caching is off: there are no hit blocks".to_owned()));
+        }
+        let free = self.pool.num_free();
+        if let Some(full) = s.full_sequence_tokens {
+            if self.num_blocks_to_allocate(rid, full, new_computed) + s.watermark_blocks > free {
+                return Ok(None);
+            }
+        }
+        let need = self.num_blocks_to_allocate(rid, s.num_tokens_need_slot, new_computed);
+        if need + s.watermark_blocks + s.reserved_blocks > free {
+            return Ok(None);
+        }
+        let log_new = self.log_new;
+        if s.adopt && !running {
+            self.pool.touch(new_computed);
+            let req = self.reqs.entry(rid.to_owned()).or_default();
+            req.blocks.extend_from_slice(new_computed);
+            req.num_cached = Some(req.blocks.len());
+            if s.num_external_computed > 0 {
+                let total = s.num_local_computed + s.num_external_computed;
+                let n = cdiv(total, self.block_size).saturating_sub(self.blocks(rid).len());
+                self.take_new(rid, n, log_new);
+            }
+        }
+        let n = cdiv(s.num_tokens_need_slot, self.block_size).saturating_sub(self.blocks(rid).len());
+        let new = self.take_new(rid, n, log_new);
+        Ok(Some(new))
+    }
+
+    /// Pops `n` blocks for `rid` (the caller checked they are free).
+    fn take_new(&mut self, rid: &str, n: usize, log_new: bool) -> Vec<BlockId> {
+        let n = n.min(self.pool.num_free());
+        if self.log_removed {
+            for b in self.pool.free_queue().take(n) {
+                if let Some(h) = self.pool.block_hash(b) {
+                    self.removed.push(h);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(n);
+        self.pool.allocate(n, &mut out);
+        for &b in &out {
+            self.hash_tokens[b.idx()] = 0;
+        }
+        if log_new {
+            self.new_ids.extend_from_slice(&out);
+        }
+        self.reqs.entry(rid.to_owned()).or_default().blocks.extend_from_slice(&out);
+        out
+    }
+
+    /// The blocks `cache_blocks` would cache now: `(num_cached, num_full)` for
+    /// `num_tokens` cacheable tokens and `num_hashes` known hashes; `None` when
+    /// there is nothing to cache.
+    #[must_use]
+    pub fn cache_range(&self, rid: &str, num_tokens: usize, num_hashes: usize) -> Option<(usize, usize)> {
+        if !self.enable_caching {
+            return None;
+        }
+        let req = self.reqs.get(rid);
+        let start = req.and_then(|r| r.num_cached).unwrap_or(0);
+        let held = req.map_or(0, |r| r.blocks.len());
+        let full = (num_tokens / self.block_size).min(num_hashes).min(held);
+        (start < full).then_some((start, full))
+    }
+
+    /// Caches blocks `start..start + hashes.len()` of the request under
+    /// `hashes` (from [`Self::cache_range`]); a block already hashed keeps
+    /// its hash. Sets the request's cached count to the run's end.
+    ///
+    /// # Errors
+    /// `UnknownRequest` / `InvalidArgument` when the run is not the request's.
+    pub fn cache_run(&mut self, rid: &str, start: usize, hashes: &[BlockHash]) -> KvResult<()> {
+        let Some(req) = self.reqs.get_mut(rid) else {
+            return Err(KvError::new(ErrorKind::UnknownRequest, format!("unknown request {rid:?}")));
+        };
+        let end = start + hashes.len();
+        if end > req.blocks.len() {
+            return Err(KvError::invalid(format!(
+                "request {rid:?} holds {} blocks, cannot cache blocks up to {end}",
+                req.blocks.len()
+            )));
+        }
+        for (i, h) in hashes.iter().enumerate() {
+            let b = req.blocks[start + i];
+            if b == BlockId::NULL || self.pool.block_hash(b).is_some() {
+                continue;
+            }
+            self.pool.cache_block(b, *h);
+            #[allow(clippy::cast_possible_truncation)]
+            let t = ((start + i + 1) * self.block_size).min(u32::MAX as usize) as u32;
+            self.hash_tokens[b.idx()] = t;
+        }
+        req.num_cached = Some(end.max(req.num_cached.unwrap_or(0)));
+        Ok(())
+    }
+
+    /// Pops the request's table without freeing it (vLLM's `pop_blocks_for_free`).
+    pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
+        self.reqs.remove(rid).map(|r| r.blocks).unwrap_or_default()
+    }
+
+    /// Frees the request's blocks in reverse table order (vLLM's `free`).
+    pub fn free(&mut self, rid: &str) {
+        let blocks = self.pop_blocks(rid);
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.pool.free(blocks.iter().rev().copied(), &mut scratch);
+        self.scratch = scratch;
+    }
+
+    /// Releases one reference on each block, in the given order (vLLM's
+    /// `BlockPool.free_blocks`); null blocks are skipped.
+    ///
+    /// # Errors
+    /// `InvalidArgument` if a block is out of range or would drop below a
+    /// reference count of 0 (nothing changed).
+    pub fn free_blocks(&mut self, ordered: &[BlockId]) -> KvResult<()> {
+        let mut seen: FxHashMap<u32, u32> = FxHashMap::default();
+        for &b in ordered {
+            if b == BlockId::NULL {
+                continue;
+            }
+            if b.idx() >= self.pool.num_blocks() {
+                return Err(KvError::invalid(format!("block id {} out of range", b.0)));
+            }
+            let c = seen.entry(b.0).or_insert(0);
+            *c += 1;
+            if *c > self.pool.ref_count(b) {
+                return Err(KvError::invalid(format!("block {} is freed more often than it is held", b.0)));
+            }
+        }
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.pool.free(ordered.iter().copied(), &mut scratch);
+        self.scratch = scratch;
+        Ok(())
+    }
+
+    /// Drops the cached hashes of `ids` whether or not a request holds them
+    /// (vLLM's `evict_blocks`, for KV a connector failed to load). The null
+    /// block and unhashed blocks are skipped. Returns the blocks evicted.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an id out of range (nothing changed).
+    pub fn evict_blocks(&mut self, ids: &[i64]) -> KvResult<usize> {
+        let blocks = ids.iter().map(|&id| self.check_block(id)).collect::<KvResult<Vec<_>>>()?;
+        let mut n = 0;
+        for b in blocks {
+            if b == BlockId::NULL {
+                continue;
+            }
+            if let Some(h) = self.pool.block_hash(b) {
+                if self.log_removed {
+                    self.removed.push(h);
+                }
+                self.pool.drop_hash(b);
+                self.hash_tokens[b.idx()] = 0;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// Drops every cached hash; `false` (nothing changed) while any block is held.
+    pub fn reset(&mut self) -> bool {
+        if self.pool.reset().is_err() {
+            return false;
+        }
+        self.hash_tokens.iter_mut().for_each(|t| *t = 0);
+        true
+    }
+
+    /// Drains the hashes dropped since the last call, in order.
+    pub fn take_removed(&mut self) -> Vec<BlockHash> {
+        std::mem::take(&mut self.removed)
+    }
+
+    /// Drains the block ids allocated since the last call.
+    pub fn take_new_ids(&mut self) -> Vec<BlockId> {
+        std::mem::take(&mut self.new_ids)
+    }
+
+    /// Appends the request's blocks from table index `start` to the new-id log.
+    pub fn record_for_zeroing(&mut self, rid: &str, start: usize) {
+        if let Some(r) = self.reqs.get(rid) {
+            self.new_ids.extend(r.blocks.iter().skip(start).copied());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn h(i: u8) -> BlockHash {
+        BlockHash::from_digest(&[i; 8])
+    }
+
+    fn slots(n: usize) -> SlotRequest {
+        SlotRequest { num_tokens_need_slot: n, adopt: true, ..SlotRequest::default() }
+    }
+
+    #[test]
+    fn hit_after_cache_and_free() {
+        let mut m = VllmManager::new(11, 4, true, true, false).unwrap();
+        let new = m.allocate_slots("a", &[], &slots(10)).unwrap().unwrap();
+        assert_eq!(new, vec![BlockId(1), BlockId(2), BlockId(3)]);
+        let (s, e) = m.cache_range("a", 10, 2).unwrap();
+        m.cache_run("a", s, &[h(1), h(2)][s..e]).unwrap();
+        assert_eq!(m.hash_tokens(BlockId(2)), 8);
+        m.free("a");
+        // Unhashed block 3 goes to the head, cached 2 then 1 to the tail.
+        let q: Vec<u32> = m.pool().free_queue().map(|b| b.0).collect();
+        assert_eq!(&q[..1], &[3]);
+        assert_eq!(&q[q.len() - 2..], &[2, 1]);
+        let hit = m.find_hit(&[h(1), h(2), h(3)], 2, false);
+        assert_eq!(hit, vec![BlockId(1), BlockId(2)]);
+        assert_eq!(m.find_hit(&[h(1), h(2)], 2, true), vec![BlockId(1)]);
+        let s = SlotRequest { num_tokens_need_slot: 12, num_local_computed: 8, ..slots(12) };
+        let new = m.allocate_slots("b", &hit, &s).unwrap().unwrap();
+        assert_eq!(new, vec![BlockId(3)]);
+        assert_eq!(m.num_cached("b"), Some(2));
+        assert_eq!(m.pool().ref_count(BlockId(1)), 1);
+    }
+
+    #[test]
+    fn refusals_change_nothing_and_errors_are_errors() {
+        let mut m = VllmManager::new(4, 4, true, false, false).unwrap();
+        assert!(m.allocate_slots("a", &[], &slots(16)).unwrap().is_none());
+        assert!(!m.has_request("a"));
+        assert!(m.allocate_slots("a", &[BlockId(1)], &slots(4)).is_err());
+        assert!(m.free_blocks(&[BlockId(1)]).is_err());
+        assert!(m.evict_blocks(&[99]).is_err());
+        let s = SlotRequest { reserved_blocks: 2, ..slots(8) };
+        assert!(m.allocate_slots("a", &[], &s).unwrap().is_none());
+        assert!(m.allocate_slots("a", &[], &slots(12)).unwrap().is_some());
+        assert!(!m.reset());
+        let blocks = m.pop_blocks("a");
+        m.free_blocks(&blocks).unwrap();
+        assert!(m.reset());
+    }
+
+    #[test]
+    fn evict_blocks_in_use_logs_removed_hashes() {
+        let mut m = VllmManager::new(6, 2, true, true, true).unwrap();
+        m.allocate_slots("a", &[], &slots(4)).unwrap().unwrap();
+        m.cache_run("a", 0, &[h(1), h(2)]).unwrap();
+        assert_eq!(m.evict_blocks(&[2, 0]).unwrap(), 1);
+        assert_eq!(m.take_removed(), vec![h(2)]);
+        assert_eq!(m.take_new_ids(), vec![BlockId(1), BlockId(2)]);
+        assert_eq!(m.find_hit(&[h(1), h(2)], 9, false), vec![BlockId(1)]);
+    }
+}

@@ -1,0 +1,272 @@
+//! `_VllmManager`: the Python face of [`core::vllm_manager::VllmManager`],
+//! the state behind `kvindex.integrations.vllm.KVCacheManager` (private: that
+//! class is the public API). Request ids are vLLM's strings; block hashes
+//! are read from the request's own `block_hashes` list (``bytes`` items),
+//! only the ones a call needs.
+
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyList};
+
+use super::errors::{invalid, IntoPyResult};
+use crate::core::ids::{BlockHash, BlockId, MAX_DIGEST_LEN};
+use crate::core::vllm_manager::{self as core, SlotRequest};
+
+/// A non-negative count, or `InvalidArgumentError`.
+fn count(v: i64, what: &str) -> PyResult<usize> {
+    usize::try_from(v).map_err(|_| invalid(format!("{what} must be >= 0, got {v}")))
+}
+
+/// Block ids (ints) as the core's ids, range-checked.
+fn block_ids(m: &core::VllmManager, ids: &[i64]) -> PyResult<Vec<BlockId>> {
+    ids.iter().map(|&i| m.check_block(i).py()).collect()
+}
+
+/// Items `start..end` of a sequence of ``bytes`` hashes.
+fn read_hashes(seq: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Vec<BlockHash>> {
+    let mut out = Vec::with_capacity(end.saturating_sub(start));
+    let list = seq.cast::<PyList>().ok();
+    for i in start..end {
+        let item = match &list {
+            Some(l) => l.get_item(i)?,
+            None => seq.get_item(i)?,
+        };
+        let Ok(b) = item.cast::<PyBytes>() else {
+            return Err(invalid(format!("block hash {i} is not bytes")));
+        };
+        let d = b.as_bytes();
+        if d.len() > MAX_DIGEST_LEN {
+            return Err(invalid(format!("block hash {i} is {} bytes, more than {MAX_DIGEST_LEN}", d.len())));
+        }
+        out.push(BlockHash::from_digest(d));
+    }
+    Ok(out)
+}
+
+fn ids_out(v: &[BlockId]) -> Vec<u32> {
+    v.iter().map(|b| b.0).collect()
+}
+
+/// vLLM 0.33's single-group block manager over kvindex's block pool.
+#[pyclass(module = "kvindex._core", name = "_VllmManager")]
+pub struct PyVllmManager {
+    inner: core::VllmManager,
+}
+
+#[pymethods]
+impl PyVllmManager {
+    #[new]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false))]
+    fn new(
+        num_blocks: i64,
+        block_size: i64,
+        enable_caching: bool,
+        log_removed: bool,
+        log_new: bool,
+    ) -> PyResult<Self> {
+        let inner = core::VllmManager::new(
+            count(num_blocks, "num_blocks")?,
+            count(block_size, "block_size")?,
+            enable_caching,
+            log_removed,
+            log_new,
+        )
+        .py()?;
+        Ok(PyVllmManager { inner })
+    }
+
+    /// Blocks in the pool, the null block 0 included.
+    #[getter]
+    fn num_blocks(&self) -> usize {
+        self.inner.pool().num_blocks()
+    }
+
+    /// Tokens per block.
+    #[getter]
+    fn block_size(&self) -> usize {
+        self.inner.block_size()
+    }
+
+    /// Free blocks (idle cached ones included).
+    #[getter]
+    fn num_free_blocks(&self) -> usize {
+        self.inner.pool().num_free()
+    }
+
+    /// ``1 - free / (num_blocks - 1)``.
+    #[getter]
+    fn usage(&self) -> f64 {
+        self.inner.pool().usage()
+    }
+
+    /// Distinct cached hashes.
+    #[getter]
+    fn num_cached_hashes(&self) -> usize {
+        self.inner.pool().num_cached_hashes()
+    }
+
+    /// The longest cached run of ``hashes[:max_blocks]``; the last block dropped with ``drop_last``.
+    fn find_hit(&self, hashes: &Bound<'_, PyAny>, max_blocks: i64, drop_last: bool) -> PyResult<Vec<u32>> {
+        let n = hashes.len()?.min(usize::try_from(max_blocks).unwrap_or(0));
+        let hs = read_hashes(hashes, 0, n)?;
+        Ok(ids_out(&self.inner.find_hit(&hs, n, drop_last)))
+    }
+
+    /// vLLM's ``get_num_blocks_to_allocate``.
+    fn num_blocks_to_allocate(
+        &self,
+        request_id: &str,
+        num_tokens: i64,
+        new_computed: Vec<i64>,
+    ) -> PyResult<usize> {
+        let nc = block_ids(&self.inner, &new_computed)?;
+        Ok(self.inner.num_blocks_to_allocate(request_id, count(num_tokens, "num_tokens")?, &nc))
+    }
+
+    /// vLLM's ``allocate_slots`` without the caching step: new block ids, or None (nothing changed).
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, reserved_blocks, watermark_blocks, adopt))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots(
+        &mut self,
+        request_id: &str,
+        new_computed: Vec<i64>,
+        num_tokens_need_slot: i64,
+        num_local_computed: i64,
+        num_external_computed: i64,
+        full_sequence_tokens: Option<i64>,
+        reserved_blocks: i64,
+        watermark_blocks: i64,
+        adopt: bool,
+    ) -> PyResult<Option<Vec<u32>>> {
+        let nc = block_ids(&self.inner, &new_computed)?;
+        let s = SlotRequest {
+            num_tokens_need_slot: count(num_tokens_need_slot, "num_tokens_need_slot")?,
+            num_local_computed: count(num_local_computed, "num_local_computed")?,
+            num_external_computed: count(num_external_computed, "num_external_computed")?,
+            full_sequence_tokens: full_sequence_tokens
+                .map(|n| count(n, "full_sequence_tokens"))
+                .transpose()?,
+            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
+            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
+            adopt,
+        };
+        Ok(self.inner.allocate_slots(request_id, &nc, &s).py()?.map(|v| ids_out(&v)))
+    }
+
+    /// Caches the request's full blocks up to ``num_tokens`` under ``hashes`` (its
+    /// ``block_hashes``; only the new ones are read). Returns the cached run
+    /// ``(start, end)`` in blocks, or None when nothing was cached.
+    fn cache(
+        &mut self,
+        request_id: &str,
+        hashes: &Bound<'_, PyAny>,
+        num_tokens: i64,
+    ) -> PyResult<Option<(usize, usize)>> {
+        let n = count(num_tokens, "num_tokens")?;
+        let Some((start, end)) = self.inner.cache_range(request_id, n, hashes.len()?) else {
+            return Ok(None);
+        };
+        let hs = read_hashes(hashes, start, end)?;
+        self.inner.cache_run(request_id, start, &hs).py()?;
+        Ok(Some((start, end)))
+    }
+
+    /// vLLM's ``num_cached_block`` entry (None: none).
+    fn num_cached(&self, request_id: &str) -> Option<usize> {
+        self.inner.num_cached(request_id)
+    }
+
+    /// Whether the request holds a block table.
+    fn has_request(&self, request_id: &str) -> bool {
+        self.inner.has_request(request_id)
+    }
+
+    /// The request's block table.
+    fn blocks(&self, request_id: &str) -> Vec<u32> {
+        ids_out(self.inner.blocks(request_id))
+    }
+
+    /// The request's table length.
+    fn num_request_blocks(&self, request_id: &str) -> usize {
+        self.inner.blocks(request_id).len()
+    }
+
+    /// Pops the request's table without freeing it.
+    fn pop_blocks(&mut self, request_id: &str) -> Vec<u32> {
+        ids_out(&self.inner.pop_blocks(request_id))
+    }
+
+    /// Frees the request's blocks in reverse order.
+    fn free(&mut self, request_id: &str) {
+        self.inner.free(request_id);
+    }
+
+    /// Releases one reference on each block, in order (null blocks skipped).
+    fn free_blocks(&mut self, ordered: Vec<i64>) -> PyResult<()> {
+        let ids = block_ids(&self.inner, &ordered)?;
+        self.inner.free_blocks(&ids).py()
+    }
+
+    /// Drops the hashes of blocks (held or not); returns how many had one.
+    fn evict_blocks(&mut self, ids: Vec<i64>) -> PyResult<usize> {
+        self.inner.evict_blocks(&ids).py()
+    }
+
+    /// Drops every cached hash; False (nothing changed) while blocks are held.
+    fn reset(&mut self) -> bool {
+        self.inner.reset()
+    }
+
+    /// Drains the hashes dropped since the last call, in order.
+    fn take_removed<'py>(&mut self, py: Python<'py>) -> Vec<Bound<'py, PyBytes>> {
+        self.inner.take_removed().iter().map(|h| PyBytes::new(py, h.as_bytes())).collect()
+    }
+
+    /// Drains the block ids allocated since the last call.
+    fn take_new_ids(&mut self) -> Vec<u32> {
+        ids_out(&self.inner.take_new_ids())
+    }
+
+    /// Logs the request's blocks from table index ``start`` as new (for zeroing).
+    fn record_for_zeroing(&mut self, request_id: &str, start: i64) -> PyResult<()> {
+        let s = count(start, "start")?;
+        self.inner.record_for_zeroing(request_id, s);
+        Ok(())
+    }
+
+    /// The free queue, head (next handed out) first.
+    fn free_queue(&self) -> Vec<u32> {
+        self.inner.pool().free_queue().map(|b| b.0).collect()
+    }
+
+    /// References on a block.
+    fn ref_count(&self, block_id: i64) -> PyResult<u32> {
+        let b = self.inner.check_block(block_id).py()?;
+        Ok(self.inner.pool().ref_count(b))
+    }
+
+    /// The block's cached hash, or None.
+    fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
+        let b = self.inner.check_block(block_id).py()?;
+        Ok(self.inner.pool().block_hash(b).map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    /// Tokens the block's hash covers (None without a hash).
+    fn hash_tokens(&self, block_id: i64) -> PyResult<Option<usize>> {
+        let b = self.inner.check_block(block_id).py()?;
+        Ok(self.inner.pool().block_hash(b).map(|_| self.inner.hash_tokens(b)))
+    }
+
+    /// The first cached block under ``block_hash``, or None.
+    fn cached_block(&self, block_hash: &Bound<'_, PyBytes>) -> PyResult<Option<u32>> {
+        let d = block_hash.as_bytes();
+        if d.len() > MAX_DIGEST_LEN {
+            return Ok(None);
+        }
+        Ok(self.inner.pool().get_cached(&BlockHash::from_digest(d)).map(|b| b.0))
+    }
+
+    /// Raises ``InvariantViolation`` if the pool's invariants are broken.
+    fn check_invariants(&self) -> PyResult<()> {
+        self.inner.pool().check_invariants().map_err(super::errors::inv_to_py)
+    }
+}
