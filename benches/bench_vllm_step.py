@@ -167,8 +167,12 @@ class Workload:
                 prompt = sysp + self._user(self.rng.randrange(lo, max(lo + 1, 6144 - len(sysp))))
             conv.tokens = prompt
             self.next_rid += 1
-            return Turn(f"c{conv.cid}t{conv.turns}r{self.next_rid}", conv, prompt,
-                        self.rng.randrange(64, 513))
+            return Turn(
+                f"c{conv.cid}t{conv.turns}r{self.next_rid}",
+                conv,
+                prompt,
+                self.rng.randrange(64, 513),
+            )
 
     def finished(self, turn: Turn) -> None:
         conv = turn.conv
@@ -188,30 +192,54 @@ def manager_class(v: Any, cls: Any) -> Iterator[None]:
         v.sched_mod.KVCacheManager = saved
 
 
-def build_scheduler(v: Any, model_dir: str, *, running: int, num_blocks: int, is_async: bool,
-                    manager: Any, caching: bool = True, budget: int = 8192) -> Any:
+def build_scheduler(
+    v: Any,
+    model_dir: str,
+    *,
+    running: int,
+    num_blocks: int,
+    is_async: bool,
+    manager: Any,
+    caching: bool = True,
+    budget: int = 8192,
+) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        model_config = v.ModelConfig(model=model_dir, dtype="float16", seed=0,
-                                     skip_tokenizer_init=True, max_model_len=16384)
+        model_config = v.ModelConfig(
+            model=model_dir, dtype="float16", seed=0, skip_tokenizer_init=True, max_model_len=16384
+        )
         scheduler_config = v.SchedulerConfig(
-            max_num_seqs=running, max_num_batched_tokens=budget, max_model_len=16384,
-            enable_chunked_prefill=True, async_scheduling=is_async,
-            is_encoder_decoder=False, watermark=0.0)
+            max_num_seqs=running,
+            max_num_batched_tokens=budget,
+            max_model_len=16384,
+            enable_chunked_prefill=True,
+            async_scheduling=is_async,
+            is_encoder_decoder=False,
+            watermark=0.0,
+        )
         cache_config = v.CacheConfig(block_size=BLOCK, enable_prefix_caching=caching)
-        vllm_config = v.VllmConfig(scheduler_config=scheduler_config, model_config=model_config,
-                                   cache_config=cache_config)
-        spec = v.FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1,
-                                   dtype=__import__("torch").float32)
-        kv_config = v.KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[],
-                                    kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)])
+        vllm_config = v.VllmConfig(
+            scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
+        )
+        spec = v.FullAttentionSpec(
+            block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=__import__("torch").float32
+        )
+        kv_config = v.KVCacheConfig(
+            num_blocks=num_blocks,
+            kv_cache_tensors=[],
+            kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)],
+        )
         cache_config.num_gpu_blocks = num_blocks
         cls = v.AsyncScheduler if is_async else v.sched_mod.Scheduler
         ctx = manager_class(v, manager) if manager is not None else contextlib.nullcontext()
         with ctx:
-            return cls(vllm_config=vllm_config, kv_cache_config=kv_config, block_size=BLOCK,
-                       log_stats=True,
-                       structured_output_manager=v.StructuredOutputManager(vllm_config))
+            return cls(
+                vllm_config=vllm_config,
+                kv_cache_config=kv_config,
+                block_size=BLOCK,
+                log_stats=True,
+                structured_output_manager=v.StructuredOutputManager(vllm_config),
+            )
 
 
 @dataclass
@@ -228,16 +256,23 @@ class Side:
 
 def make_request(v: Any, turn: Turn, hasher: Any) -> Any:
     sp = v.SamplingParams(max_tokens=turn.answer, ignore_eos=True)
-    return v.Request(request_id=turn.rid, prompt_token_ids=list(turn.prompt), sampling_params=sp,
-                     pooling_params=None, block_hasher=hasher)
+    return v.Request(
+        request_id=turn.rid,
+        prompt_token_ids=list(turn.prompt),
+        sampling_params=sp,
+        pooling_params=None,
+        block_hasher=hasher,
+    )
 
 
 def sampling_mask(side: Side, out: Any) -> list[tuple[str, bool]]:
     """Right after ``schedule()``: which scheduled requests sample a token this step (their
     prompt is computed once this step's tokens are)."""
     reqs = side.sched.requests
-    return [(rid, reqs[rid].num_computed_tokens >= reqs[rid].num_tokens)
-            for rid in out.num_scheduled_tokens]
+    return [
+        (rid, reqs[rid].num_computed_tokens >= reqs[rid].num_tokens)
+        for rid in out.num_scheduled_tokens
+    ]
 
 
 def mock_output(v: Any, side: Side, mask: list[tuple[str, bool]]) -> Any:
@@ -250,17 +285,26 @@ def mock_output(v: Any, side: Side, mask: list[tuple[str, bool]]) -> Any:
             sampled.append([])
         else:
             sampled.append([mock_token(side.turns[rid].conv.cid, r.num_tokens)])
-    return v.ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
-                               sampled_token_ids=sampled, logprobs=None,
-                               prompt_logprobs_dict={}, pooler_output=[])
+    return v.ModelRunnerOutput(
+        req_ids=ids,
+        req_id_to_index={r: i for i, r in enumerate(ids)},
+        sampled_token_ids=sampled,
+        logprobs=None,
+        prompt_logprobs_dict={},
+        pooler_output=[],
+    )
 
 
 def work_of(out: Any) -> tuple[int, int, int, int]:
     hits = sum(r.num_computed_tokens for r in out.scheduled_new_reqs)
     cached = out.scheduled_cached_reqs
     resumed = sum(1 for x in getattr(cached, "resumed_req_ids", ()) or ())
-    return (out.total_num_scheduled_tokens, hits, len(out.scheduled_new_reqs) + resumed,
-            len(out.preempted_req_ids or ()))
+    return (
+        out.total_num_scheduled_tokens,
+        hits,
+        len(out.scheduled_new_reqs) + resumed,
+        len(out.preempted_req_ids or ()),
+    )
 
 
 def step(v: Any, side: Side, is_async: bool) -> tuple[tuple[int, int, int, int], list[str]]:
@@ -346,17 +390,22 @@ def hashing_cost(v: Any, prompts: list[list[int]], hashers: dict[str, Any]) -> d
     for name, h in hashers.items():
         best = None
         for _ in range(3):
-            reqs = [v.Request(request_id=f"h{i}", prompt_token_ids=p, sampling_params=
-                              v.SamplingParams(max_tokens=1), pooling_params=None)
-                    for i, p in enumerate(prompts)]
+            reqs = [
+                v.Request(
+                    request_id=f"h{i}",
+                    prompt_token_ids=p,
+                    sampling_params=v.SamplingParams(max_tokens=1),
+                    pooling_params=None,
+                )
+                for i, p in enumerate(prompts)
+            ]
             t0 = time.perf_counter_ns()
             for r in reqs:
                 r.block_hashes.extend(h(r))
             dt = time.perf_counter_ns() - t0
             best = dt if best is None else min(best, dt)
             assert sum(len(r.block_hashes) for r in reqs) == nblocks
-        res[name] = {"us_per_request": best / len(prompts) / 1e3,
-                     "ns_per_block": best / nblocks}
+        res[name] = {"us_per_request": best / len(prompts) / 1e3, "ns_per_block": best / nblocks}
     return res
 
 
@@ -377,10 +426,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(MODEL_CONFIG, f)
     sides = [
-        Side("stock", build_scheduler(v, tmp, running=args.running, num_blocks=num_blocks,
-                                      is_async=args.is_async, manager=None), stock_hasher),
-        Side("kvindex", build_scheduler(v, tmp, running=args.running, num_blocks=num_blocks,
-                                        is_async=args.is_async, manager=KvManager), kv_hasher),
+        Side(
+            "stock",
+            build_scheduler(
+                v,
+                tmp,
+                running=args.running,
+                num_blocks=num_blocks,
+                is_async=args.is_async,
+                manager=None,
+            ),
+            stock_hasher,
+        ),
+        Side(
+            "kvindex",
+            build_scheduler(
+                v,
+                tmp,
+                running=args.running,
+                num_blocks=num_blocks,
+                is_async=args.is_async,
+                manager=KvManager,
+            ),
+            kv_hasher,
+        ),
     ]
     wl = Workload(args.seed)
     waiting_target = max(8, args.running // 16)
@@ -419,17 +488,27 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for s in sides:
                 s.step_ns.clear()
         if args.verbose and k % 50 == 0:
-            print(f"step {k}: running {len(sides[0].sched.running)} waiting "
-                  f"{len(sides[0].sched.waiting)} usage {sides[0].sched.kv_cache_manager.usage:.3f}"
-                  f" work {works[0][1]}", file=sys.stderr)
+            print(
+                f"step {k}: running {len(sides[0].sched.running)} waiting "
+                f"{len(sides[0].sched.waiting)} usage {sides[0].sched.kv_cache_manager.usage:.3f}"
+                f" work {works[0][1]}",
+                file=sys.stderr,
+            )
     for u in undo:
         u()
     wc = wrapper_cost_ns()
     res: dict[str, Any] = {
-        "running": args.running, "async": args.is_async, "num_blocks": num_blocks,
-        "kvindex_side": args.kvindex_side, "steps": args.steps, "warmup": args.warmup,
-        "usage_min": min(usage), "usage_max": max(usage), "usage_mean": statistics.mean(usage),
-        "running_mean": None, "wrapper_ns": wc,
+        "running": args.running,
+        "async": args.is_async,
+        "num_blocks": num_blocks,
+        "kvindex_side": args.kvindex_side,
+        "steps": args.steps,
+        "warmup": args.warmup,
+        "usage_min": min(usage),
+        "usage_max": max(usage),
+        "usage_mean": statistics.mean(usage),
+        "running_mean": None,
+        "wrapper_ns": wc,
     }
     for s in sides:
         plain = s.step_ns[: args.steps]
@@ -440,11 +519,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "manager_calls_per_step": s.mgr_calls / args.steps,
         }
     res["step_speedup_median"] = res["stock"]["step_ms_median"] / res["kvindex"]["step_ms_median"]
-    res["manager_speedup"] = (res["stock"]["manager_ms_per_step"]
-                              / max(1e-9, res["kvindex"]["manager_ms_per_step"]))
+    res["manager_speedup"] = res["stock"]["manager_ms_per_step"] / max(
+        1e-9, res["kvindex"]["manager_ms_per_step"]
+    )
     res["hashing"] = hashing_cost(v, prompts, {"vllm": stock_hasher, "kvindex": kv_hasher})
-    res["hashing"]["speedup"] = (res["hashing"]["vllm"]["ns_per_block"]
-                                 / res["hashing"]["kvindex"]["ns_per_block"])
+    res["hashing"]["speedup"] = (
+        res["hashing"]["vllm"]["ns_per_block"] / res["hashing"]["kvindex"]["ns_per_block"]
+    )
     return res
 
 
