@@ -37,9 +37,11 @@ pub fn vllm_algo(name: &str) -> KvResult<HashAlgo> {
         "sha256_cbor" | "vllm_sha256_cbor" => HashAlgo::VllmSha256Cbor,
         "xxhash" | "vllm_xxhash" => HashAlgo::VllmXxhash,
         "xxhash_cbor" | "vllm_xxhash_cbor" => HashAlgo::VllmXxhashCbor,
-        _ => return Err(KvError::invalid(format!(
+        _ => {
+            return Err(KvError::invalid(format!(
             "unknown vLLM hash algorithm {name:?}; expected one of sha256, sha256_cbor, xxhash, xxhash_cbor"
-        ))),
+        )))
+        }
     })
 }
 
@@ -102,6 +104,15 @@ impl VllmRequestHasher {
         out.reserve(n);
         let mut parent = *parent;
         if spec.is_empty() {
+            let pickle = matches!(self.inner.algo, HashAlgo::VllmSha256 | HashAlgo::VllmXxhash);
+            if pickle && bs <= PICKLE_FAST_MAX_BLOCK {
+                for blk in tokens.chunks_exact(bs) {
+                    pickle_block_no_keys(&mut self.inner.buf, parent.as_bytes(), blk);
+                    parent = self.inner.algo.digest(&self.inner.buf);
+                    out.push(parent);
+                }
+                return n;
+            }
             for blk in tokens.chunks_exact(bs) {
                 parent = self.inner.hash_block(Some(&parent), blk, &[]);
                 out.push(parent);
@@ -118,6 +129,81 @@ impl VllmRequestHasher {
             out.push(parent);
         }
         n
+    }
+}
+
+/// Blocks up to this many tokens have a pickle payload under CPython's 64 KiB
+/// frame target (at most 9 bytes per token plus a 32-byte parent and the
+/// opcodes), so it is one frame and [`pickle_block_no_keys`] applies.
+const PICKLE_FAST_MAX_BLOCK: usize = 7000;
+
+/// `pickle.dumps((parent, tuple(tokens), None), protocol=5)` for a block
+/// without extra keys, written straight into `buf` (replacing its contents):
+/// the bytes of [`super::pickle::block_payload`] for this shape, without its
+/// per-opcode frame bookkeeping. One frame; `94` memoises the parent, the
+/// token tuple and the outer tuple; ints are BININT1 / BININT2 / BININT /
+/// LONG1 as CPython picks them.
+fn pickle_block_no_keys<T: Token>(buf: &mut Vec<u8>, parent: &[u8], tokens: &[T]) {
+    buf.clear();
+    buf.resize(2 + 9 + 3 + parent.len() + 1 + 1 + 10 * tokens.len() + 8, 0);
+    buf[0] = 0x80;
+    buf[1] = 0x05;
+    buf[2] = 0x95;
+    let mut k = 11;
+    buf[k] = 0x43;
+    #[allow(clippy::cast_possible_truncation)]
+    let plen = parent.len() as u8;
+    buf[k + 1] = plen;
+    k += 2;
+    buf[k..k + parent.len()].copy_from_slice(parent);
+    k += parent.len();
+    buf[k] = 0x94;
+    k += 1;
+    if tokens.len() > 3 {
+        buf[k] = 0x28;
+        k += 1;
+    }
+    for t in tokens {
+        k += pickle_int(&mut buf[k..k + 10], t.get());
+    }
+    buf[k] = match tokens.len() {
+        1 => 0x85,
+        2 => 0x86,
+        3 => 0x87,
+        _ => 0x74,
+    };
+    // tuple memo, None, outer TUPLE3, its memo, STOP
+    buf[k + 1..k + 6].copy_from_slice(&[0x94, 0x4e, 0x87, 0x94, 0x2e]);
+    k += 6;
+    buf.truncate(k);
+    let frame_len = (k - 11) as u64;
+    buf[3..11].copy_from_slice(&frame_len.to_le_bytes());
+}
+
+/// Writes one pickled int at `dst[0..]` (at most 10 bytes) and returns its length.
+#[inline(always)]
+fn pickle_int(dst: &mut [u8], x: i64) -> usize {
+    #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+    if (0..256).contains(&x) {
+        dst[0] = 0x4b;
+        dst[1] = x as u8;
+        2
+    } else if (0..65536).contains(&x) {
+        dst[0] = 0x4d;
+        dst[1..3].copy_from_slice(&(x as u16).to_le_bytes());
+        3
+    } else if i64::from(i32::MIN) <= x && x <= i64::from(i32::MAX) {
+        dst[0] = 0x4a;
+        dst[1..5].copy_from_slice(&(x as i32).to_le_bytes());
+        5
+    } else {
+        // LONG1: the fewest bytes n (5..=8) of two's complement that hold x.
+        let sig = if x < 0 { 64 - (!x).leading_zeros() } else { 64 - x.leading_zeros() } + 1;
+        let n = (sig as usize).div_ceil(8).max(5);
+        dst[0] = 0x8a;
+        dst[1] = n as u8;
+        dst[2..2 + n].copy_from_slice(&x.to_le_bytes()[..n]);
+        2 + n
     }
 }
 
@@ -184,6 +270,53 @@ mod tests {
                 }
                 assert_eq!(out, whole, "{name}");
                 assert_eq!(out.len(), 25);
+            }
+        }
+    }
+
+    /// The keyless pickle fast path writes the generic encoder's bytes for
+    /// every int encoding and tuple form.
+    #[test]
+    fn pickle_fast_path_matches_generic_encoder() {
+        let edges: Vec<i64> = vec![
+            0,
+            1,
+            255,
+            256,
+            65_535,
+            65_536,
+            -1,
+            -256,
+            i64::from(i32::MAX),
+            i64::from(i32::MIN),
+            1 << 31,
+            -(1 << 31) - 1,
+            1 << 39,
+            -(1 << 39),
+            (1 << 39) - 1,
+            -(1 << 39) - 1,
+            1 << 47,
+            -(1 << 47) - 1,
+            1 << 55,
+            -(1 << 55) - 1,
+            i64::MAX,
+            i64::MIN,
+            151_935,
+        ];
+        let parent = [0xabu8; 32];
+        for bs in [1usize, 2, 3, 4, 5, 16, 23] {
+            for start in 0..edges.len() {
+                let blk: Vec<i64> = (0..bs).map(|i| edges[(start + i * 7) % edges.len()]).collect();
+                let mut fast = Vec::new();
+                pickle_block_no_keys(&mut fast, &parent[..if bs % 2 == 0 { 32 } else { 16 }], &blk);
+                let mut slow = Vec::new();
+                super::super::pickle::block_payload(
+                    &mut slow,
+                    &parent[..if bs % 2 == 0 { 32 } else { 16 }],
+                    blk.iter().copied(),
+                    &[],
+                );
+                assert_eq!(fast, slow, "bs {bs} start {start}");
             }
         }
     }
