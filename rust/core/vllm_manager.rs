@@ -154,6 +154,16 @@ impl VllmManager {
         self.reqs.contains_key(rid)
     }
 
+    /// Ids of the requests holding a table, and of those with a cached count.
+    #[must_use]
+    pub fn request_ids(&self, cached_only: bool) -> Vec<&str> {
+        self.reqs
+            .iter()
+            .filter(|(_, r)| !cached_only || r.num_cached.is_some())
+            .map(|(k, _)| k.as_str())
+            .collect()
+    }
+
     /// vLLM's `num_cached_block` entry of the request.
     #[must_use]
     pub fn num_cached(&self, rid: &str) -> Option<usize> {
@@ -417,11 +427,11 @@ mod tests {
 
     #[test]
     fn hit_after_cache_and_free() {
-        let mut m = VllmManager::new(11, 4, true, true, false).unwrap();
-        let new = m.allocate_slots("a", &[], &slots(10)).unwrap().unwrap();
+        let mut m = VllmManager::new(11, 4, true, true, false).expect("test");
+        let new = m.allocate_slots("a", &[], &slots(10)).expect("test").expect("test");
         assert_eq!(new, vec![BlockId(1), BlockId(2), BlockId(3)]);
-        let (s, e) = m.cache_range("a", 10, 2).unwrap();
-        m.cache_run("a", s, &[h(1), h(2)][s..e]).unwrap();
+        let (s, e) = m.cache_range("a", 10, 2).expect("test");
+        m.cache_run("a", s, &[h(1), h(2)][s..e]).expect("test");
         assert_eq!(m.hash_tokens(BlockId(2)), 8);
         m.free("a");
         // Unhashed block 3 goes to the head, cached 2 then 1 to the tail.
@@ -432,7 +442,7 @@ mod tests {
         assert_eq!(hit, vec![BlockId(1), BlockId(2)]);
         assert_eq!(m.find_hit(&[h(1), h(2)], 2, true), vec![BlockId(1)]);
         let s = SlotRequest { num_tokens_need_slot: 12, num_local_computed: 8, ..slots(12) };
-        let new = m.allocate_slots("b", &hit, &s).unwrap().unwrap();
+        let new = m.allocate_slots("b", &hit, &s).expect("test").expect("test");
         assert_eq!(new, vec![BlockId(3)]);
         assert_eq!(m.num_cached("b"), Some(2));
         assert_eq!(m.pool().ref_count(BlockId(1)), 1);
@@ -440,27 +450,27 @@ mod tests {
 
     #[test]
     fn refusals_change_nothing_and_errors_are_errors() {
-        let mut m = VllmManager::new(4, 4, true, false, false).unwrap();
-        assert!(m.allocate_slots("a", &[], &slots(16)).unwrap().is_none());
+        let mut m = VllmManager::new(4, 4, true, false, false).expect("test");
+        assert!(m.allocate_slots("a", &[], &slots(16)).expect("test").is_none());
         assert!(!m.has_request("a"));
         assert!(m.allocate_slots("a", &[BlockId(1)], &slots(4)).is_err());
         assert!(m.free_blocks(&[BlockId(1)]).is_err());
         assert!(m.evict_blocks(&[99]).is_err());
         let s = SlotRequest { reserved_blocks: 2, ..slots(8) };
-        assert!(m.allocate_slots("a", &[], &s).unwrap().is_none());
-        assert!(m.allocate_slots("a", &[], &slots(12)).unwrap().is_some());
+        assert!(m.allocate_slots("a", &[], &s).expect("test").is_none());
+        assert!(m.allocate_slots("a", &[], &slots(12)).expect("test").is_some());
         assert!(!m.reset());
         let blocks = m.pop_blocks("a");
-        m.free_blocks(&blocks).unwrap();
+        m.free_blocks(&blocks).expect("test");
         assert!(m.reset());
     }
 
     #[test]
     fn evict_blocks_in_use_logs_removed_hashes() {
-        let mut m = VllmManager::new(6, 2, true, true, true).unwrap();
-        m.allocate_slots("a", &[], &slots(4)).unwrap().unwrap();
-        m.cache_run("a", 0, &[h(1), h(2)]).unwrap();
-        assert_eq!(m.evict_blocks(&[2, 0]).unwrap(), 1);
+        let mut m = VllmManager::new(6, 2, true, true, true).expect("test");
+        m.allocate_slots("a", &[], &slots(4)).expect("test").expect("test");
+        m.cache_run("a", 0, &[h(1), h(2)]).expect("test");
+        assert_eq!(m.evict_blocks(&[2, 0]).expect("test"), 1);
         assert_eq!(m.take_removed(), vec![h(2)]);
         assert_eq!(m.take_new_ids(), vec![BlockId(1), BlockId(2)]);
         assert_eq!(m.find_hit(&[h(1), h(2)], 9, false), vec![BlockId(1)]);

@@ -175,6 +175,12 @@ impl PyVllmManager {
         self.inner.num_cached(request_id)
     }
 
+    /// Ids of the requests holding a table (``cached_only``: those with a cached count).
+    #[pyo3(signature = (cached_only = false))]
+    fn request_ids(&self, cached_only: bool) -> Vec<String> {
+        self.inner.request_ids(cached_only).into_iter().map(str::to_owned).collect()
+    }
+
     /// Whether the request holds a block table.
     fn has_request(&self, request_id: &str) -> bool {
         self.inner.has_request(request_id)

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 _GROUP0 = (0).to_bytes(4, "big")
 
 
-class _Block(KVCacheBlock):  # type: ignore[misc]
+class _Block(KVCacheBlock):
     """A ``KVCacheBlock`` whose ref count and hash live in the Rust pool."""
 
     def __init__(self, block_id: int, view: BlockPoolView) -> None:
@@ -38,8 +38,8 @@ class _Block(KVCacheBlock):  # type: ignore[misc]
         self._core: _VllmManager = view._core
         self._view = view
 
-    @property  # type: ignore[misc]
-    def ref_cnt(self) -> int:  # type: ignore[override]
+    @property
+    def ref_cnt(self) -> int:
         if self.block_id == 0:
             return 0
         return self._core.ref_count(self.block_id)
@@ -48,29 +48,29 @@ class _Block(KVCacheBlock):  # type: ignore[misc]
     def ref_cnt(self, value: int) -> None:
         raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns ref counts")
 
-    @property  # type: ignore[misc]
-    def _block_hash(self) -> bytes | None:  # type: ignore[override]
+    @property
+    def _block_hash(self) -> bytes | None:
         h = self._core.block_hash(self.block_id)
         return None if h is None else h + _GROUP0
 
     @property
-    def block_hash(self) -> bytes | None:  # type: ignore[override]
+    def block_hash(self) -> bytes | None:
         return self._block_hash
 
-    @property  # type: ignore[misc]
-    def _block_hash_num_tokens(self) -> int | None:  # type: ignore[override]
+    @property
+    def _block_hash_num_tokens(self) -> int | None:
         return self._core.hash_tokens(self.block_id)
 
     @property
-    def block_hash_num_tokens(self) -> int | None:  # type: ignore[override]
+    def block_hash_num_tokens(self) -> int | None:
         return self._core.hash_tokens(self.block_id)
 
-    @property  # type: ignore[misc]
-    def prev_free_block(self) -> KVCacheBlock | None:  # type: ignore[override]
+    @property
+    def prev_free_block(self) -> KVCacheBlock | None:
         return self._view.free_block_queue._neighbour(self.block_id, -1)
 
-    @property  # type: ignore[misc]
-    def next_free_block(self) -> KVCacheBlock | None:  # type: ignore[override]
+    @property
+    def next_free_block(self) -> KVCacheBlock | None:
         return self._view.free_block_queue._neighbour(self.block_id, 1)
 
     def set_block_hash(self, block_hash: Any, num_tokens: int | None = None) -> None:
@@ -181,7 +181,7 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
 
     def contain(self, key: bytes, block_id: int) -> bool:
         b = self._view.blocks[block_id]
-        return b.block_hash == key
+        return bool(b.block_hash == key)
 
     def __getitem__(self, key: bytes) -> KVCacheBlock:
         b = self.get_one_block(key)
@@ -231,7 +231,9 @@ class BlockPoolView:
     def get_usage(self) -> float:
         return self._core.usage
 
-    def get_cached_block(self, block_hash: bytes, kv_cache_group_ids: Sequence[int]) -> list[KVCacheBlock] | None:
+    def get_cached_block(
+        self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
+    ) -> list[KVCacheBlock] | None:
         if list(kv_cache_group_ids) != [0]:
             return None
         b = self._core.cached_block(block_hash)
@@ -271,6 +273,15 @@ class GroupManagerView:
         self.num_cached_block = _NumCached(core)
         self._null_block = manager.block_pool.null_block
         self.retains_longer_hit = False
+        # Copy-on-write block pairs awaiting the worker (vLLM's partial-hit copies).
+        # kvindex makes none (partial-block hits are refused at construction); the
+        # list exists so that copies queued by others reach the scheduler's output.
+        self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+
+    def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        pending = self._pending_cow_copies
+        self._pending_cow_copies = []
+        return pending
 
     @property
     def records_new_block_ids(self) -> bool:
@@ -297,10 +308,10 @@ class _ReqTables(Mapping[str, list[KVCacheBlock]]):
         return isinstance(rid, str) and self._core.has_request(rid)
 
     def __iter__(self) -> Iterator[str]:
-        raise InvalidArgumentError("kvindex does not list its requests' tables")
+        return iter(self._core.request_ids())
 
     def __len__(self) -> int:
-        raise InvalidArgumentError("kvindex does not count its requests' tables")
+        return len(self._core.request_ids())
 
 
 class _NumCached(Mapping[str, int]):
@@ -319,7 +330,7 @@ class _NumCached(Mapping[str, int]):
         return isinstance(rid, str) and self._core.num_cached(rid) is not None
 
     def __iter__(self) -> Iterator[str]:
-        raise InvalidArgumentError("kvindex does not list its requests' cached counts")
+        return iter(self._core.request_ids(cached_only=True))
 
     def __len__(self) -> int:
-        raise InvalidArgumentError("kvindex does not count its requests' cached counts")
+        return len(self._core.request_ids(cached_only=True))

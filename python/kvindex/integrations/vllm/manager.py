@@ -50,6 +50,7 @@ from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
 from kvindex._core import _VllmManager
+from kvindex.exceptions import InvalidArgumentError
 
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
@@ -138,7 +139,9 @@ class _CoordinatorView:
         self.eagle_group_ids = manager._eagle_group_ids
         self.drop_eagle_group_ids = {0} if manager._drop_eagle else set()
         self.num_reprefillable_tokens = manager._num_reprefillable
-        self.retention_interval = getattr(manager.kv_cache_config, "prefix_cache_retention_interval", None)
+        self.retention_interval = getattr(
+            manager.kv_cache_config, "prefix_cache_retention_interval", None
+        )
         self.single_type_managers = (GroupManagerView(manager, core, spec),)
         self.group_block_sizes = (spec.block_size,)
         self.full_attention_group_id = 0
@@ -215,10 +218,16 @@ class KVCacheManager:
         self.num_kv_cache_groups = 1
         self.block_size = spec.block_size
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
-        self._eagle_group_ids: set[int] = {0} if getattr(group, "is_eagle_group", False) or use_eagle else set()
+        self._eagle_group_ids: set[int] = (
+            {0} if getattr(group, "is_eagle_group", False) or use_eagle else set()
+        )
         self._drop_eagle = use_eagle
         self._num_reprefillable = max(0, num_prefill_lookahead - 1)
-        if enable_caching and self._eagle_group_ids and scheduler_block_size < num_prefill_lookahead:
+        if (
+            enable_caching
+            and self._eagle_group_ids
+            and scheduler_block_size < num_prefill_lookahead
+        ):
             raise UnsupportedVllmConfigError(
                 f"Multi-module MTP with prefix caching requires scheduler_block_size"
                 f" (={scheduler_block_size}) >= num_speculative_tokens"
@@ -274,7 +283,9 @@ class KVCacheManager:
 
     # ----------------------------------------------------------------- lookups
 
-    def _find_hit(self, block_hashes: Sequence[bytes], max_length: int) -> tuple[list[KVCacheBlock], int]:
+    def _find_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         ids = self._core.find_hit(block_hashes, max_length // bs, self._drop_eagle)
         blocks = self._blocks
@@ -290,7 +301,11 @@ class KVCacheManager:
         if max_cache_hit_length is None:
             max_cache_hit_length = request.num_tokens - 1
         blocks, n = self._find_hit(request.block_hashes, max_cache_hit_length)
-        if n > 0 and self.enable_kv_cache_events and getattr(request, "kv_cache_report_mode", "incremental") == "full":
+        if (
+            n > 0
+            and self.enable_kv_cache_events
+            and getattr(request, "kv_cache_report_mode", "incremental") == "full"
+        ):
             self._emit_stored(request, 0, len(blocks))
         if not blocks:
             return self.empty_kv_cache_blocks, 0, 0
@@ -325,9 +340,18 @@ class KVCacheManager:
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or None (nothing changed)."""
-        if num_new_tokens == 0 and num_external_computed_tokens == 0 and num_new_computed_tokens == 0:
-            raise ValueError("num_new_tokens must be greater than 0 when there are no computed tokens to adopt")
-        if new_computed_blocks is not None and new_computed_blocks is not self.empty_kv_cache_blocks:
+        if (
+            num_new_tokens == 0
+            and num_external_computed_tokens == 0
+            and num_new_computed_tokens == 0
+        ):
+            raise InvalidArgumentError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        if (
+            new_computed_blocks is not None
+            and new_computed_blocks is not self.empty_kv_cache_blocks
+        ):
             hit = [b.block_id for b in new_computed_blocks.blocks[0]]
             adopt = new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks
         else:
@@ -338,7 +362,10 @@ class KVCacheManager:
         num_local = request.num_computed_tokens + num_new_computed_tokens
         total = min(num_local + num_external_computed_tokens, self.max_model_len)
         watermark = 0
-        if has_scheduled_reqs and request.status in (RequestStatus.WAITING, RequestStatus.PREEMPTED):
+        if has_scheduled_reqs and request.status in (
+            RequestStatus.WAITING,
+            RequestStatus.PREEMPTED,
+        ):
             watermark = self.watermark_blocks
         full = min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None
         need_slot = min(total + num_new_tokens + num_lookahead_tokens, self.max_model_len)
@@ -374,7 +401,9 @@ class KVCacheManager:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks((new_blocks,))
 
-    def _collect(self, collector: KVCacheMetricsCollector, touched: list[int], new_blocks: list[KVCacheBlock]) -> None:
+    def _collect(
+        self, collector: KVCacheMetricsCollector, touched: list[int], new_blocks: list[KVCacheBlock]
+    ) -> None:
         """vLLM's metrics hooks: accessed hit blocks, evicted and allocated new ones."""
         blocks = self._blocks
         for i in touched:
@@ -415,7 +444,7 @@ class KVCacheManager:
 
     def evict_blocks(self, block_ids: set[int]) -> None:
         """Evict blocks from the prefix cache by id (held blocks keep their references)."""
-        ids = sorted(block_ids) if not isinstance(block_ids, (list, tuple)) else list(block_ids)
+        ids = list(block_ids)  # the set's own order, as vLLM iterates it
         collector = self.metrics_collector
         if collector is not None:
             for i in ids:
@@ -429,7 +458,7 @@ class KVCacheManager:
 
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         if num_blocks > self._core.num_free_blocks:
-            raise ValueError(f"Cannot get {num_blocks} free blocks from the pool")
+            raise InvalidArgumentError(f"Cannot get {num_blocks} free blocks from the pool")
         self._loose += 1
         rid = f"\x00kvindex-loose-{self._loose}"
         self._core.allocate_slots(rid, [], num_blocks * self.block_size, 0, 0, None, 0, 0, False)
@@ -467,7 +496,9 @@ class KVCacheManager:
     def _drain_removed(self) -> None:
         for h in self._core.take_removed():
             self._events.append(
-                BlockRemoved(block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=0)
+                BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=0
+                )
             )
 
     def _emit_stored(self, request: Request, start: int, end: int) -> None:
@@ -492,7 +523,9 @@ class KVCacheManager:
         self._events.append(
             BlockStored(
                 block_hashes=[maybe_convert_block_hash(hashes[i]) for i in range(start, end)],
-                parent_block_hash=None if start == 0 else maybe_convert_block_hash(hashes[start - 1]),
+                parent_block_hash=None
+                if start == 0
+                else maybe_convert_block_hash(hashes[start - 1]),
                 token_ids=tokens[start * bs : end * bs],
                 block_size=bs,
                 lora_id=lora.adapter_id if lora else None,
@@ -522,7 +555,9 @@ class KVCacheManager:
             if event.group_idx != 0:
                 # Events appended by others (connectors, tests) for a group this
                 # manager does not have are passed on unannotated, as vLLM does.
-                _vllm_manager_module.logger.warning("Group index `%s` not in KV cache metadata", event.group_idx)
+                _vllm_manager_module.logger.warning(
+                    "Group index `%s` not in KV cache metadata", event.group_idx
+                )
                 continue
             event.kv_cache_spec_kind = kind
             event.kv_cache_spec_sliding_window = sliding_window
@@ -543,7 +578,9 @@ class KVCacheManager:
         """The request's block ids."""
         return (self._core.blocks(request_id),)
 
-    def get_block_ids_for_computed_tokens(self, request_id: str, num_computed_tokens: int) -> tuple[list[int], ...]:
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
         """Block ids covering the request's first ``num_computed_tokens`` tokens."""
         ids = self._core.blocks(request_id)
         return (ids[: _cdiv(num_computed_tokens, self.block_size)],)
@@ -551,12 +588,18 @@ class KVCacheManager:
     def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
         return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
 
-    def truncate_computed_blocks(self, blocks: KVCacheBlocks, num_computed_tokens: int) -> KVCacheBlocks:
+    def truncate_computed_blocks(
+        self, blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> KVCacheBlocks:
         """A lookup result cut at a block-aligned token count (no ref count changes)."""
         group = blocks.blocks[0]
-        if num_computed_tokens % self.block_size != 0 or num_computed_tokens // self.block_size > len(group):
-            raise ValueError(
-                f"cannot truncate {len(group)} blocks of {self.block_size} tokens at {num_computed_tokens}"
+        if (
+            num_computed_tokens % self.block_size != 0
+            or num_computed_tokens // self.block_size > len(group)
+        ):
+            raise InvalidArgumentError(
+                f"cannot truncate {len(group)} blocks of {self.block_size} tokens "
+                f"at {num_computed_tokens}"
             )
         return self.create_kv_cache_blocks((list(group[: num_computed_tokens // self.block_size]),))
 
@@ -571,8 +614,13 @@ class KVCacheManager:
         return None
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """Copy-on-write copies: none (partial-block hits are refused at construction)."""
-        return [], []
+        """Drain pending copy-on-write copies and their retained endpoints (kvindex queues
+        none itself: partial-block hits are refused at construction)."""
+        pending = self.coordinator.single_type_managers[0].take_pending_cow_copies()
+        copies = [
+            KVCacheBlockCopy(src_block_id=s.block_id, dst_block_id=d.block_id) for s, d in pending
+        ]
+        return copies, [b for pair in pending for b in pair]
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
         """Mamba boundary states: none (one attention group)."""
