@@ -35,7 +35,8 @@ const DETACH_MIN_TOKENS: usize = 4096;
 /// The largest digest a parent hash may have (SHA-256).
 const MAX_PARENT: usize = 32;
 
-/// vLLM's request block hasher for one algorithm and hash block size.
+/// vLLM 0.33's ``request_block_hasher`` as one native call per request (see
+/// :mod:`kvindex.integrations.vllm.hashing`).
 #[pyclass(module = "kvindex._core", name = "VllmRequestHasher", frozen)]
 pub struct PyVllmRequestHasher {
     algo: HashAlgo,
