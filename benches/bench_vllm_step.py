@@ -114,7 +114,23 @@ def import_vllm() -> Any:
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
         from vllm.v1.structured_output import StructuredOutputManager
-    return argparse.Namespace(**locals())
+    return argparse.Namespace(
+        sched_mod=sched_mod,
+        CacheConfig=CacheConfig,
+        ModelConfig=ModelConfig,
+        SchedulerConfig=SchedulerConfig,
+        VllmConfig=VllmConfig,
+        SamplingParams=SamplingParams,
+        get_hash_fn_by_name=get_hash_fn_by_name,
+        kv_cache_utils=kv_cache_utils,
+        AsyncScheduler=AsyncScheduler,
+        FullAttentionSpec=FullAttentionSpec,
+        KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec,
+        ModelRunnerOutput=ModelRunnerOutput,
+        Request=Request,
+        StructuredOutputManager=StructuredOutputManager,
+    )
 
 
 def mock_token(conv: int, pos: int) -> int:
@@ -409,6 +425,30 @@ def hashing_cost(v: Any, prompts: list[list[int]], hashers: dict[str, Any]) -> d
     return res
 
 
+def hashing_only(args: argparse.Namespace) -> dict[str, Any]:
+    """Prompt hashing alone, every algorithm: the workload's first 64 prompts, each hashed
+    from scratch by vLLM's hasher and by kvindex's (best of three passes)."""
+    v = import_vllm()
+    from kvindex.integrations.vllm.hashing import make_request_block_hasher
+
+    wl = Workload(args.seed)
+    prompts = [wl.next_turn().prompt for _ in range(64)]
+    res: dict[str, Any] = {"prompts": len(prompts), "blocks": sum(len(p) // BLOCK for p in prompts)}
+    for algo in ["sha256", "sha256_cbor", "xxhash", "xxhash_cbor"]:
+        fn = v.get_hash_fn_by_name(algo)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            v.kv_cache_utils.init_none_hash(fn)
+        hs = {
+            "vllm": v.kv_cache_utils.get_request_block_hasher(BLOCK, fn),
+            "kvindex": make_request_block_hasher(BLOCK, algo),
+        }
+        r = hashing_cost(v, prompts, hs)
+        r["speedup"] = r["vllm"]["ns_per_block"] / r["kvindex"]["ns_per_block"]
+        res[algo] = r
+    return res
+
+
 def run(args: argparse.Namespace) -> dict[str, Any]:
     v = import_vllm()
     from kvindex.integrations.vllm.hashing import make_request_block_hasher
@@ -454,6 +494,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     wl = Workload(args.seed)
     waiting_target = max(8, args.running // 16)
     usage: list[float] = []
+    running_n: list[int] = []
+    work_sum = [0, 0, 0, 0]
     prompts: list[list[int]] = []
     total = args.warmup + 2 * args.steps
     for k in range(total):
@@ -484,6 +526,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 del s.turns[rid]
         if k >= args.warmup:
             usage.append(sides[0].sched.kv_cache_manager.usage)
+            running_n.append(len(sides[0].sched.running))
+            for i, x in enumerate(works[0][1]):
+                work_sum[i] += x
         if k == args.warmup - 1:
             for s in sides:
                 s.step_ns.clear()
@@ -507,7 +552,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "usage_min": min(usage),
         "usage_max": max(usage),
         "usage_mean": statistics.mean(usage),
-        "running_mean": None,
+        "running_mean": statistics.mean(running_n),
+        "work_per_step": dict(
+            zip(
+                ["scheduled_tokens", "hit_tokens", "admissions", "preemptions"],
+                [x / (2 * args.steps) for x in work_sum],
+                strict=True,
+            )
+        ),
         "wrapper_ns": wc,
     }
     for s in sides:
@@ -536,11 +588,16 @@ def main() -> None:
     ap.add_argument("--kvindex-side", choices=["kvindex", "stock"], default="kvindex")
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=600)
-    ap.add_argument("--blocks-per-request", type=float, default=200.0)
+    ap.add_argument("--blocks-per-request", type=float, default=170.0)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--verbose", action="store_true")
+    ap.add_argument(
+        "--hash-only",
+        action="store_true",
+        help="measure prompt hashing (all four algorithms) and exit",
+    )
     args = ap.parse_args()
-    print(json.dumps(run(args), indent=1))
+    print(json.dumps(hashing_only(args) if args.hash_only else run(args), indent=1))
 
 
 if __name__ == "__main__":
