@@ -51,6 +51,7 @@ from typing import Any, Self, final
 
 import numpy as np
 import numpy.typing as npt
+from typing_extensions import disjoint_base
 
 __version__: str
 HASH_ALGOS: list[str]
@@ -231,37 +232,24 @@ class VllmRequestHasher:
     def fallback_calls(self) -> int:
         """How many calls went to the fallback so far."""
 
-@final
-class HashChainCache:
-    """Prefix cache over chained block hashes and a ref-counted block pool (vLLM 0.33 semantics).
+# The methods both request-level caches share are declared once, here.
+@disjoint_base
+class PrefixCache:
+    """A request-level KV prefix cache over a pool of ``num_blocks`` blocks (block 0 is the
+    null block; tables are padded with 0): the base class of :class:`HashChainCache` and
+    :class:`RadixPrefixCache`, which share every method declared here.
 
-    Block 0 is the null block (never allocated; pads block tables). Free blocks form
-    an LRU queue: new blocks come from its head; a finished request's blocks return in
-    reverse table order, unhashed ones to the head and cached ones to the tail; a
-    cached block keeps its hash until it is handed out again. A lookup hits the
-    longest run of cached block hashes from block 0, capped at ``num_tokens - 1``
-    (the last prompt token is always recomputed) and aligned to the block size.
+    Owned by one scheduler thread; every method runs without releasing the GIL. Caller
+    errors raise :class:`KvIndexError` subclasses and change nothing; running out of
+    blocks is a return value (``None`` / ``False``). Not constructible itself.
     """
 
-    def __new__(
-        cls,
-        num_blocks: int,
-        block_size: int,
-        *,
-        algo: str = "xxh3_128",
-        seed: str | None = None,
-        enable_events: bool = False,
-        max_events: int = 100000,
-    ) -> Self: ...
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block 0 included."""
     @property
     def block_size(self) -> int:
         """Tokens per block (the radix cache's page size)."""
-    @property
-    def algo(self) -> str:
-        """The hash algorithm (one of ``HASH_ALGOS``)."""
     @property
     def num_free_blocks(self) -> int:
         """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
@@ -470,11 +458,6 @@ class HashChainCache:
         """:attr:`stats` of admissions that resumed a preempted request (vLLM's
         ``preempted_*`` prefix-cache stats), counted apart; ``take_stats`` zeroes them too.
         """
-    def evict_blocks(self, block_ids: _BlockIds) -> int:
-        """Drops the cached hashes of idle blocks (they keep their queue position).
-        ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
-        ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
-        a request holds. Returns blocks evicted."""
     def reset(self) -> None:
         """Drops every cached block and the refused prompts kept for a retry.
         Raises ``BlockInUseError`` while requests run.
@@ -503,20 +486,51 @@ class HashChainCache:
         """
     def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
         """A running request's block table."""
-    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
-        """The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8."""
     def free_blocks(self) -> npt.NDArray[np.int32]:
         """Blocks no request or cache entry holds, in the order the pool hands
         them out (the hash chain's free queue also holds idle cached blocks).
         """
-    def free_queue(self) -> npt.NDArray[np.int32]:
-        """Alias of :meth:`free_blocks`."""
-    def block_hash(self, block_id: int) -> bytes | None:
-        """The block's cached hash, or None."""
     def ref_count(self, block_id: int) -> int:
         """References on a block (requests holding it, plus the radix tree)."""
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if any internal invariant is broken."""
+
+@final
+class HashChainCache(PrefixCache):
+    """Prefix cache over chained block hashes and a ref-counted block pool (vLLM 0.33 semantics).
+
+    Block 0 is the null block (never allocated; pads block tables). Free blocks form
+    an LRU queue: new blocks come from its head; a finished request's blocks return in
+    reverse table order, unhashed ones to the head and cached ones to the tail; a
+    cached block keeps its hash until it is handed out again. A lookup hits the
+    longest run of cached block hashes from block 0, capped at ``num_tokens - 1``
+    (the last prompt token is always recomputed) and aligned to the block size.
+    """
+
+    def __new__(
+        cls,
+        num_blocks: int,
+        block_size: int,
+        *,
+        algo: str = "xxh3_128",
+        seed: str | None = None,
+        enable_events: bool = False,
+        max_events: int = 100000,
+    ) -> Self: ...
+    @property
+    def algo(self) -> str:
+        """The hash algorithm (one of ``HASH_ALGOS``)."""
+    def evict_blocks(self, block_ids: _BlockIds) -> int:
+        """Drops the cached hashes of idle blocks (they keep their queue position).
+        ``block_ids``: a 1-D C-contiguous ``int32``/``int64`` array or a list / tuple of
+        ints (anything else raises ``DTypeError``). Raises ``BlockInUseError`` for a block
+        a request holds. Returns blocks evicted."""
+    def request_block_hashes(self, request_id: int) -> npt.NDArray[np.uint8]:
+        """The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8."""
+    def free_queue(self) -> npt.NDArray[np.int32]:
+        """Alias of :meth:`free_blocks`."""
+    def block_hash(self, block_id: int) -> bytes | None:
+        """The block's cached hash, or None."""
 
 # ---------------------------------------------------------------------------- radix tree
 
@@ -649,7 +663,7 @@ class RadixTree:
 RadixCache = RadixTree
 
 @final
-class RadixPrefixCache:
+class RadixPrefixCache(PrefixCache):
     """Request-level prefix cache over the radix tree, driven like :class:`HashChainCache`.
 
     ``num_blocks`` pages of ``block_size`` slots (page 0 is the null page; tables pad
@@ -657,6 +671,11 @@ class RadixPrefixCache:
     Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
     ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
     pool runs short.
+
+    Names: ``block_size`` is the one size (the tree's page size, which only
+    :class:`RadixTree` calls ``page_size``); counts of blocks end in ``_blocks``; the
+    tree's token counts keep SGLang's names (``cached_tokens``, ``evictable_size``,
+    ``protected_size``).
     """
 
     def __new__(
@@ -670,33 +689,12 @@ class RadixPrefixCache:
         max_events: int = 100000,
     ) -> Self: ...
     @property
-    def num_blocks(self) -> int:
-        """Blocks in the pool, the null block 0 included."""
-    @property
-    def block_size(self) -> int:
-        """Tokens per block (the radix cache's page size)."""
-    @property
     def policy(self) -> str:
         """The tree's eviction policy (one of ``RADIX_POLICIES``)."""
     @property
-    def num_free_blocks(self) -> int:
-        """Blocks new work can get now: free blocks plus idle cached ones (the hash chain's
-        cached blocks in the free queue, the radix tree's evictable pages).
-        """
-    @property
     def num_unused_blocks(self) -> int:
-        """Pages with no holder at all."""
-    @property
-    def usage(self) -> float:
-        """Fraction of usable blocks held by running requests:
-        ``1 - num_free_blocks / (num_blocks - 1)``.
-        """
-    @property
-    def num_requests(self) -> int:
-        """Running (admitted, not freed) requests."""
-    @property
-    def num_cached_blocks(self) -> int:
-        """Cached blocks (distinct block hashes; tree pages for the radix cache)."""
+        """Blocks no request and no tree node holds (``num_free_blocks`` also counts the
+        tree's evictable pages)."""
     @property
     def cached_tokens(self) -> int:
         """Tokens in the tree."""
@@ -706,238 +704,11 @@ class RadixPrefixCache:
     @property
     def protected_size(self) -> int:
         """Tokens in locked tree nodes."""
-    @property
-    def stats(self) -> dict[str, float]:
-        """``requests``, ``queries`` (prompt tokens), ``hits`` (cached tokens), ``evictions``
-        (cached blocks that lost their hash; pages for the radix cache), ``hit_rate``,
-        ``events_dropped`` (KV events the full buffer dropped, oldest first).
-        """
-    def take_stats(self) -> dict[str, float]:
-        """Returns :attr:`stats` and zeroes the counters."""
-    @property
-    def num_common_prefix_blocks(self) -> int:
-        """Blocks shared by every running request, counted from block 0 (what cascade
-        attention can share); 0 when no request runs. O(shared blocks).
-        """
-    def __contains__(self, request_id: int, /) -> bool: ...
-    def admit(
-        self,
-        request_id: int,
-        tokens: _Tokens,
-        *,
-        cache_salt: str | None = None,
-        lora: _Lora = None,
-        mm_items: _MmItems = None,
-        skip_reading: bool = False,
-    ) -> Admission | None:
-        """Starts a request: pins the longest cached prefix of the prompt (capped at
-        ``num_tokens - 1`` and aligned to the block size, so the last prompt token is always
-        computed) and allocates blocks for the rest. Returns ``None`` with nothing changed
-        when free blocks run short (idle cached blocks count as available). The hash chain
-        caches every full prompt block now; the radix cache inserts the sequence at ``free``
-        or ``checkpoint``. With ``skip_reading`` (vLLM's prompt-logprobs requests) nothing is
-        read from the cache but the prompt is still cached. The radix cache keys on
-        ``cache_salt`` and ``lora`` and rejects ``mm_items``. Raises
-        ``DuplicateRequestError`` for a running id and ``RequestTooLargeError`` (a
-        ``CapacityError``) for a prompt that needs more blocks than the pool's usable
-        ``num_blocks - 1``: ``None`` means "not now", the error "never". The hash chain
-        keeps a refused prompt's hashes for the scheduler's retry of the same id (at most
-        32 prompts, oldest dropped first; ``reset()`` releases them).
-        """
-    def lookup(
-        self,
-        tokens: _Tokens,
-        *,
-        cache_salt: str | None = None,
-        lora: _Lora = None,
-        mm_items: _MmItems = None,
-    ) -> int:
-        """Tokens a prompt would hit now (as ``admit`` counts them). No side effects."""
-    def append(self, request_id: int, tokens: _Tokens) -> bool:
-        """Appends computed decode tokens; allocates a block when one fills (the hash chain
-        caches every newly full block). ``False`` (nothing changed) when a needed block is
-        not free.
-        """
-    def append_batch(
-        self,
-        request_ids: npt.NDArray[np.int64],
-        tokens: _Tokens,
-        offsets: npt.NDArray[np.int64] | None = None,
-    ) -> bool:
-        """One step's decode tokens for many requests, all or nothing: request ``i`` gets
-        ``tokens[offsets[i]:offsets[i+1]]`` (one token each when ``offsets`` is None).
-        Ids must be distinct. ``False`` (nothing changed) when blocks run short.
-        """
-    def checkpoint(self, request_id: int) -> None:
-        """Makes the running request's full blocks hittable by other requests now
-        (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
-        hash chain caches full blocks as they fill, so only the id is checked).
-        """
-    def free(self, request_id: int) -> None:
-        """Finishes a request. The hash chain returns its blocks to the free queue in reverse
-        order (cached ones stay hittable); the radix cache inserts its full pages into the
-        tree and returns the rest to the pool.
-        """
-    def free_batch(self, request_ids: npt.NDArray[np.int64]) -> None:
-        """Finishes many requests, in order; all ids are checked first."""
-    def admit_chunk(
-        self,
-        request_id: int,
-        tokens: _Tokens,
-        *,
-        chunk: int | None = None,
-        lookahead: int = 0,
-        must_fit: bool = False,
-        external_prefix: int = 0,
-        delay_cache: bool = False,
-        reserved_blocks: int = 0,
-        watermark_blocks: int = 0,
-        cache_salt: str | None = None,
-        lora: _Lora = None,
-        mm_items: _MmItems = None,
-        skip_reading: bool = False,
-    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
-        """Admits a new request the way vLLM's scheduler admits a waiting one: looks the
-        prompt up (hit capped at ``num_tokens - 1``, block aligned), takes the
-        ``external_prefix`` tokens beyond the hit as computed elsewhere (an offload tier,
-        a prefill worker), then allocates ``min(rest, chunk)`` tokens plus ``lookahead``
-        slots and caches the full blocks of the scheduled tokens now (other requests hit
-        them from this step on). With ``delay_cache`` and external tokens nothing is
-        scheduled or cached until ``finish_transfer``. ``must_fit``: the whole sequence
-        must fit in the free blocks; ``reserved_blocks`` must stay free;
-        ``watermark_blocks`` (vLLM's watermark, 0 when nothing else is scheduled) counts
-        as used. Returns ``(hit_tokens, scheduled_tokens, new_block_ids)``, or ``None``
-        with nothing changed. ``admit(rid, prompt)`` is ``admit_chunk`` without a chunk.
-        """
-    def resume(
-        self,
-        request_id: int,
-        *,
-        chunk: int | None = None,
-        lookahead: int = 0,
-        must_fit: bool = False,
-        external_prefix: int = 0,
-        delay_cache: bool = False,
-        reserved_blocks: int = 0,
-        watermark_blocks: int = 0,
-    ) -> tuple[int, int, npt.NDArray[np.int32]] | None:
-        """Resumes a preempted request with its prompt and outputs so far, as ``admit_chunk``
-        admits a new one (its hits count in :attr:`resumed_stats`). Same answer.
-        """
-    def schedule(
-        self,
-        request_id: int,
-        num_new_tokens: int,
-        *,
-        lookahead: int = 0,
-        draft_tokens: _Tokens | None = None,
-        reserved_blocks: int = 0,
-    ) -> npt.NDArray[np.int32] | None:
-        """Schedules a running request's next prefill chunk or decode step:
-        ``num_new_tokens`` positions (the last ``len(draft_tokens)`` of them speculative
-        drafts) plus ``lookahead`` slots that are never cached. Positions may run ahead of
-        the known ids by the sampled placeholders (async scheduling); full blocks of known
-        ids up to the scheduled positions are cached now. Returns the new block ids, or
-        ``None`` (nothing changed) when blocks, less ``reserved_blocks``, run short.
-        """
-    def schedule_batch(
-        self,
-        request_ids: npt.NDArray[np.int64],
-        num_new_tokens: npt.NDArray[np.int64],
-        *,
-        lookahead: int = 0,
-        draft_tokens: _Tokens | None = None,
-        draft_offsets: npt.NDArray[np.int64] | None = None,
-    ) -> tuple[int, npt.NDArray[np.int32], npt.NDArray[np.int64]]:
-        """``schedule`` for many running requests in order, one call per step: request ``i``
-        gets ``num_new_tokens[i]`` positions and the drafts
-        ``draft_tokens[draft_offsets[i]:draft_offsets[i+1]]``. Stops at the first request
-        the blocks do not cover (preempt and call again with the rest). Returns
-        ``(num_scheduled, block_ids, block_offsets)``: request ``i``'s new blocks are
-        ``block_ids[block_offsets[i]:block_offsets[i+1]]``. Caller errors are checked for
-        every request before any is scheduled.
-        """
-    def commit_tokens(self, request_id: int, tokens: _Tokens, num_rejected: int = 0) -> None:
-        """Commits the ids sampled for a running request's step in flight: the accepted
-        drafts first, then sampled ids filling the placeholders ``schedule`` reserved;
-        ``num_rejected`` trailing drafts are rolled back (their slots stay in the table,
-        the next step reuses them). A block whose last id is now known is cached at the
-        request's next ``schedule``. Raises ``KvIndexError`` (nothing changed) for ids
-        that do not fit the reserved placeholders.
-        """
-    def commit_batch(
-        self,
-        request_ids: npt.NDArray[np.int64],
-        tokens: _Tokens,
-        offsets: npt.NDArray[np.int64] | None = None,
-        num_rejected: npt.NDArray[np.int64] | None = None,
-    ) -> None:
-        """``commit_tokens`` for many requests, all or nothing: request ``i`` gets
-        ``tokens[offsets[i]:offsets[i+1]]`` (one id each when ``offsets`` is None) and
-        ``num_rejected[i]`` rejected drafts (none when None).
-        """
-    def preempt(self, request_id: int) -> None:
-        """Preempts a request (vLLM's ``_preempt_request``): its blocks return to the pool,
-        its computed positions, drafts and placeholders are dropped; its tokens stay for
-        ``resume``.
-        """
-    def finish(self, request_id: int) -> None:
-        """Finishes (or aborts) a request in any state: its blocks return to the pool and
-        nothing more is cached (``free`` lets the radix cache insert the whole sequence).
-        """
-    def finish_transfer(self, request_id: int) -> None:
-        """The external KV of a ``delay_cache`` admission landed: its computed positions are
-        capped at ``num_tokens - 1``, the blocks up to there are cached, and the request
-        continues with ``schedule``.
-        """
-    def request_state(self, request_id: int) -> dict[str, Any]:
-        """A request's lifecycle counters: ``status`` (``running``, ``preempted``,
-        ``waiting_for_remote_kvs``), ``num_computed`` (positions computed or scheduled),
-        ``num_tokens`` (known ids), ``pending`` (sampled placeholders), ``drafts`` (of the
-        step in flight), ``num_preemptions``.
-        """
-    @property
-    def resumed_stats(self) -> dict[str, float]:
-        """:attr:`stats` of admissions that resumed a preempted request (vLLM's
-        ``preempted_*`` prefix-cache stats), counted apart; ``take_stats`` zeroes them too.
-        """
     def evict(self, num_tokens: int) -> int:
         """Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
         returns the tokens evicted (their pages return to the cache's own pool)."""
-    def reset(self) -> None:
-        """Drops every cached block and the refused prompts kept for a retry.
-        Raises ``BlockInUseError`` while requests run.
-        """
-    def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
-        """Drains buffered KV events (empty unless ``enable_events``)."""
-    def block_tables(
-        self,
-        request_ids: npt.NDArray[np.int64],
-        max_blocks: int | None = None,
-        out: npt.NDArray[np.int32] | None = None,
-    ) -> npt.NDArray[np.int32]:
-        """Block tables ``[len(request_ids), max_blocks]`` padded with the null block 0,
-        written into ``out`` when given (no allocation in the steady state). An output this
-        machine cannot allocate raises ``CapacityError``.
-        """
-    def slot_mapping(
-        self, request_ids: npt.NDArray[np.int64], query_lens: npt.NDArray[np.int64]
-    ) -> npt.NDArray[np.int64]:
-        """``block * block_size + offset`` of each request's last ``query_lens[i]`` tokens,
-        concatenated. An output this machine cannot allocate raises ``CapacityError``.
-        """
-    def num_tokens(self, request_id: int) -> int:
-        """Tokens a running request holds KV positions for (prompt + appended tokens; with
-        the lifecycle calls, the positions computed or scheduled, drafts included).
-        """
     def num_cached_tokens(self, request_id: int) -> int:
         """Leading tokens of a running request served by cached tree pages."""
-    def request_blocks(self, request_id: int) -> npt.NDArray[np.int32]:
-        """A running request's block table."""
-    def free_blocks(self) -> npt.NDArray[np.int32]:
-        """Blocks no request or cache entry holds, in the order the pool hands
-        them out (the hash chain's free queue also holds idle cached blocks).
-        """
     def cached_page_hashes(self) -> npt.NDArray[np.uint64]:
         """The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
         subscriber holds after applying every event the cache emitted (if the bounded
@@ -945,15 +716,11 @@ class RadixPrefixCache:
         ``enable_events`` (the tree hashes no page then)."""
     def cached_blocks(self) -> npt.NDArray[np.int32]:
         """The pages the tree holds."""
-    def ref_count(self, block_id: int) -> int:
-        """References on a block (requests holding it, plus the radix tree)."""
-    def check_invariants(self) -> None:
-        """Raises ``InvariantViolation`` if any internal invariant is broken."""
     def dump(self) -> str:
         """A human-readable dump of the tree, one line per node."""
 
 _Event = BlockStored | BlockRemoved | AllBlocksCleared
-_Cache = HashChainCache | RadixTree | RadixPrefixCache
+_Cache = PrefixCache | RadixTree
 
 @final
 class EventEncoder:

@@ -10,9 +10,8 @@
 //! it on drop; in a scheduler-like loop on this project's machine that was
 //! 5–10% of a radix match or insert per array, and copying small arrays
 //! instead was no cheaper.
-//! [`tokens`] therefore views the array's buffer directly. This is sound under
-//! the rule its callers keep (each call site says so in a `SAFETY` comment):
-//! **no Python code runs while a [`TokenArray`] is alive** — nothing is
+//! The readers here therefore view the array's buffer directly. That is sound
+//! under one rule: **no Python code runs while a view is alive** — nothing is
 //! called, no Python object is made (allocating one may run a collection and
 //! so arbitrary finalizers), and the GIL is never released. Then nothing can
 //! resize, free or write the buffer while the slice exists: kvindex methods
@@ -25,6 +24,32 @@
 //! array while kvindex reads it races as it would against rust-numpy's own
 //! borrows, which do not track writes from Python either. The abi3 wheels
 //! kvindex ships only load on GIL builds.)
+//!
+//! # The rule holds by construction: [`with_views`]
+//! The in-place readers are private to this module. A method takes views in
+//! two phases:
+//! 1. it converts every argument whose conversion may run Python code (ints
+//!    through `__index__`, key arguments, lists copied by [`TokensOrList::new`])
+//!    into plain Rust values, and names its array arguments with the view
+//!    specs ([`Tokens`], [`Int64`], [`Ids`], [`TokensOrList`], `Option`s and
+//!    tuples of them), which hold the objects but no view;
+//! 2. it calls [`with_views`] with the specs and a closure. The views are
+//!    taken (reading only the arrays' C fields: no Python code runs on
+//!    success) and handed to the closure, which must be `Send`: it cannot
+//!    capture a `Bound`, a `Python` token or a `PyRef` (none is `Send`), so it
+//!    cannot call into Python or make a Python object; the higher-ranked
+//!    signature keeps the views from leaving it. The closure gets plain
+//!    Rust values and the core (pure Rust) and returns plain Rust values;
+//!    Python objects are made after it returns.
+//!
+//! (A `Py<T>` is `Send`: a closure may reach one through a captured struct,
+//! but using it needs a `Python` token, and none drops one, whose decref
+//! could run a finalizer.) The one way around it is `Python::attach` inside
+//! the closure; the binding
+//! reaches it there only through its error constructors ([`super::errors`]),
+//! which make a lazy exception (an incref of its class) and run no Python
+//! code. The readers are private to this module, so no other module can take
+//! a view outside the guard.
 #![allow(unsafe_code)]
 
 use std::mem::MaybeUninit;
@@ -34,8 +59,8 @@ use std::os::raw::c_int;
 use numpy::ndarray::Dimension;
 use numpy::npyffi::{get_type_object, npy_intp, NpyTypes, PY_ARRAY_API};
 use numpy::{
-    Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyReadonlyArray1,
-    PyUntypedArray, PyUntypedArrayMethods,
+    Element, PyArray, PyArray1, PyArray2, PyArrayDescrMethods, PyArrayMethods, PyUntypedArray,
+    PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyList, PyTuple};
@@ -50,7 +75,8 @@ pub enum TokenArray<'a> {
     I64(&'a [i64]),
 }
 
-/// Calls `$body` with `$s` bound to the token slice, whatever its dtype.
+/// Calls `$body` with `$s` bound to the token slice, whatever its dtype (the
+/// body is compiled once per dtype).
 macro_rules! with_tokens {
     ($arr:expr, $s:ident => $body:expr) => {
         match $arr {
@@ -63,11 +89,6 @@ pub(crate) use with_tokens;
 
 fn describe(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type().name().map(|n| n.to_string()).unwrap_or_else(|_| "object".into())
-}
-
-#[cold]
-fn busy(what: &str) -> PyErr {
-    invalid(format!("{what} is being written by another borrower (is it also the out= array?)"))
 }
 
 /// The dtype's name, for error messages (a cold path: it calls into Python).
@@ -98,8 +119,9 @@ fn untyped<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<Bound<'py, PyUn
 ///
 /// # Safety
 /// No Python code may run while the returned view is alive: do not call into
-/// Python, create Python objects or release the GIL until its last use.
-pub unsafe fn tokens<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<TokenArray<'a>> {
+/// Python, create Python objects or release the GIL until its last use; and
+/// `'a` must end before `obj` may be dropped.
+unsafe fn tokens<'a>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<TokenArray<'a>> {
     let arr = untyped(obj, what)?;
     let descr = arr.dtype();
     let native_int = descr.kind() == b'i' && descr.is_native_byteorder() != Some(false);
@@ -300,21 +322,12 @@ pub fn i32_array<'py>(
     })
 }
 
-/// Reads a 1-D contiguous int64 array.
-pub fn int64<'py>(obj: &Bound<'py, PyAny>, what: &str) -> PyResult<PyReadonlyArray1<'py, i64>> {
-    let arr = untyped(obj, what)?;
-    let a = arr
-        .cast::<PyArray1<i64>>()
-        .map_err(|_| dtype(format!("{what} must have dtype int64, got {}", dtype_name(&arr))))?;
-    a.try_readonly().map_err(|_| busy(what))
-}
-
 /// A 1-D C-contiguous int64 array read in place (the per-request id and count
 /// arrays of the batch calls); anything else raises `DTypeError`.
 ///
 /// # Safety
-/// As [`tokens`]: no Python code may run while the view is alive.
-pub unsafe fn int64_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a [i64]> {
+/// As [`tokens`].
+unsafe fn int64_view<'a>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<&'a [i64]> {
     // SAFETY: our caller's contract. One check in the common case; the checks
     // below only name what is wrong.
     if let Ok(TokenArray::I64(src)) = unsafe { tokens(obj, what) } {
@@ -336,8 +349,8 @@ pub unsafe fn int64_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<
 /// naming the first. One branch-free pass in the common case.
 ///
 /// # Safety
-/// As [`tokens`]: no Python code may run while the view is alive.
-pub unsafe fn ids_view<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<&'a [u64]> {
+/// As [`tokens`].
+unsafe fn ids_view<'a>(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<&'a [u64]> {
     // SAFETY: our caller's contract.
     let src = unsafe { int64_view(obj, what) }?;
     if src.iter().fold(0, |acc, &x| acc | x) < 0 {
@@ -358,76 +371,214 @@ fn copied<T: Copy>(src: &[T]) -> PyResult<Vec<T>> {
     Ok(v)
 }
 
-/// Copies a 1-D contiguous int64 array out ([`int64_view`]), without numpy's
+mod sealed {
+    /// Only this module's view specs are [`super::ViewArgs`].
+    pub trait Sealed {}
+}
+
+/// Array arguments [`with_views`] reads in place: a view spec, an `Option`
+/// of one (`None` gives `None`), or a tuple of them (viewed in order).
+pub trait ViewArgs: sealed::Sealed {
+    /// What the closure of [`with_views`] gets.
+    type Views<'v>;
+    /// Takes the views, running no Python code unless it fails.
+    ///
+    /// # Safety
+    /// No Python code may run while the views are alive, and `'v` must end
+    /// before `self` is dropped ([`with_views`] keeps both).
+    #[doc(hidden)]
+    unsafe fn views<'v>(&self) -> PyResult<Self::Views<'v>>;
+}
+
+/// Runs `f` on the in-place views of `args` (see the module documentation):
+/// `f` is `Send`, so it holds no Python handle and runs no Python code, and
+/// the views cannot outlive it.
+///
+/// # Errors
+/// `DTypeError` / `InvalidArgumentError` for an array the spec refuses (then
+/// `f` does not run).
+#[inline]
+pub fn with_views<A: ViewArgs, R>(args: A, f: impl for<'v> FnOnce(A::Views<'v>) -> R + Send) -> PyResult<R> {
+    // SAFETY: `f` cannot call into Python (it is `Send`, so it captures no
+    // `Bound`, `Python` token or `PyRef`, and every Python call needs one), and
+    // its higher-ranked signature keeps the views inside it, so they end
+    // before `args` (which keeps their objects alive) is dropped here.
+    let v = unsafe { args.views() }?;
+    let r = f(v);
+    drop(args);
+    Ok(r)
+}
+
+/// A token (or slot) array, viewed as [`TokenArray`].
+pub struct Tokens<'a, 'py>(pub &'a Bound<'py, PyAny>, pub &'static str);
+
+/// A 1-D C-contiguous int64 array (per-request counts, offsets), viewed as `&[i64]`.
+pub struct Int64<'a, 'py>(pub &'a Bound<'py, PyAny>, pub &'static str);
+
+/// Non-negative request ids in an int64 array, viewed as `&[u64]` (a
+/// negative id raises `InvalidArgumentError` naming the first).
+pub struct Ids<'a, 'py>(pub &'a Bound<'py, PyAny>, pub &'static str);
+
+impl<'a, 'py> Int64<'a, 'py> {
+    /// An optional int64 array argument (`None` and Python `None` give `None`).
+    pub fn opt(obj: Option<&'a Bound<'py, PyAny>>, what: &'static str) -> Option<Self> {
+        obj.filter(|o| !o.is_none()).map(|o| Int64(o, what))
+    }
+}
+
+impl sealed::Sealed for Tokens<'_, '_> {}
+impl sealed::Sealed for Int64<'_, '_> {}
+impl sealed::Sealed for Ids<'_, '_> {}
+impl sealed::Sealed for TokensOrList<'_, '_> {}
+impl<A: ViewArgs> sealed::Sealed for Option<A> {}
+impl<A: ViewArgs> sealed::Sealed for (A,) {}
+impl<A: ViewArgs, B: ViewArgs> sealed::Sealed for (A, B) {}
+impl<A: ViewArgs, B: ViewArgs, C: ViewArgs> sealed::Sealed for (A, B, C) {}
+
+impl ViewArgs for Tokens<'_, '_> {
+    type Views<'v> = TokenArray<'v>;
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<TokenArray<'v>> {
+        // SAFETY: our caller's contract.
+        unsafe { tokens(self.0, self.1) }
+    }
+}
+
+impl ViewArgs for Int64<'_, '_> {
+    type Views<'v> = &'v [i64];
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<&'v [i64]> {
+        // SAFETY: our caller's contract.
+        unsafe { int64_view(self.0, self.1) }
+    }
+}
+
+impl ViewArgs for Ids<'_, '_> {
+    type Views<'v> = &'v [u64];
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<&'v [u64]> {
+        // SAFETY: our caller's contract.
+        unsafe { ids_view(self.0, self.1) }
+    }
+}
+
+impl ViewArgs for TokensOrList<'_, '_> {
+    type Views<'v> = TokenArray<'v>;
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<TokenArray<'v>> {
+        match self {
+            // SAFETY: our caller's contract.
+            TokensOrList::Array(t) => unsafe { t.views() },
+            // SAFETY: the copy lives in `self`, unchanged, for `'v` (our
+            // caller's contract).
+            TokensOrList::Copied(v) => Ok(TokenArray::I64(unsafe { raw_slice(v.as_ptr(), v.len()) })),
+        }
+    }
+}
+
+impl<A: ViewArgs> ViewArgs for Option<A> {
+    type Views<'v> = Option<A::Views<'v>>;
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<Self::Views<'v>> {
+        // SAFETY: our caller's contract.
+        self.as_ref().map(|a| unsafe { a.views() }).transpose()
+    }
+}
+
+impl<A: ViewArgs> ViewArgs for (A,) {
+    type Views<'v> = (A::Views<'v>,);
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<Self::Views<'v>> {
+        // SAFETY: our caller's contract.
+        Ok((unsafe { self.0.views() }?,))
+    }
+}
+
+impl<A: ViewArgs, B: ViewArgs> ViewArgs for (A, B) {
+    type Views<'v> = (A::Views<'v>, B::Views<'v>);
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<Self::Views<'v>> {
+        // SAFETY: our caller's contract.
+        unsafe { Ok((self.0.views()?, self.1.views()?)) }
+    }
+}
+
+impl<A: ViewArgs, B: ViewArgs, C: ViewArgs> ViewArgs for (A, B, C) {
+    type Views<'v> = (A::Views<'v>, B::Views<'v>, C::Views<'v>);
+    #[inline]
+    unsafe fn views<'v>(&self) -> PyResult<Self::Views<'v>> {
+        // SAFETY: our caller's contract.
+        unsafe { Ok((self.0.views()?, self.1.views()?, self.2.views()?)) }
+    }
+}
+
+/// Copies a 1-D contiguous int64 array out ([`Int64`]), without numpy's
 /// borrow registry (see the module documentation): id and length arrays are
 /// one entry per request, and the copy is cheaper than borrow tracking.
-pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    // SAFETY: the view is copied out at once; no Python code runs meanwhile
-    // (errors are built lazily).
-    copied(unsafe { int64_view(obj, what) }?)
+///
+/// # Errors
+/// As [`Int64`]; `CapacityError` when the copy cannot be allocated.
+pub fn int64_vec(obj: &Bound<'_, PyAny>, what: &'static str) -> PyResult<Vec<i64>> {
+    with_views(Int64(obj, what), copied)?
 }
 
 /// Reads a 1-D contiguous int64 array of non-negative request ids as `u64`s
-/// ([`ids_view`]), copied as [`int64_vec`] copies.
-pub fn ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<u64>> {
-    // SAFETY: as in `int64_vec`.
-    copied(unsafe { ids_view(obj, what) }?)
+/// ([`Ids`]), copied as [`int64_vec`] copies.
+///
+/// # Errors
+/// As [`Ids`]; `CapacityError` when the copy cannot be allocated.
+pub fn ids(obj: &Bound<'_, PyAny>, what: &'static str) -> PyResult<Vec<u64>> {
+    with_views(Ids(obj, what), copied)?
 }
 
 /// Reads block ids: a 1-D C-contiguous int32 or int64 array (as token arrays
 /// are read), or a list or tuple of ints (each read as every int parameter is,
 /// see [`super::args`]). Anything else raises `DTypeError`. The ids are copied.
-pub fn block_ids(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Vec<i64>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        let n = obj.len()?;
-        let mut v = Vec::new();
-        v.try_reserve_exact(n).map_err(|_| too_big(&[n]))?;
-        for x in obj.try_iter()? {
-            v.push(super::args::i64_arg(&x?, what)?);
-        }
-        return Ok(v);
-    }
-    // SAFETY: the view is copied out at once; no Python code runs meanwhile.
-    let arr = unsafe { tokens(obj, what) }?;
-    let mut v = Vec::new();
-    with_tokens!(arr, s => {
-        v.try_reserve_exact(s.len()).map_err(|_| too_big(&[s.len()]))?;
-        v.extend(s.iter().map(|&x| crate::core::hash::Token::get(x)));
-    });
-    Ok(v)
-}
-
-/// Tokens of a call off the hot path ([`tokens_or_seq`]): a numpy view, or a
-/// list / tuple copied out.
-pub enum TokensArg<'a> {
-    /// A numpy array read in place, as [`tokens`] reads it.
-    View(TokenArray<'a>),
-    /// A list or tuple of ints, copied.
-    Owned(Vec<i64>),
-}
-
-impl TokensArg<'_> {
-    /// The tokens as a [`TokenArray`].
-    pub fn array(&self) -> TokenArray<'_> {
-        match self {
-            TokensArg::View(TokenArray::I32(s)) => TokenArray::I32(s),
-            TokensArg::View(TokenArray::I64(s)) => TokenArray::I64(s),
-            TokensArg::Owned(v) => TokenArray::I64(v),
-        }
-    }
-}
-
-/// Reads tokens where a copy costs nothing that matters (hashing helpers,
-/// cluster routing): a 1-D C-contiguous int32 / int64 array, read in place as
-/// [`tokens`] reads it, or a list or tuple of ints, read as [`block_ids`]
-/// reads them. The scheduler's hot path takes arrays only ([`tokens`]).
 ///
-/// # Safety
-/// As [`tokens`], for the array case.
-pub unsafe fn tokens_or_seq<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<TokensArg<'a>> {
-    if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
-        return block_ids(obj, what).map(TokensArg::Owned);
+/// # Errors
+/// As above; `CapacityError` when the copy cannot be allocated.
+pub fn block_ids(obj: &Bound<'_, PyAny>, what: &'static str) -> PyResult<Vec<i64>> {
+    match TokensOrList::new(obj, what)? {
+        TokensOrList::Copied(v) => Ok(v),
+        arr => with_views(arr, |t| {
+            let mut v = Vec::new();
+            with_tokens!(t, s => {
+                v.try_reserve_exact(s.len()).map_err(|_| too_big(&[s.len()]))?;
+                v.extend(s.iter().map(|&x| crate::core::hash::Token::get(x)));
+            });
+            Ok(v)
+        })?,
     }
-    // SAFETY: our caller's contract.
-    unsafe { tokens(obj, what) }.map(TokensArg::View)
+}
+
+/// Tokens of a call off the hot path (hashing helpers, cluster routing),
+/// where a copy costs nothing that matters: a 1-D C-contiguous int32 / int64
+/// array, viewed as [`Tokens`], or a list or tuple of ints, copied by
+/// [`TokensOrList::new`] (each read as [`block_ids`] reads them). The
+/// scheduler's hot path takes arrays only ([`Tokens`]).
+pub enum TokensOrList<'a, 'py> {
+    /// A numpy array, viewed in place.
+    Array(Tokens<'a, 'py>),
+    /// A list or tuple of ints, copied.
+    Copied(Vec<i64>),
+}
+
+impl<'a, 'py> TokensOrList<'a, 'py> {
+    /// Copies a list or tuple (its items' `__index__` may run Python code, so
+    /// this is the first phase); an array is only named.
+    ///
+    /// # Errors
+    /// As [`block_ids`] for a list or tuple.
+    pub fn new(obj: &'a Bound<'py, PyAny>, what: &'static str) -> PyResult<Self> {
+        if obj.is_instance_of::<PyList>() || obj.is_instance_of::<PyTuple>() {
+            let n = obj.len()?;
+            let mut v = Vec::new();
+            v.try_reserve_exact(n).map_err(|_| too_big(&[n]))?;
+            for x in obj.try_iter()? {
+                v.push(super::args::i64_arg(&x?, what)?);
+            }
+            return Ok(TokensOrList::Copied(v));
+        }
+        Ok(TokensOrList::Array(Tokens(obj, what)))
+    }
 }

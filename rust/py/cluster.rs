@@ -6,9 +6,6 @@
 //! batch and never get "already borrowed". Large payloads are applied with
 //! the GIL released (bytes objects are immutable, so the borrowed buffer
 //! stays valid).
-// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
-// use states why no Python code runs while the view lives.
-#![allow(unsafe_code)]
 
 use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
@@ -16,7 +13,7 @@ use numpy::{PyArray1, PyArrayMethods, PyUntypedArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use super::arrays::{self, with_tokens};
+use super::arrays::{self, with_tokens, with_views, TokensOrList};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
 use super::keys;
 use crate::core::cluster::query::QueryHasher;
@@ -89,16 +86,12 @@ impl PyClusterIndex {
         let spec = keys::spec(cache_salt, lora, mm_items)?;
         let bs = self.bs();
         let mut s = self.scratch();
-        // SAFETY: read after every argument that may run Python code; only
-        // Rust runs while the view lives (no Python object is made, the GIL
-        // is kept).
-        let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
-        let arr = arg.array();
+        let arg = TokensOrList::new(tokens, "tokens")?;
         let ix = self.read();
-        let sc = &mut *s;
-        sc.blocks = with_tokens!(arr, t => sc.hasher.overlaps(
-            &ix, t, bs, &spec, &mut sc.hashes, &mut sc.overlaps
-        ))
+        let (sc, index) = (&mut *s, &*ix);
+        sc.blocks = with_views(arg, |t| {
+            with_tokens!(t, t => sc.hasher.overlaps(index, t, bs, &spec, &mut sc.hashes, &mut sc.overlaps))
+        })?
         .py()?;
         drop(ix);
         Ok(s)
@@ -279,10 +272,9 @@ impl PyClusterIndex {
         let spec = keys::spec(cache_salt, lora, mm_items)?;
         let bs = self.bs();
         let mut s = self.scratch();
-        // SAFETY: as in `overlaps_of_tokens`.
-        let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
+        let arg = TokensOrList::new(tokens, "tokens")?;
         let sc = &mut *s;
-        with_tokens!(arg.array(), t => sc.hasher.hashes(t, bs, &spec, &mut sc.hashes)).py()?;
+        with_views(arg, |t| with_tokens!(t, t => sc.hasher.hashes(t, bs, &spec, &mut sc.hashes)))?.py()?;
         Ok(PyArray1::from_slice(py, &sc.hashes))
     }
 

@@ -22,14 +22,6 @@ pub struct Admission {
 }
 
 impl Admission {
-    /// An admission of `num_cached_tokens` hit tokens with table `blocks`.
-    ///
-    /// # Errors
-    /// `CapacityError` if the table array cannot be allocated.
-    pub fn new<B: TableEntry>(py: Python<'_>, num_cached_tokens: usize, blocks: &[B]) -> PyResult<Self> {
-        Ok(Admission { num_cached_tokens, block_ids: block_ids_array(py, blocks)?.unbind() })
-    }
-
     /// An admission whose block-table array is already built.
     pub fn from_array(num_cached_tokens: usize, block_ids: Bound<'_, PyArray1<i32>>) -> Self {
         Admission { num_cached_tokens, block_ids: block_ids.unbind() }
@@ -67,6 +59,14 @@ pub fn block_ids_array<'py, B: TableEntry>(
     blocks: &[B],
 ) -> PyResult<Bound<'py, PyArray1<i32>>> {
     arrays::i32_array(py, blocks.iter().map(|b| i32::try_from(b.raw()).expect("block ids fit i32")))
+}
+
+/// Raw block (or page) ids as a new int32 array.
+///
+/// # Errors
+/// `CapacityError` if the array cannot be allocated.
+pub fn raw_ids_array<'py>(py: Python<'py>, blocks: &[u32]) -> PyResult<Bound<'py, PyArray1<i32>>> {
+    arrays::i32_array(py, blocks.iter().map(|&b| i32::try_from(b).expect("block ids fit i32")))
 }
 
 /// Statistics as the dict both caches' `stats` return; `events_dropped`

@@ -1,24 +1,15 @@
 //! `HashChainCache`: the Python face of [`core::hash_chain::HashChainCache`].
-//! The methods it shares with `RadixPrefixCache` are written once, in
-//! [`super::request_cache`]; this file holds the constructor and the
-//! hash-chain-only methods.
-//!
-//! Threading: the class is owned by one scheduler thread. Methods never
-//! release the GIL while they hold the cache (they run for microseconds) and
-//! convert their arguments before borrowing it, so on a GIL build concurrent
-//! callers are serialised; on a free-threaded build a second concurrent
-//! caller gets `RuntimeError` (already borrowed), never corruption.
-// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
-// use states why no Python code runs while the view lives.
-#![allow(unsafe_code)]
+//! It extends `PrefixCache` ([`super::cache`]), which holds the core cache and
+//! every method the two request-level caches share; this file holds the
+//! constructor and the hash-chain-only methods.
 
 use numpy::PyArrayMethods;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
 use super::args::named;
+use super::cache::{AnyCache, PyPrefixCache};
 use super::errors::IntoPyResult;
-use super::request_cache::{check_block_id, request_cache_class};
 use super::{args, arrays, common};
 use crate::core::hash::HashAlgo;
 use crate::core::hash_chain as core;
@@ -32,12 +23,16 @@ use crate::core::ids::RequestId;
 /// cached block keeps its hash until it is handed out again. A lookup hits the
 /// longest run of cached block hashes from block 0, capped at ``num_tokens - 1``
 /// (the last prompt token is always recomputed) and aligned to the block size.
-#[pyclass(module = "kvindex._core", name = "HashChainCache")]
-pub struct PyHashChainCache {
-    inner: core::HashChainCache,
+#[pyclass(module = "kvindex._core", name = "HashChainCache", extends = PyPrefixCache)]
+pub struct PyHashChainCache;
+
+/// The hash chain under a `HashChainCache`.
+fn chain<'a>(base: &'a PyRef<'_, PyPrefixCache>) -> PyResult<&'a core::HashChainCache> {
+    base.inner.chain()
 }
 
-request_cache_class!(PyHashChainCache {
+#[pymethods]
+impl PyHashChainCache {
     #[new]
     #[pyo3(
         signature = (num_blocks, block_size, *, algo = "xxh3_128".to_owned(), seed = None, enable_events = false, max_events = 100000),
@@ -50,17 +45,19 @@ request_cache_class!(PyHashChainCache {
         #[pyo3(from_py_with = named::seed)] seed: Option<String>,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
-    ) -> PyResult<Self> {
+    ) -> PyResult<PyClassInitializer<Self>> {
         let algo = HashAlgo::parse(&algo).py()?;
-        let mut inner = core::HashChainCache::new(num_blocks, block_size, algo, seed.as_deref(), enable_events).py()?;
+        let mut inner =
+            core::HashChainCache::new(num_blocks, block_size, algo, seed.as_deref(), enable_events).py()?;
         inner.set_max_events(max_events).py()?;
-        Ok(PyHashChainCache { inner })
+        Ok(PyClassInitializer::from(PyPrefixCache::new(AnyCache::Chain(inner)))
+            .add_subclass(PyHashChainCache))
     }
 
     /// The hash algorithm (one of ``HASH_ALGOS``).
     #[getter]
-    fn algo(&self) -> &'static str {
-        self.inner.algo().name()
+    fn algo(slf: PyRef<'_, Self>) -> PyResult<&'static str> {
+        Ok(chain(slf.as_super())?.algo().name())
     }
 
     /// Drops the cached hashes of idle blocks (they keep their queue position).
@@ -69,8 +66,8 @@ request_cache_class!(PyHashChainCache {
     /// a request holds. Returns blocks evicted.
     fn evict_blocks(slf: &Bound<'_, Self>, block_ids: &Bound<'_, PyAny>) -> PyResult<usize> {
         let ids = arrays::block_ids(block_ids, "block_ids")?;
-        let mut me = slf.try_borrow_mut()?;
-        me.inner.evict_blocks(&ids).py()
+        let mut base = slf.as_super().try_borrow_mut()?;
+        base.inner.chain_mut()?.evict_blocks(&ids).py()
     }
 
     /// The chained hashes of a running request's full blocks, ``[n, digest_len]`` uint8.
@@ -80,9 +77,10 @@ request_cache_class!(PyHashChainCache {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = RequestId(args::u64_arg(request_id, "request_id")?);
         let (bytes, n, d) = {
-            let me = slf.try_borrow()?;
-            let hs = me.inner.request_hashes(id).py()?;
-            let d = me.inner.algo().digest_len();
+            let base = slf.as_super().try_borrow()?;
+            let c = chain(&base)?;
+            let hs = c.request_hashes(id).py()?;
+            let d = c.algo().digest_len();
             let mut bytes = Vec::new();
             bytes
                 .try_reserve_exact(hs.len() * d)
@@ -95,38 +93,33 @@ request_cache_class!(PyHashChainCache {
 
     /// Alias of :meth:`free_blocks`.
     fn free_queue<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, numpy::PyArray1<i32>>> {
-        let v: Vec<_> = {
-            let me = slf.try_borrow()?;
-            me.inner.pool().free_queue().collect()
-        };
-        common::block_ids_array(slf.py(), &v)
+        let v = slf.as_super().try_borrow()?.inner.free_blocks();
+        common::raw_ids_array(slf.py(), &v)
     }
 
     /// The block's cached hash, or None.
-    fn block_hash<'py>(slf: &Bound<'py, Self>, block_id: &Bound<'py, PyAny>) -> PyResult<Option<Bound<'py, PyBytes>>> {
+    fn block_hash<'py>(
+        slf: &Bound<'py, Self>,
+        block_id: &Bound<'py, PyAny>,
+    ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let b = args::i64_arg(block_id, "block_id")?;
         let h = {
-            let me = slf.try_borrow()?;
-            let b = check_block_id(&me.inner, b)?;
-            me.inner.pool().block_hash(b)
+            let base = slf.as_super().try_borrow()?;
+            let b = base.inner.block_id(b)?;
+            chain(&base)?.pool().block_hash(crate::core::ids::TableEntry::from_raw(b))
         };
         Ok(h.map(|h| PyBytes::new(slf.py(), h.as_bytes())))
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(slf: PyRef<'_, Self>) -> PyResult<String> {
+        let c = chain(slf.as_super())?;
+        Ok(format!(
             "HashChainCache(num_blocks={}, block_size={}, algo={:?}, free={}, requests={})",
-            self.inner.pool().num_blocks(),
-            self.inner.block_size(),
-            self.inner.algo().name(),
-            self.inner.pool().num_free(),
-            self.inner.num_requests()
-        )
-    }
-});
-
-impl super::events::EventSource for PyHashChainCache {
-    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
-        self.inner.take_events()
+            c.pool().num_blocks(),
+            c.block_size(),
+            c.algo().name(),
+            c.pool().num_free(),
+            c.num_requests()
+        ))
     }
 }

@@ -1,12 +1,9 @@
 //! `block_hashes(...)`: a pure function; releases the GIL for large prompts.
-// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
-// use states why no Python code runs while the view lives.
-#![allow(unsafe_code)]
 
 use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 
-use super::arrays::{self, with_tokens};
+use super::arrays::{with_tokens, with_views, TokenArray, TokensOrList};
 use super::errors::{capacity, invalid, IntoPyResult};
 use super::keys;
 use crate::core::hash::{BlockHasher, HashAlgo, KeySpec, Token};
@@ -24,6 +21,28 @@ fn buffers(n: usize, d: usize) -> PyResult<(Vec<BlockHash>, Vec<u8>)> {
     let mut bytes = Vec::new();
     bytes.try_reserve_exact(n.checked_mul(d).ok_or_else(fail)?).map_err(|_| fail())?;
     Ok((out, bytes))
+}
+
+/// A private copy of a large prompt's tokens, with its reserved buffers.
+enum Owned {
+    I32(Vec<i32>, (Vec<BlockHash>, Vec<u8>)),
+    I64(Vec<i64>, (Vec<BlockHash>, Vec<u8>)),
+}
+
+impl Owned {
+    /// Copies `t`.
+    fn from(t: TokenArray<'_>, bufs: (Vec<BlockHash>, Vec<u8>)) -> PyResult<Self> {
+        fn copy<T: Copy>(s: &[T]) -> PyResult<Vec<T>> {
+            let mut own = Vec::new();
+            own.try_reserve_exact(s.len()).map_err(|_| capacity("cannot copy the tokens on this machine"))?;
+            own.extend_from_slice(s);
+            Ok(own)
+        }
+        Ok(match t {
+            TokenArray::I32(s) => Owned::I32(copy(s)?, bufs),
+            TokenArray::I64(s) => Owned::I64(copy(s)?, bufs),
+        })
+    }
 }
 
 /// Hashes into the reserved buffers (no allocation).
@@ -77,25 +96,28 @@ pub fn block_hashes<'py>(
     }
     let bs = block_size;
     let spec = keys::spec(cache_salt, lora, mm_items)?;
-    // SAFETY: read after every argument that may run Python code; only Rust
-    // runs while the view lives (it is dropped before the output is made),
-    // and before the GIL is released the tokens are copied out of it.
-    let arg = unsafe { arrays::tokens_or_seq(tokens, "tokens") }?;
-    let arr = arg.array();
+    let arg = TokensOrList::new(tokens, "tokens")?;
     let seed = seed.as_deref();
     let d = algo.digest_len();
-    let bytes = with_tokens!(arr, s => {
-        let bufs = buffers(s.len() / bs, d)?;
-        if s.len() >= DETACH_MIN_TOKENS {
-            // Other threads run while detached: hash a private copy.
-            let mut own = Vec::new();
-            own.try_reserve_exact(s.len()).map_err(|_| capacity("cannot copy the tokens on this machine"))?;
-            own.extend_from_slice(s);
-            py.detach(|| chain(algo, seed, &own, bs, &spec, bufs))
-        } else {
-            chain(algo, seed, s, bs, &spec, bufs)
-        }
-    });
+    // Small prompts are hashed on the view; a large one is copied out of it,
+    // then hashed with the GIL released (other threads run meanwhile).
+    let done = with_views(arg, |t| -> PyResult<Result<Vec<u8>, Owned>> {
+        with_tokens!(t, s => {
+            let bufs = buffers(s.len() / bs, d)?;
+            if s.len() >= DETACH_MIN_TOKENS {
+                Ok(Err(Owned::from(t, bufs)?))
+            } else {
+                Ok(Ok(chain(algo, seed, s, bs, &spec, bufs)))
+            }
+        })
+    })??;
+    let bytes = match done {
+        Ok(bytes) => bytes,
+        Err(own) => py.detach(|| match own {
+            Owned::I32(v, bufs) => chain(algo, seed, &v, bs, &spec, bufs),
+            Owned::I64(v, bufs) => chain(algo, seed, &v, bs, &spec, bufs),
+        }),
+    };
     let n = bytes.len() / d;
     let a = PyArray1::from_vec(py, bytes);
     Ok(a.reshape([n, d])?.into_any())

@@ -6,16 +6,17 @@ use pyo3::prelude::*;
 
 pub mod args;
 pub mod arrays;
+pub mod cache;
 pub mod cluster;
 pub mod common;
 pub mod errors;
+pub mod event_codec;
 pub mod events;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
 pub mod lifecycle;
 pub mod radix;
-pub mod request_cache;
 pub mod vllm_hashing;
 pub mod vllm_manager;
 
@@ -37,15 +38,16 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
     m.add_function(wrap_pyfunction!(_force_panic_for_tests, m)?)?;
     m.add_class::<vllm_hashing::PyVllmRequestHasher>()?;
+    m.add_class::<cache::PyPrefixCache>()?;
     m.add_class::<hash_chain::PyHashChainCache>()?;
     m.add_class::<common::Admission>()?;
     m.add_class::<events::BlockStored>()?;
     m.add_class::<events::BlockRemoved>()?;
     m.add_class::<events::AllBlocksCleared>()?;
-    m.add_class::<events::EventEncoder>()?;
-    m.add_function(wrap_pyfunction!(events::decode_event_batch, m)?)?;
+    m.add_class::<event_codec::EventEncoder>()?;
+    m.add_function(wrap_pyfunction!(event_codec::decode_event_batch, m)?)?;
     m.add_class::<cluster::PyClusterIndex>()?;
-    m.add_class::<radix::PyRadixCache>()?;
+    m.add_class::<radix::PyRadixTree>()?;
     // The tree's former name, kept as an alias.
     m.add("RadixCache", m.getattr("RadixTree")?)?;
     m.add_class::<radix::MatchResult>()?;

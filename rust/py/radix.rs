@@ -1,13 +1,22 @@
 //! `RadixTree` (the tree; `RadixCache` is its alias) and `RadixPrefixCache`
 //! (the request-level cache):
 //! the Python faces of [`crate::core::radix::RadixTree`] and
-//! [`crate::core::radix_cache::RadixPrefixCache`].
+//! [`crate::core::radix_cache::RadixPrefixCache`]. `RadixPrefixCache`
+//! extends `PrefixCache` ([`super::cache`]), which holds the core cache and
+//! every method the two request-level caches share; this file holds its
+//! constructor and its radix-only methods.
 //!
 //! Threading: both classes are owned by one scheduler thread. Methods convert
 //! their arguments before borrowing the object and never release the GIL
 //! while they hold it (they run for microseconds); on a free-threaded build a
 //! concurrent second caller gets `RuntimeError` (already borrowed), never
 //! corruption.
+//!
+//! Names: `block_size` is the request-level cache's one size name (tokens
+//! per block, which is the tree's page size); its counts of blocks end in
+//! `_blocks` (`num_unused_blocks`: blocks no request and no tree node holds),
+//! its token counts keep SGLang's names (`cached_tokens`, `evictable_size`,
+//! `protected_size`). `page_size` names the size on the tree alone.
 //!
 //! Node handles: `tag << 64 | generation << 32 | index`, where `tag` names
 //! the tree that issued the handle (the root is always 0), so a handle from
@@ -18,8 +27,7 @@
 //! the caller's per-token slots into pages (with `page_size > 1` each page's
 //! slots must be a page-aligned run: `slot % page_size == 0` for the first,
 //! then consecutive) and pages back into per-token slots.
-// `unsafe` here only reads token arrays in place (`arrays::tokens`); each
-// use states why no Python code runs while the view lives.
+// `unsafe` here only builds and reads node handles through the C API.
 #![allow(unsafe_code)]
 
 use std::borrow::Cow;
@@ -31,35 +39,27 @@ use pyo3::prelude::*;
 use pyo3::types::{PyInt, PyList};
 
 use super::args::named;
-use super::arrays::{self, TokenArray};
+use super::arrays::{self, with_views, TokenArray, Tokens};
+use super::cache::{AnyCache, PyPrefixCache};
 use super::errors::{capacity, inv_to_py, invalid, stale, IntoPyResult};
-use super::request_cache::request_cache_class;
 use super::{args, common, events};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
 use crate::core::radix::{NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 
-/// Reads a token array as int32 (int64 input is narrowed, with a range check).
-///
-/// # Safety
-/// As [`arrays::tokens`]: no Python code may run while the result is alive.
-unsafe fn tokens_i32<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> PyResult<Cow<'a, [i32]>> {
-    // SAFETY: forwarded to our caller.
-    match unsafe { arrays::tokens(obj, what) }? {
+/// A token array as int32 (int64 input is narrowed, with a range check).
+fn tokens_i32(t: TokenArray<'_>) -> PyResult<Cow<'_, [i32]>> {
+    match t {
         TokenArray::I32(a) => Ok(Cow::Borrowed(a)),
         TokenArray::I64(a) => Ok(Cow::Owned(narrow_tokens(a).py()?)),
     }
 }
 
-/// Reads caller slots as int32 values (signs are checked with the page runs,
-/// by [`slots_to_pages`]).
-///
-/// # Safety
-/// As [`arrays::tokens`].
-unsafe fn slots_i32<'a>(obj: &'a Bound<'_, PyAny>) -> PyResult<Cow<'a, [i32]>> {
-    // SAFETY: forwarded to our caller.
-    match unsafe { arrays::tokens(obj, "slots") }? {
+/// Caller slots as int32 values (signs are checked with the page runs, by
+/// [`slots_to_pages`]).
+fn slots_i32(t: TokenArray<'_>) -> PyResult<Cow<'_, [i32]>> {
+    match t {
         TokenArray::I32(a) => Ok(Cow::Borrowed(a)),
         TokenArray::I64(a) => {
             narrow_tokens(a).map(Cow::Owned).map_err(|_| invalid("slots must fit in int32"))
@@ -188,7 +188,7 @@ static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
 /// an evicted node, any handle after ``reset()``, or a handle from another tree
 /// raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
 #[pyclass(module = "kvindex._core", name = "RadixTree")]
-pub struct PyRadixCache {
+pub struct PyRadixTree {
     inner: RadixTree,
     /// `tag << 64`, where `tag` is this tree's identity: the top bits of
     /// every non-root handle.
@@ -201,7 +201,12 @@ pub struct PyRadixCache {
     in_pages: Vec<PageId>,
 }
 
-impl PyRadixCache {
+impl PyRadixTree {
+    /// Drains the tree's buffered core events.
+    pub fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
+        self.inner.events_mut().take()
+    }
+
     /// The core handle of a Python handle. A handle of another tree (or one
     /// never issued) raises `StaleHandleError`; a negative one
     /// `InvalidArgumentError`.
@@ -241,7 +246,7 @@ fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
 }
 
 #[pymethods]
-impl PyRadixCache {
+impl PyRadixTree {
     #[new]
     #[pyo3(
         signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
@@ -257,12 +262,12 @@ impl PyRadixCache {
     ) -> PyResult<Self> {
         let policy = parse_policy(&policy, slru_threshold)?;
         let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
-        inner.set_max_events(max_events).py()?;
+        inner.events_mut().set_capacity(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
         let int =
             |x: u128| -> PyResult<Py<PyInt>> { Ok(x.into_pyobject(py)?.cast_into::<PyInt>()?.unbind()) };
         let (base, next) = (int(u128::from(tag) << 64)?, int((u128::from(tag) + 1) << 64)?);
-        Ok(PyRadixCache { inner, base, next, pages: Vec::new(), in_pages: Vec::new() })
+        Ok(PyRadixTree { inner, base, next, pages: Vec::new(), in_pages: Vec::new() })
     }
 
     /// Tokens per page (edges and hits are multiples of it).
@@ -318,12 +323,12 @@ impl PyRadixCache {
     ) -> PyResult<MatchResult> {
         let namespace = opt_namespace(namespace)?;
         let ps = self.inner.page_size();
-        let m = {
-            // SAFETY: the view lives to the end of this block; only Rust runs there.
-            let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-            // int64 tokens are compared in place (no narrowed copy).
-            arrays::with_tokens!(arr, s => self.inner.match_nodes(s, namespace))
-        };
+        // int64 tokens are compared in place (no narrowed copy).
+        let tree = &mut self.inner;
+        let m = with_views(
+            Tokens(tokens, "tokens"),
+            |t| arrays::with_tokens!(t, s => tree.match_nodes(s, namespace)),
+        )?;
         // The output is sized by the match, then filled from the tree's
         // values in place (no intermediate buffer, no zeroing).
         let (hit_len, node) = (m.len, m.node);
@@ -338,9 +343,8 @@ impl PyRadixCache {
     #[pyo3(signature = (tokens, namespace = None))]
     fn probe(&mut self, tokens: &Bound<'_, PyAny>, namespace: Option<&Bound<'_, PyAny>>) -> PyResult<usize> {
         let namespace = opt_namespace(namespace)?;
-        // SAFETY: the view is used by Rust code only and dropped on return.
-        let arr = unsafe { arrays::tokens(tokens, "tokens") }?;
-        Ok(arrays::with_tokens!(arr, s => self.inner.probe(s, namespace).len))
+        let tree = &mut self.inner;
+        with_views(Tokens(tokens, "tokens"), |t| arrays::with_tokens!(t, s => tree.probe(s, namespace).len))
     }
 
     /// Inserts a sequence with one slot per token; returns the present prefix and the
@@ -359,11 +363,9 @@ impl PyRadixCache {
         let mut guard = slf.try_borrow_mut()?;
         let me = &mut *guard;
         let ps = me.inner.page_size();
-        let (prefix, tail_page, tail_len) = {
-            // SAFETY: the views live to the end of this block, where only
-            // Rust code runs (errors are built lazily, running no Python).
-            let toks = unsafe { tokens_i32(tokens, "tokens") }?;
-            let slots = unsafe { slots_i32(slots) }?;
+        let views = (Tokens(tokens, "tokens"), Tokens(slots, "slots"));
+        let (prefix, tail_page, tail_len) = with_views(views, |(toks, slots)| {
+            let (toks, slots) = (tokens_i32(toks)?, slots_i32(slots)?);
             if slots.len() != toks.len() {
                 return Err(invalid(format!(
                     "slots ({}) must have one slot per token ({})",
@@ -382,8 +384,8 @@ impl PyRadixCache {
                     .map(|prefix| (prefix, tail_page, toks.len() - full))
             });
             me.in_pages = pages;
-            res?
-        };
+            res
+        })??;
         // To free: the duplicates, then the unaligned tail, which was checked
         // to be the run from its page's first slot (so it is rebuilt here).
         let pages = &me.pages;
@@ -477,14 +479,14 @@ impl PyRadixCache {
 
     /// Drains buffered KV events (empty unless ``enable_events``).
     fn take_events<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let ev = slf.try_borrow_mut()?.inner.take_events();
+        let ev = slf.try_borrow_mut()?.inner.events_mut().take();
         events::to_list(slf.py(), ev)
     }
 
     /// KV events the full buffer dropped (oldest first) since the tree was built.
     #[getter]
     fn events_dropped(&self) -> u64 {
-        self.inner.events_dropped()
+        self.inner.events().dropped()
     }
 
     /// Raises ``InvariantViolation`` if any internal invariant is broken.
@@ -521,12 +523,21 @@ impl PyRadixCache {
 /// Hits are capped at ``num_tokens - 1``. Sequences enter the tree at ``free`` (or
 /// ``checkpoint``); unlocked leaves are evicted inside ``admit``/``append`` when the
 /// pool runs short.
-#[pyclass(module = "kvindex._core", name = "RadixPrefixCache")]
-pub struct PyRadixPrefixCache {
-    inner: RadixPrefixCache,
+///
+/// Names: ``block_size`` is the one size (the tree's page size, which only
+/// :class:`RadixTree` calls ``page_size``); counts of blocks end in ``_blocks``; the
+/// tree's token counts keep SGLang's names (``cached_tokens``, ``evictable_size``,
+/// ``protected_size``).
+#[pyclass(module = "kvindex._core", name = "RadixPrefixCache", extends = PyPrefixCache)]
+pub struct PyRadixPrefixCache;
+
+/// The radix cache under a `RadixPrefixCache`.
+fn radix<'a>(base: &'a PyRef<'_, PyPrefixCache>) -> PyResult<&'a RadixPrefixCache> {
+    base.inner.radix()
 }
 
-request_cache_class!(PyRadixPrefixCache {
+#[pymethods]
+impl PyRadixPrefixCache {
     #[new]
     #[pyo3(
         signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
@@ -539,54 +550,56 @@ request_cache_class!(PyRadixPrefixCache {
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
-    ) -> PyResult<Self> {
+    ) -> PyResult<PyClassInitializer<Self>> {
         let policy = parse_policy(&policy, slru_threshold)?;
         let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
-        Ok(PyRadixPrefixCache { inner })
+        Ok(PyClassInitializer::from(PyPrefixCache::new(AnyCache::Radix(inner)))
+            .add_subclass(PyRadixPrefixCache))
     }
 
     /// The tree's eviction policy (one of ``RADIX_POLICIES``).
     #[getter]
-    fn policy(&self) -> &'static str {
-        self.inner.tree().policy().name()
+    fn policy(slf: PyRef<'_, Self>) -> PyResult<&'static str> {
+        Ok(radix(slf.as_super())?.tree().policy().name())
     }
 
-    /// Pages with no holder at all.
+    /// Blocks no request and no tree node holds (``num_free_blocks`` also counts the
+    /// tree's evictable pages).
     #[getter]
-    fn num_unused_blocks(&self) -> usize {
-        self.inner.pool().num_free()
+    fn num_unused_blocks(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(radix(slf.as_super())?.pool().num_free())
     }
 
     /// Tokens in the tree.
     #[getter]
-    fn cached_tokens(&self) -> usize {
-        self.inner.tree().total_size()
+    fn cached_tokens(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(radix(slf.as_super())?.tree().total_size())
     }
 
     /// Tokens in unlocked tree nodes.
     #[getter]
-    fn evictable_size(&self) -> usize {
-        self.inner.tree().evictable_size()
+    fn evictable_size(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(radix(slf.as_super())?.tree().evictable_size())
     }
 
     /// Tokens in locked tree nodes.
     #[getter]
-    fn protected_size(&self) -> usize {
-        self.inner.tree().protected_size()
+    fn protected_size(slf: PyRef<'_, Self>) -> PyResult<usize> {
+        Ok(radix(slf.as_super())?.tree().protected_size())
     }
 
     /// Evicts unlocked tree leaves until ``num_tokens`` are freed (may free more);
     /// returns the tokens evicted (their pages return to the cache's own pool).
     fn evict(slf: &Bound<'_, Self>, num_tokens: &Bound<'_, PyAny>) -> PyResult<usize> {
         let n = args::usize_arg(num_tokens, "num_tokens", usize::MAX)?;
-        Ok(slf.try_borrow_mut()?.inner.evict(n))
+        Ok(slf.as_super().try_borrow_mut()?.inner.radix_mut()?.evict(n))
     }
 
     /// Leading tokens of a running request served by cached tree pages.
     fn num_cached_tokens(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<usize> {
         let id = RequestId(args::u64_arg(request_id, "request_id")?);
-        slf.try_borrow()?.inner.num_cached_tokens(id).py()
+        radix(&slf.as_super().try_borrow()?)?.num_cached_tokens(id).py()
     }
 
     /// The KV-event page hashes the tree holds (uint64, ascending, each once): the set a
@@ -594,43 +607,32 @@ request_cache_class!(PyRadixPrefixCache {
     /// event buffer dropped none). Read-only. ``InvalidArgumentError`` unless
     /// ``enable_events`` (the tree hashes no page then).
     fn cached_page_hashes<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray1<u64>>> {
-        let v = slf.try_borrow()?.inner.tree().cached_page_hashes().py()?;
+        let v = radix(&slf.as_super().try_borrow()?)?.tree().cached_page_hashes().py()?;
         Ok(PyArray1::from_vec(slf.py(), v))
     }
 
     /// The pages the tree holds.
     fn cached_blocks<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyArray1<i32>>> {
         let mut v = Vec::new();
-        slf.try_borrow()?.inner.tree().all_values(&mut v);
+        radix(&slf.as_super().try_borrow()?)?.tree().all_values(&mut v);
         common::block_ids_array(slf.py(), &v)
     }
 
     /// A human-readable dump of the tree, one line per node.
-    fn dump(&self) -> String {
-        self.inner.tree().dump()
+    fn dump(slf: PyRef<'_, Self>) -> PyResult<String> {
+        Ok(radix(slf.as_super())?.tree().dump())
     }
 
-    fn __repr__(&self) -> String {
-        format!(
+    fn __repr__(slf: PyRef<'_, Self>) -> PyResult<String> {
+        let c = radix(slf.as_super())?;
+        Ok(format!(
             "RadixPrefixCache(num_blocks={}, block_size={}, policy={:?}, free={}, cached_tokens={}, requests={})",
-            self.inner.pool().num_pages(),
-            self.inner.page_size(),
-            self.inner.tree().policy().name(),
-            self.inner.num_free_blocks(),
-            self.inner.tree().total_size(),
-            self.inner.num_requests()
-        )
-    }
-});
-
-impl events::EventSource for PyRadixCache {
-    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
-        self.inner.take_events()
-    }
-}
-
-impl events::EventSource for PyRadixPrefixCache {
-    fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
-        self.inner.take_events()
+            c.pool().num_pages(),
+            c.page_size(),
+            c.tree().policy().name(),
+            c.num_free_blocks(),
+            c.tree().total_size(),
+            c.num_requests()
+        ))
     }
 }

@@ -58,7 +58,7 @@ def test_shared_methods_say_the_same_on_both_caches() -> None:
 def test_every_public_method_is_documented() -> None:
     missing = [
         f"{cls.__name__}.{name}"
-        for cls in (core.HashChainCache, core.RadixPrefixCache, core.RadixTree)
+        for cls in (core.PrefixCache, core.HashChainCache, core.RadixPrefixCache, core.RadixTree)
         for name, obj in vars(cls).items()
         if not name.startswith("_") and not (getattr(obj, "__doc__", None) or "").strip()
     ]
@@ -68,8 +68,9 @@ def test_every_public_method_is_documented() -> None:
 def test_protocol_describes_exactly_the_shared_interface() -> None:
     from kvindex.protocol import PrefixCache
 
+    # Members a cache class has, its own and those its bases (PrefixCache) give it.
     def public(cls: type) -> set[str]:
-        return {n for n in vars(cls) if not n.startswith("_")} | {"__contains__"}
+        return {n for n in dir(cls) if not n.startswith("_")} | {"__contains__"}
 
     proto = {n for n in vars(PrefixCache) if not n.startswith("_")} | {"__contains__"}
     shared = public(core.HashChainCache) & public(core.RadixPrefixCache)
