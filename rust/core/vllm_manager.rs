@@ -361,6 +361,19 @@ impl VllmManager {
         Ok(())
     }
 
+    /// Takes one reference on each block (vLLM's `BlockPool.touch`, which KV
+    /// connectors call to pin blocks they read); free ones leave the queue.
+    /// Null blocks are skipped.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an id out of range (nothing changed).
+    pub fn touch(&mut self, ids: &[i64]) -> KvResult<()> {
+        let blocks = ids.iter().map(|&id| self.check_block(id)).collect::<KvResult<Vec<_>>>()?;
+        let blocks: Vec<BlockId> = blocks.into_iter().filter(|&b| b != BlockId::NULL).collect();
+        self.pool.touch(&blocks);
+        Ok(())
+    }
+
     /// Drops the cached hashes of `ids` whether or not a request holds them
     /// (vLLM's `evict_blocks`, for KV a connector failed to load). The null
     /// block and unhashed blocks are skipped. Returns the blocks evicted.

@@ -50,6 +50,7 @@ fn ids_out(v: &[BlockId]) -> Vec<u32> {
 #[pyclass(module = "kvindex._core", name = "_VllmManager")]
 pub struct PyVllmManager {
     inner: core::VllmManager,
+    last_run: Option<(usize, usize)>,
 }
 
 #[pymethods]
@@ -71,7 +72,7 @@ impl PyVllmManager {
             log_new,
         )
         .py()?;
-        Ok(PyVllmManager { inner })
+        Ok(PyVllmManager { inner, last_run: None })
     }
 
     /// Blocks in the pool, the null block 0 included.
@@ -123,7 +124,10 @@ impl PyVllmManager {
     }
 
     /// vLLM's ``allocate_slots`` without the caching step: new block ids, or None (nothing changed).
-    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, reserved_blocks, watermark_blocks, adopt))]
+    ///
+    /// With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
+    /// (as :meth:`cache`; its run is :attr:`last_cached_run`).
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, reserved_blocks, watermark_blocks, adopt, hashes = None, cache_tokens = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots(
         &mut self,
@@ -136,6 +140,8 @@ impl PyVllmManager {
         reserved_blocks: i64,
         watermark_blocks: i64,
         adopt: bool,
+        hashes: Option<&Bound<'_, PyAny>>,
+        cache_tokens: Option<i64>,
     ) -> PyResult<Option<Vec<u32>>> {
         let nc = block_ids(&self.inner, &new_computed)?;
         let s = SlotRequest {
@@ -149,7 +155,21 @@ impl PyVllmManager {
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             adopt,
         };
-        Ok(self.inner.allocate_slots(request_id, &nc, &s).py()?.map(|v| ids_out(&v)))
+        let cache_tokens = cache_tokens.map(|n| count(n, "cache_tokens")).transpose()?;
+        self.last_run = None;
+        let Some(new) = self.inner.allocate_slots(request_id, &nc, &s).py()? else {
+            return Ok(None);
+        };
+        if let (Some(h), Some(n)) = (hashes, cache_tokens) {
+            self.cache(request_id, h, i64::try_from(n).unwrap_or(i64::MAX))?;
+        }
+        Ok(Some(ids_out(&new)))
+    }
+
+    /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached, or None.
+    #[getter]
+    fn last_cached_run(&self) -> Option<(usize, usize)> {
+        self.last_run
     }
 
     /// Caches the request's full blocks up to ``num_tokens`` under ``hashes`` (its
@@ -162,11 +182,13 @@ impl PyVllmManager {
         num_tokens: i64,
     ) -> PyResult<Option<(usize, usize)>> {
         let n = count(num_tokens, "num_tokens")?;
+        self.last_run = None;
         let Some((start, end)) = self.inner.cache_range(request_id, n, hashes.len()?) else {
             return Ok(None);
         };
         let hs = read_hashes(hashes, start, end)?;
         self.inner.cache_run(request_id, start, &hs).py()?;
+        self.last_run = Some((start, end));
         Ok(Some((start, end)))
     }
 
@@ -210,6 +232,11 @@ impl PyVllmManager {
     fn free_blocks(&mut self, ordered: Vec<i64>) -> PyResult<()> {
         let ids = block_ids(&self.inner, &ordered)?;
         self.inner.free_blocks(&ids).py()
+    }
+
+    /// Takes one reference on each block (null blocks skipped).
+    fn touch(&mut self, ids: Vec<i64>) -> PyResult<()> {
+        self.inner.touch(&ids).py()
     }
 
     /// Drops the hashes of blocks (held or not); returns how many had one.

@@ -244,6 +244,10 @@ class BlockPoolView:
         caller frees them through :meth:`free_blocks`)."""
         return self._manager._take_loose_blocks(num_blocks)
 
+    def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
+        """Takes one reference on each block (KV connectors pin what they read)."""
+        self._core.touch([b.block_id for b in blocks])
+
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         self._core.free_blocks([b.block_id for b in ordered_blocks])
 

@@ -58,6 +58,8 @@ from .errors import UnsupportedVllmConfigError
 __all__ = ["KVCacheManager"]
 
 _SUPPORTED_SPECS = (FullAttentionSpec, MLAAttentionSpec)
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+_NO_IDS: list[int] = []
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -241,6 +243,11 @@ class KVCacheManager:
         )
         self._events: list[KVCacheEvent] = []
         self._loose = 0
+        self._last_hit: tuple[KVCacheBlocks, list[int]] | None = None
+        self._last_ids: list[int] = []
+        # The one-call path serves running requests when nothing else must watch the
+        # allocation (KV events, the metrics collector) and caching is on.
+        self._fast = enable_caching and not enable_kv_cache_events and metrics_collector is None
         self.block_pool = BlockPoolView(self, self._core, hash_block_size)
         self._blocks = self.block_pool.blocks
         self.coordinator = _CoordinatorView(self, self._core, spec)
@@ -288,6 +295,7 @@ class KVCacheManager:
     ) -> tuple[list[KVCacheBlock], int]:
         bs = self.block_size
         ids = self._core.find_hit(block_hashes, max_length // bs, self._drop_eagle)
+        self._last_ids = ids
         blocks = self._blocks
         return [blocks[i] for i in ids], len(ids) * bs
 
@@ -309,7 +317,11 @@ class KVCacheManager:
             self._emit_stored(request, 0, len(blocks))
         if not blocks:
             return self.empty_kv_cache_blocks, 0, 0
-        return KVCacheBlocks((blocks,)), n, 0
+        result = KVCacheBlocks((blocks,))
+        # allocate_slots usually adopts exactly this result next: keep its ids so the
+        # blocks need not be read back one by one.
+        self._last_hit = (result, self._last_ids)
+        return result, n, 0
 
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
@@ -341,6 +353,48 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or None (nothing changed)."""
         if (
+            new_computed_blocks is None
+            and num_new_tokens > 0
+            and not num_external_computed_tokens
+            and not num_new_computed_tokens
+            and not full_sequence_must_fit
+            and self._fast
+        ):
+            # A running request's next chunk or decode step (the scheduler's call for
+            # every running request, every step): one Rust call, allocation and caching.
+            total = request.num_computed_tokens
+            need = total + num_new_tokens + num_lookahead_tokens
+            max_len = self.max_model_len
+            if need > max_len:
+                need = max_len
+            if total > max_len:
+                total = max_len
+            cache_to = total + num_new_tokens
+            if cache_to > request.num_tokens:
+                cache_to = request.num_tokens
+            watermark = (
+                self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
+            )
+            new = self._core.allocate_slots(
+                request.request_id,
+                _NO_IDS,
+                need,
+                total,
+                0,
+                None,
+                reserved_blocks,
+                watermark,
+                False,
+                None if delay_cache_blocks else request.block_hashes,
+                None if delay_cache_blocks else cache_to - self._num_reprefillable,
+            )
+            if new is None:
+                return None
+            if not new:
+                return self.empty_kv_cache_blocks
+            blocks = self._blocks
+            return KVCacheBlocks(([blocks[i] for i in new],))
+        if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
             and num_new_computed_tokens == 0
@@ -352,7 +406,16 @@ class KVCacheManager:
             new_computed_blocks is not None
             and new_computed_blocks is not self.empty_kv_cache_blocks
         ):
-            hit = [b.block_id for b in new_computed_blocks.blocks[0]]
+            last = self._last_hit
+            if (
+                last is not None
+                and last[0] is new_computed_blocks
+                and len(last[1]) == len(new_computed_blocks.blocks[0])
+            ):
+                hit = last[1]
+            else:
+                hit = [b.block_id for b in new_computed_blocks.blocks[0]]
+            self._last_hit = None
             adopt = new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks
         else:
             hit = []
@@ -374,6 +437,14 @@ class KVCacheManager:
             touched = hit
         else:
             touched = []
+        caching = self.enable_caching and not delay_cache_blocks
+        # The caching step rides in the same Rust call: the finalized tokens only
+        # (drafts beyond request.num_tokens are not cached), less MTP's re-prefilled tail.
+        cache_tokens = (
+            max(0, min(total + num_new_tokens, request.num_tokens) - self._num_reprefillable)
+            if caching
+            else None
+        )
         new = self._core.allocate_slots(
             rid,
             hit,
@@ -384,6 +455,8 @@ class KVCacheManager:
             reserved_blocks,
             watermark,
             adopt,
+            request.block_hashes if caching else None,
+            cache_tokens,
         )
         if new is None:
             return None
@@ -393,10 +466,11 @@ class KVCacheManager:
             self._collect(collector, touched, new_blocks)
         if self.enable_kv_cache_events:
             self._drain_removed()
+            run = self._core.last_cached_run
+            if run is not None:
+                self._emit_stored(request, run[0], run[1])
         elif collector is not None:
             self._core.take_removed()
-        if not delay_cache_blocks:
-            self._cache(request, min(total + num_new_tokens, request.num_tokens))
         if not new_blocks:
             return self.empty_kv_cache_blocks
         return KVCacheBlocks((new_blocks,))

@@ -115,12 +115,12 @@ def test_hit_allocate_free_against_vllm() -> None:
 
 
 @pytest.mark.parametrize("seed", range(6))
-@pytest.mark.parametrize("caching", [True, False])
-def test_random_differential(seed: int, caching: bool) -> None:
+@pytest.mark.parametrize(("caching", "events"), [(True, True), (True, False), (False, True)])
+def test_random_differential(seed: int, caching: bool, events: bool) -> None:
     rng = random.Random(seed)
     bs = rng.choice([1, 2, 4, 16])
     num_blocks = rng.randint(8, 80)
-    kw = dict(enable_caching=caching, enable_kv_cache_events=True, use_eagle=rng.random() < 0.3)
+    kw = dict(enable_caching=caching, enable_kv_cache_events=events, use_eagle=rng.random() < 0.3)
     ref, kvi = managers(num_blocks, bs, **kw)
     prefixes = [[rng.randrange(50) for _ in range(rng.randint(0, 6 * bs))] for _ in range(3)]
     running: dict[str, tuple[Request, Request]] = {}
@@ -140,9 +140,15 @@ def test_random_differential(seed: int, caching: bool) -> None:
                 kvi.get_computed_blocks(pair[1]),
             )
             assert (ids(b1), n1) == (ids(b2), n2)
-            chunk = rng.randint(1, len(prompt) - n1)
+            rest = len(prompt) - n1
+            # A KV connector may supply some tokens beyond the local hit (loaded
+            # asynchronously when delay_cache: cached once the load lands).
+            ext = rng.choice([0, 0, 0, rng.randint(0, rest - 1)])
+            delay = ext > 0 and rng.random() < 0.5
+            chunk = rng.randint(1, rest - ext)
             look = rng.choice([0, 0, 2])
             must_fit = rng.random() < 0.3
+            reserved = rng.choice([0, 0, 2])
             out = []
             for m, r, b, n in ((ref, pair[0], b1, n1), (kvi, pair[1], b2, n2)):
                 out.append(
@@ -153,31 +159,44 @@ def test_random_differential(seed: int, caching: bool) -> None:
                             n,
                             b,
                             num_lookahead_tokens=look,
+                            num_external_computed_tokens=ext,
+                            delay_cache_blocks=delay,
                             full_sequence_must_fit=must_fit,
+                            reserved_blocks=reserved,
                         )
                     )
                 )
             assert out[0] == out[1]
             if out[0] is not None:
-                for r in pair:
-                    r.num_computed_tokens = n1 + chunk
+                for m, r in zip((ref, kvi), pair, strict=True):
+                    r.num_computed_tokens = n1 + ext + chunk
+                    if delay:
+                        m.cache_blocks(r, n1 + ext)
                 running[rid] = pair
         elif op < 0.75:
             rid = rng.choice(sorted(running))
             pair = running[rid]
             r0 = pair[0]
+            drafts = 0
             if r0.num_computed_tokens < r0.num_tokens:
                 n = rng.randint(1, r0.num_tokens - r0.num_computed_tokens)
             else:
                 tok = rng.randrange(50)
                 for r in pair:
                     r.append_output_token_ids(tok)
-                n = 1
-            out = [ids(m.allocate_slots(r, n)) for m, r in zip((ref, kvi), pair, strict=True)]
+                # Speculative decoding: drafts are scheduled (and get slots) but
+                # are not cached until verified; here all are rejected.
+                drafts = rng.choice([0, 0, 3])
+                n = 1 + drafts
+            look = rng.choice([0, 0, 2])
+            out = [
+                ids(m.allocate_slots(r, n, num_lookahead_tokens=look))
+                for m, r in zip((ref, kvi), pair, strict=True)
+            ]
             assert out[0] == out[1]
             if out[0] is not None:
                 for r in pair:
-                    r.num_computed_tokens += n
+                    r.num_computed_tokens += n - drafts
         elif op < 0.9:
             rid = rng.choice(sorted(running))
             pair = running.pop(rid)
