@@ -133,6 +133,10 @@ fn key_spec<'py>(
         };
         // vLLM skips every item once the last one ends at or before `start`.
         let n = feats.len();
+        if n == 0 {
+            // A truthy empty list (a subclass): vLLM's own hasher decides.
+            return Ok(Err(Unsupported));
+        }
         let Ok((lo, ll)) = pos(&feats.get_item(n - 1)?)? else { return Ok(Err(Unsupported)) };
         #[allow(clippy::cast_possible_wrap)]
         if lo.checked_add(ll).is_none_or(|end| end > start as i64) {

@@ -59,6 +59,13 @@ class Req:
     block_hashes: list[bytes] = field(default_factory=list)
 
 
+class TruthyEmpty(list[Feature]):
+    """An empty list that claims to be non-empty."""
+
+    def __bool__(self) -> bool:
+        return True
+
+
 def no_fallback(request: Any) -> list[bytes]:
     raise AssertionError("the native path should have hashed this request")
 
@@ -138,6 +145,7 @@ def test_chain_root_read_from_an_object_when_a_request_starts() -> None:
         Req([1, 2, 3, 4], mm_features=[Feature("img-a", Pos(1, 0))]),
         Req([1, 2, 3, 4], cache_salt=b"bytes-salt"),  # type: ignore[arg-type]
         Req([1, 2, 3, 4], block_hashes=["not bytes"]),  # type: ignore[list-item]
+        Req([1, 2, 3, 4], mm_features=TruthyEmpty()),
     ],
     ids=[
         "prompt-embeds",
@@ -147,6 +155,7 @@ def test_chain_root_read_from_an_object_when_a_request_starts() -> None:
         "empty-mm",
         "bytes-salt",
         "str-parent",
+        "truthy-empty-mm",
     ],
 )
 def test_what_the_native_path_does_not_reproduce_goes_to_the_fallback(req: Req) -> None:
