@@ -46,7 +46,7 @@ serialised; on a free-threaded interpreter a concurrent second call raises
 pure and releases the GIL for prompts of 4096 tokens or more.
 """
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Self, final
 
 import numpy as np
@@ -205,6 +205,32 @@ class AllBlocksCleared:
         """The event as a dict (``{"type": "AllBlocksCleared"}``)."""
     def __eq__(self, value: object, /) -> bool: ...
     def __reduce__(self) -> tuple[Any, tuple[Any, ...]]: ...
+
+@final
+class VllmRequestHasher:
+    """vLLM 0.33's ``request_block_hasher`` as one native call per request (see
+    :mod:`kvindex.integrations.vllm.hashing`)."""
+
+    def __new__(
+        cls,
+        block_size: int,
+        algo: str,
+        *,
+        none_hash: Any,
+        fallback: Callable[[Any], list[bytes]],
+    ) -> Self: ...
+    def __call__(self, request: Any) -> list[bytes]:
+        """The hashes of ``request``'s blocks that became full since its last
+        ``block_hashes`` entry (vLLM's ``request_block_hasher(request)``)."""
+    @property
+    def algo(self) -> str:
+        """The algorithm, as vLLM names it."""
+    @property
+    def block_size(self) -> int:
+        """Tokens per hashed block."""
+    @property
+    def fallback_calls(self) -> int:
+        """How many calls went to the fallback so far."""
 
 # The methods both request-level caches share are declared once, here.
 @disjoint_base

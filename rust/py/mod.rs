@@ -17,6 +17,7 @@ pub mod hashing;
 pub mod keys;
 pub mod lifecycle;
 pub mod radix;
+pub mod vllm_hashing;
 pub mod vllm_manager;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
@@ -36,6 +37,7 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(hashing::block_hashes, m)?)?;
     m.add_function(wrap_pyfunction!(hashing::none_hash, m)?)?;
     m.add_function(wrap_pyfunction!(_force_panic_for_tests, m)?)?;
+    m.add_class::<vllm_hashing::PyVllmRequestHasher>()?;
     m.add_class::<cache::PyPrefixCache>()?;
     m.add_class::<hash_chain::PyHashChainCache>()?;
     m.add_class::<common::Admission>()?;

@@ -43,6 +43,7 @@
 pub mod cbor;
 pub mod keys;
 pub mod pickle;
+pub mod vllm_request;
 
 use sha2::{Digest, Sha256};
 use xxhash_rust::xxh3::xxh3_128;
