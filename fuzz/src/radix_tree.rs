@@ -205,7 +205,7 @@ pub fn run(data: &[u8]) {
             return;
         }
     };
-    assert_eq!((t.page_size(), t.policy(), t.events_enabled()), (ps, policy, events));
+    assert_eq!((t.page_size(), t.policy(), t.events().enabled()), (ps, policy, events));
     let root = t.handle(NodeId::ROOT);
     assert_eq!(root, NodeHandle(0), "the root's handle is 0");
     let mut h = Harness {
@@ -398,9 +398,9 @@ fn step(h: &mut Harness, inp: &mut Input<'_>) {
             h.push_handle(hd);
         }
         op::TAKE_EVENTS => {
-            let ev = h.t.take_events();
+            let ev = h.t.events_mut().take();
             check_events(&ev, h.events, ps);
-            assert!(h.t.take_events().is_empty(), "events drained twice");
+            assert!(h.t.events_mut().take().is_empty(), "events drained twice");
         }
         _ => {
             // INTROSPECT

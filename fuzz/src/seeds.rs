@@ -7,7 +7,7 @@
 //! Tokens: suffix bytes 0-3 are tokens 0-3; the shared prefixes `P0`-`P2` are
 //! the property test's (24 tokens, the first 4 shared); see `common::token_of`.
 
-use crate::{hash_chain, radix_cache, radix_tree};
+use crate::{hash_chain, lifecycle, radix_cache, radix_tree};
 
 /// One seed: file name (without the `seed-NN-` prefix) and bytes.
 pub type Seed = (&'static str, Vec<u8>);
@@ -625,7 +625,148 @@ pub fn all() -> Vec<(&'static str, Vec<Seed>)> {
         ("radix_tree", radix_tree()),
         ("radix_cache", radix_cache()),
         ("pages", pages()),
+        ("lifecycle", lifecycle()),
     ]
+}
+
+// ------------------------------------------------------------------ lifecycle
+
+/// Lifecycle header: `design` 0 (hash chain) or 1 (radix), `nb = 2 + byte % 38`
+/// blocks, block/page size byte, flags (bit 0 events; the algorithm or the policy above).
+fn lc(design: u8, nb: u8, size: u8, flags: u8) -> B {
+    B(vec![design, nb, size, flags])
+}
+
+impl B {
+    /// `admit_chunk` of `p`, no spec, reading the cache, with step options
+    /// `[chunk, lookahead, flags, external, reserved]`.
+    fn achunk(&mut self, id: u8, p: P<'_>, o: [u8; 5]) -> &mut Self {
+        self.push(&[lifecycle::op::ADMIT_CHUNK, id]).prompt(p).push(&[0, 0]).push(&o)
+    }
+    /// A step derived from the request's counters: `1 + n % remaining`
+    /// positions, or with `drafts` (token bytes) the rest plus the drafts.
+    fn sched(&mut self, id: u8, n: u8, drafts: &[u8], lookahead: u8) -> &mut Self {
+        self.push(&[lifecycle::op::SCHEDULE, id, 0, n]).list(drafts).push(&[lookahead, 0])
+    }
+    /// A commit derived from the request's counters: `r` picks the rejected
+    /// drafts, `sampled` the ids filling its placeholders.
+    fn commit(&mut self, id: u8, r: u8, sampled: &[u8]) -> &mut Self {
+        self.push(&[lifecycle::op::COMMIT, id, 0, r]).list(sampled)
+    }
+    /// Every running request scheduled one step (no drafts), `lookahead` slots each.
+    fn sched_all(&mut self, running: usize, lookahead: u8) -> &mut Self {
+        self.push(&[lifecycle::op::SCHEDULE_BATCH, 0]);
+        for _ in 0..running {
+            self.push(&[0, 0]);
+        }
+        self.push(&[lookahead])
+    }
+    /// Every running request commits one sampled id (`mode` 0x40: no offsets).
+    fn commit_all(&mut self, running: usize, mode: u8) -> &mut Self {
+        self.push(&[lifecycle::op::COMMIT_BATCH, mode]);
+        for i in 0..running {
+            self.push(&[0, 1, len_u8(i % 4)]);
+        }
+        self
+    }
+}
+
+/// The engine lifecycle over both designs: chunked prefill, async decode
+/// steps, drafts accepted and rejected, preempt / resume, a delayed external
+/// transfer, batches of the running set (good and bad), and the reset guard.
+#[must_use]
+pub fn lifecycle() -> Vec<Seed> {
+    use lifecycle::op::{
+        ADMIT, APPEND, COMMIT_BATCH, FINISH, FINISH_TRANSFER, FREE, FREE_BATCH, INTROSPECT, PREEMPT, RESET,
+        RESUME, SCHEDULE_BATCH,
+    };
+    let mut out = Vec::new();
+    // design, size byte, flags (events on; sha256 for the chain, lru for the tree), seed names
+    let chain = ["prefill-decode-chain", "drafts-chain", "preempt-chain", "external-chain", "errors-chain"];
+    let radix = ["prefill-decode-radix", "drafts-radix", "preempt-radix", "external-radix", "errors-radix"];
+    for (design, size, flags, names) in [(0u8, 3u8, 3u8, chain), (1, 2, 1, radix)] {
+        // A 22-token prompt in chunks of 4, 8 and 10, then decode steps,
+        // the second one async (scheduled before the first's id is committed).
+        out.push((
+            names[0],
+            lc(design, 30, size, flags)
+                .achunk(1, P(0, 20, &[1, 2]), [4, 1, 0, 0, 0])
+                .sched(1, 7, &[], 1)
+                .sched(1, 9, &[], 0)
+                .commit(1, 0, &[1])
+                .sched(1, 0, &[], 0)
+                .sched(1, 0, &[], 0)
+                .commit(1, 0, &[2, 3])
+                .achunk(2, P(0, 20, &[1, 2]), [0, 0, 0, 0, 0])
+                .push(&[INTROSPECT])
+                .sched_all(2, 1)
+                .commit_all(2, 0)
+                .sched_all(2, 0)
+                .commit_all(2, 0x40)
+                .push(&[FINISH, 1, FREE, 2, INTROSPECT])
+                .done(),
+        ));
+        // Drafts: two proposed, one rejected; then three, all accepted; a
+        // batch with drafts through draft offsets.
+        out.push((
+            names[1],
+            lc(design, 30, size, flags)
+                .achunk(3, P(1, 12, &[]), [0, 2, 0, 0, 0])
+                .commit(3, 0, &[1])
+                .sched(3, 0, &[2, 1], 1)
+                .commit(3, 1, &[2])
+                .sched(3, 0, &[1, 3], 0)
+                .commit(3, 0, &[0])
+                .push(&[SCHEDULE_BATCH, 0, 0, 1, 2, 0])
+                .push(&[COMMIT_BATCH, 0, 1, 1, 3])
+                .push(&[FREE, 3])
+                .done(),
+        ));
+        // A small pool: the second admission refused (must_fit), the first
+        // preempted, the second admitted, both resumed in turn.
+        out.push((
+            names[2],
+            lc(design, 6, size, flags)
+                .achunk(1, P(2, 24, &[]), [0, 0, 0, 0, 0])
+                .achunk(2, P(2, 24, &[0, 1]), [0, 0, 1, 0, 0])
+                .push(&[PREEMPT, 1])
+                .achunk(2, P(2, 24, &[0, 1]), [0, 0, 0, 0, 0])
+                .push(&[RESUME, 1, 0, 0, 0, 0, 0])
+                .push(&[PREEMPT, 2, PREEMPT, 2, RESUME, 1, 3, 0, 1, 0, 0])
+                .push(&[RESUME, 2, 0, 0, 0, 0, 0, FINISH, 1, FINISH, 2])
+                .done(),
+        ));
+        // External tokens: a delayed transfer (nothing scheduled until it
+        // lands, a second finish_transfer refused), then one loaded at once.
+        out.push((
+            names[3],
+            lc(design, 30, size, flags)
+                .achunk(4, P(0, 16, &[3]), [0, 1, 2, 12, 0])
+                .sched(4, 0, &[], 0)
+                .push(&[FINISH_TRANSFER, 4, FINISH_TRANSFER, 4])
+                .sched(4, 0, &[], 0)
+                .achunk(5, P(0, 16, &[3]), [2, 0, 1, 9, 1])
+                .push(&[INTROSPECT, FREE_BATCH, 2, 4, 5])
+                .done(),
+        ));
+        // The one-chunk calls beside the engine ones, bad batches (unknown
+        // and repeated ids, a count short, corrupt offsets), the reset
+        // guard, a chunk of 0 and a huge lookahead.
+        out.push((
+            names[4],
+            lc(design, 12, size, flags)
+                .push(&[ADMIT, 1])
+                .prompt(P(0, 8, &[]))
+                .push(&[0, 0, APPEND, 1, 2, 0, 1])
+                .push(&[SCHEDULE_BATCH, 0x22, 3, 1, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0])
+                .push(&[COMMIT_BATCH, 0x22, 2, 1, 1, 0, 0, 0, 0])
+                .push(&[RESET, FREE_BATCH, 2, 1, 1, FREE, 1, FREE, 1, RESET])
+                .achunk(6, raw(&[0, 1, 2, 3, 0, 1, 2, 3, 0]), [8, 255, 1, 0, 0])
+                .achunk(6, raw(&[0, 1, 2, 3, 0, 1, 2, 3, 0]), [1, 0, 1, 0, 2])
+                .done(),
+        ));
+    }
+    out
 }
 
 /// Page/slot conversions (byte format in `pages.rs`): valid runs for an

@@ -24,13 +24,13 @@
 //! 8 bytes and compared in full against the block's own hash, so it stays
 //! small enough to live in cache: memory is about 50 bytes per block, plus
 //! ~5 bytes per cached hash. KV events (when enabled) are held in a bounded
-//! [`EventBuffer`] between drains (drop-oldest, counted).
+//! [`crate::core::event_buffer::Events`] between drains (drop-oldest, counted).
 
 use hashbrown::HashTable;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{pool_size, try_filled, ErrorKind, InvariantViolation, KvError, KvResult};
-use crate::core::event_buffer::{self, EventBuffer};
+use crate::core::event_buffer::Events;
 use crate::core::events::KvEvent;
 use crate::core::free_queue::FreeQueue;
 use crate::core::ids::{BlockHash, BlockId};
@@ -60,7 +60,7 @@ pub struct BlockPool {
     /// Later copies of a hash, oldest first (vLLM allows duplicate physical
     /// copies; lookups return the first). Rare: empty in most workloads.
     dups: FxHashMap<BlockHash, Vec<BlockId>>,
-    events: Option<EventBuffer>,
+    events: Events,
     /// Blocks that lost their hash since the owner last drained this log
     /// (kept only when `log_evictions` is on).
     evicted: Vec<BlockId>,
@@ -85,7 +85,7 @@ impl BlockPool {
             queue,
             index: HashTable::new(),
             dups: FxHashMap::default(),
-            events: enable_events.then(EventBuffer::default),
+            events: Events::new(enable_events),
             evicted: Vec::new(),
             log_evictions: false,
         })
@@ -240,9 +240,7 @@ impl BlockPool {
             }
         }
         self.meta[b.idx()].hash = None;
-        if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::BlockRemoved { block_hashes: vec![h.low_u64()] });
-        }
+        self.events.record(|| KvEvent::BlockRemoved { block_hashes: vec![h.low_u64()] });
         if self.log_evictions {
             self.evicted.push(b);
         }
@@ -366,48 +364,19 @@ impl BlockPool {
         self.index.clear();
         self.dups.clear();
         self.meta.iter_mut().for_each(|m| m.hash = None);
-        if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::AllBlocksCleared);
-        }
+        self.events.record(|| KvEvent::AllBlocksCleared);
         Ok(())
     }
 
-    /// Records an event if events are enabled.
-    pub fn emit(&mut self, make: impl FnOnce() -> KvEvent) {
-        if let Some(ev) = &mut self.events {
-            ev.push(make());
-        }
-    }
-
-    /// Whether events are buffered.
+    /// The KV events (drained, bounded and counted through the request layer).
     #[must_use]
-    pub fn events_enabled(&self) -> bool {
-        self.events.is_some()
+    pub fn events(&self) -> &Events {
+        &self.events
     }
 
-    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for 0.
-    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        event_buffer::set_max_events(&mut self.events, max_events)
-    }
-
-    /// Events dropped from the full buffer since the last
-    /// [`Self::take_events_dropped`].
-    #[must_use]
-    pub fn events_dropped(&self) -> u64 {
-        event_buffer::events_dropped(self.events.as_ref())
-    }
-
-    /// Returns [`Self::events_dropped`] and zeroes it.
-    pub fn take_events_dropped(&mut self) -> u64 {
-        event_buffer::take_events_dropped(self.events.as_mut())
-    }
-
-    /// Drains the buffered events (empty when disabled).
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
+    /// The KV events, to record into or drain.
+    pub fn events_mut(&mut self) -> &mut Events {
+        &mut self.events
     }
 
     /// Checks invariants 1-4 of the module header. O(n + map).
@@ -505,7 +474,7 @@ mod tests {
         assert_eq!(p.get_cached(&h(7)), None);
         assert_eq!(p.get_cached(&h(8)), Some(BlockId(4)));
         assert_eq!(p.num_cached_hashes(), 1);
-        let removed = p.take_events().len();
+        let removed = p.events_mut().take().len();
         assert_eq!(removed, 3, "one BlockRemoved per evicted copy");
     }
 

@@ -6,6 +6,8 @@
 //! - a caller error is a [`KvError`] (mapped to a `KvIndexError` subclass in Python);
 //! - a broken internal invariant panics loudly (`expect`), or is reported by
 //!   `check_invariants()` as an [`InvariantViolation`].
+//!
+//! Costs: an error owns its message, built on the error path only.
 
 use std::fmt;
 

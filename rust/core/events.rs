@@ -2,6 +2,10 @@
 //! shape vLLM's KV event publisher and SGLang's use (`BlockStored`,
 //! `BlockRemoved`, `AllBlocksCleared`). Hashes are reported as vLLM reports
 //! them by default: the low 64 bits of the digest, read big-endian.
+//!
+//! Plain values: no invariants beyond the field docs (a `BlockStored`
+//! carries `block_size` tokens and one extra-key entry per hash). Costs:
+//! an event owns its hash and token vectors; nothing else is allocated.
 
 /// An untagged extra key as events carry it (vLLM `to_event_extra_keys`):
 /// LoRA and cache-salt keys become their value, multimodal keys

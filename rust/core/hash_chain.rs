@@ -1,6 +1,6 @@
 //! Request-level prefix cache over chained block hashes, with the semantics of
 //! vLLM 0.33's single-group full-attention `KVCacheManager` + `BlockPool`:
-//! [`HashChainIndex`], the hash-chain design of the request layer
+//! [`HashChainDesign`], the hash-chain design of the request layer
 //! ([`crate::core::request`]), and [`HashChainCache`], the request-level
 //! cache over it (the lifecycle itself is the request layer's).
 //!
@@ -25,7 +25,9 @@
 //!
 //! # Prefix memo (no re-hashing of cached prefixes)
 //! A scheduler sees the same system prompt in thousands of requests; vLLM
-//! re-hashes it every time. kvindex keeps, for each cached block without extra
+//! re-hashes it every time. kvindex's prompt hasher
+//! ([`crate::core::memo::PromptHasher`], the block hasher and the memo in
+//! one object) keeps, for each cached block without extra
 //! keys, a memo entry ([`crate::core::memo`]) holding its parent hash, its
 //! tokens and its hash, found by a fingerprint of the token prefix. Hashing a
 //! prompt first probes the memo for all its blocks at once and, where the
@@ -62,11 +64,12 @@ use std::borrow::Cow;
 
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{try_reserve, InvariantViolation, KvError, KvResult};
+use crate::core::event_buffer::Events;
 use crate::core::events::{EventKey, KvEvent};
-use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
+use crate::core::hash::{ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId, RequestId};
-use crate::core::memo::{extend_prefix_keys, Memo};
-use crate::core::request::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf};
+use crate::core::memo::{extend_prefix_keys, PromptHasher};
+use crate::core::request::{Admitted, PrefixCache, PrefixDesign, Reads, RecordOf};
 use crate::ensure_inv;
 
 pub use crate::core::request::Stats;
@@ -115,83 +118,28 @@ struct Pending {
 /// How many refused prompts keep their hashes (oldest dropped first).
 const MAX_PENDING: usize = 32;
 
-/// The hash-chain design: the block pool (hash map, free queue, events),
-/// the hasher and the prefix memo.
+/// The hash-chain design: the block pool (hash map, free queue, events)
+/// and the prompt hasher (block hasher and prefix memo).
 #[derive(Clone, Debug)]
-pub struct HashChainIndex {
+pub struct HashChainDesign {
     pool: BlockPool,
     block_size: usize,
-    hasher: BlockHasher,
-    memo: Memo,
-    /// Whether prompt hashing consults the memo (SHA-256 algorithms).
-    use_memo: bool,
+    /// The block hasher and the prefix memo.
+    prompt: PromptHasher,
     pending: std::collections::VecDeque<Pending>,
     evictions: u64,
     scratch_hashes: Vec<BlockHash>,
     scratch_keys: Vec<u64>,
-    scratch_cand: Vec<Option<BlockId>>,
     scratch_blocks: Vec<BlockId>,
 }
 
-/// The hash-chain prefix cache: the request layer over [`HashChainIndex`].
-pub type HashChainCache = PrefixCache<HashChainIndex>;
+/// The hash-chain prefix cache: the request layer over [`HashChainDesign`].
+pub type HashChainCache = PrefixCache<HashChainDesign>;
 
-impl HashChainIndex {
+impl HashChainDesign {
     /// Number of full blocks a lookup may hit for a prompt of `n` tokens.
     fn hit_cap(&self, n: usize) -> usize {
         n.saturating_sub(1) / self.block_size
-    }
-
-    /// Hashes of the full blocks of `tokens` into `out`, and (memo on) their
-    /// memo prefix keys into `prefix_keys` (both cleared first), using the
-    /// prefix memo for blocks without extra keys. O(tokens); a memoised block
-    /// costs a fingerprint, a probe and a comparison instead of a digest.
-    fn hash_with_memo<T: Token>(
-        &mut self,
-        tokens: &[T],
-        spec: &KeySpec,
-        out: &mut Vec<BlockHash>,
-        prefix_keys: &mut Vec<u64>,
-    ) -> KvResult<()> {
-        out.clear();
-        prefix_keys.clear();
-        let bs = self.block_size;
-        // Every buffer this fills grows with the prompt: reserve them
-        // fallibly first, so a prompt too large for this machine's memory is
-        // a `Capacity` error and not an abort.
-        let nfull = tokens.len() / bs;
-        try_reserve(out, nfull, "the prompt's block hashes")?;
-        if !self.use_memo {
-            self.hasher.extend_chain(tokens, bs, spec, out);
-            return Ok(());
-        }
-        try_reserve(prefix_keys, nfull, "the prompt's memo keys")?;
-        try_reserve(&mut self.scratch_cand, nfull, "the prompt's memo candidates")?;
-        extend_prefix_keys(tokens, bs, prefix_keys);
-        let mut cand = std::mem::take(&mut self.scratch_cand);
-        self.memo.candidates(tokens, prefix_keys, &mut cand);
-        let mut keys: Vec<ExtraKey<'_>> = Vec::new();
-        let mut parent = self.hasher.none_hash();
-        for (i, blk) in tokens.chunks_exact(bs).enumerate() {
-            if !spec.is_empty() {
-                #[allow(clippy::cast_possible_wrap)]
-                spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
-            }
-            let memoised = match cand[i] {
-                Some(b) if keys.is_empty() => self
-                    .memo
-                    .check(b, &parent)
-                    // Another memoised block with these tokens and key but a
-                    // different parent (e.g. another cache salt): look it up.
-                    .or_else(|| self.memo.probe(prefix_keys[i], &parent, blk)),
-                _ => None,
-            };
-            let h = memoised.unwrap_or_else(|| self.hasher.hash_block(Some(&parent), blk, &keys));
-            out.push(h);
-            parent = h;
-        }
-        self.scratch_cand = cand;
-        Ok(())
     }
 
     /// Refused prompts kept (with their hashes) for the scheduler's retry:
@@ -204,7 +152,7 @@ impl HashChainIndex {
     /// Hashes of the full blocks of `tokens` (no memo: a pure function). O(tokens).
     pub fn hash_prompt<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> Vec<BlockHash> {
         let mut out = Vec::with_capacity(tokens.len() / self.block_size);
-        self.hasher.extend_chain(tokens, self.block_size, spec, &mut out);
+        self.prompt.chain(tokens, spec, &mut out);
         out
     }
 
@@ -230,7 +178,7 @@ impl HashChainIndex {
         self.pool.take_evicted(&mut ev);
         self.evictions += ev.len() as u64;
         for &b in &ev {
-            self.memo.forget(b);
+            self.prompt.forget(b);
         }
         ev.clear();
         self.scratch_blocks = ev;
@@ -239,7 +187,7 @@ impl HashChainIndex {
     fn lookup_tokens<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> KvResult<usize> {
         let mut hashes = std::mem::take(&mut self.scratch_hashes);
         let mut keys = std::mem::take(&mut self.scratch_keys);
-        let hashed = self.hash_with_memo(tokens, spec, &mut hashes, &mut keys);
+        let hashed = self.prompt.hash(tokens, spec, &mut hashes, &mut keys);
         if let Err(e) = hashed {
             self.scratch_hashes = hashes;
             self.scratch_keys = keys;
@@ -256,7 +204,7 @@ impl HashChainIndex {
     }
 }
 
-impl<T: Token> Reads<T> for HashChainIndex {
+impl<T: Token> Reads<T> for HashChainDesign {
     #[inline]
     fn extend_tokens(dst: &mut Vec<i64>, src: &[T]) {
         dst.extend(src.iter().map(|t| t.get()));
@@ -288,15 +236,12 @@ impl<T: Token> Reads<T> for HashChainIndex {
         let mut prefix_keys = Vec::new();
         let (owned, hashes) = match self.take_pending(id, tokens, &spec) {
             Some(p) => {
-                if self.use_memo {
-                    try_reserve(&mut prefix_keys, n / bs, "the prompt's memo keys")?;
-                    extend_prefix_keys(tokens, bs, &mut prefix_keys);
-                }
+                self.prompt.prefix_keys(tokens, &mut prefix_keys)?;
                 (p.tokens, p.hashes)
             }
             None => {
                 let mut hashes = Vec::new();
-                self.hash_with_memo(tokens, &spec, &mut hashes, &mut prefix_keys)?;
+                self.prompt.hash(tokens, &spec, &mut hashes, &mut prefix_keys)?;
                 let mut owned = Vec::new();
                 try_reserve(&mut owned, n, "a copy of the prompt")?;
                 owned.extend(tokens.iter().map(|t| t.get()));
@@ -313,7 +258,7 @@ impl<T: Token> Reads<T> for HashChainIndex {
     }
 }
 
-impl PrefixIndex for HashChainIndex {
+impl PrefixDesign for HashChainDesign {
     type Tok = i64;
     type Entry = BlockId;
     type Ext = ChainState;
@@ -402,14 +347,9 @@ impl PrefixIndex for HashChainIndex {
         let bs = self.block_size;
         if req.tokens.len() / bs > had_full {
             let st = &mut req.ext;
-            self.hasher.extend_chain(&req.tokens, bs, &st.spec, &mut st.hashes);
-            if self.use_memo {
-                extend_prefix_keys(&req.tokens, bs, &mut st.keys);
-            }
-            let nh = self.hasher.none_hash();
-            let memo = self.use_memo.then_some(&mut self.memo);
+            self.prompt.extend(&req.tokens, &st.spec, &mut st.hashes, &mut st.keys);
             let full = st.hashes.len().min(req.blocks.len());
-            cache_new_full_blocks(&mut self.pool, memo, nh, bs, &req.tokens, &req.blocks, st, full);
+            cache_new_full_blocks(&mut self.pool, &mut self.prompt, bs, &req.tokens, &req.blocks, st, full);
         }
     }
 
@@ -420,10 +360,7 @@ impl PrefixIndex for HashChainIndex {
         let bs = self.block_size;
         let st = &mut req.ext;
         if req.tokens.len() >= (st.hashes.len() + 1) * bs {
-            self.hasher.extend_chain(&req.tokens, bs, &st.spec, &mut st.hashes);
-            if self.use_memo {
-                extend_prefix_keys(&req.tokens, bs, &mut st.keys);
-            }
+            self.prompt.extend(&req.tokens, &st.spec, &mut st.hashes, &mut st.keys);
         }
     }
 
@@ -437,10 +374,15 @@ impl PrefixIndex for HashChainIndex {
         }
         let full = (upto / bs).min(req.ext.hashes.len()).min(req.blocks.len());
         if full > req.ext.num_cached {
-            let nh = self.hasher.none_hash();
-            let memo = self.use_memo.then_some(&mut self.memo);
-            let bs = self.block_size;
-            cache_new_full_blocks(&mut self.pool, memo, nh, bs, &req.tokens, &req.blocks, &mut req.ext, full);
+            cache_new_full_blocks(
+                &mut self.pool,
+                &mut self.prompt,
+                bs,
+                &req.tokens,
+                &req.blocks,
+                &mut req.ext,
+                full,
+            );
         }
     }
 
@@ -456,26 +398,18 @@ impl PrefixIndex for HashChainIndex {
 
     fn reset(&mut self) -> KvResult<()> {
         self.pool.reset()?;
-        self.memo.clear();
+        self.prompt.clear();
         // Refused prompts kept for a retry are released too.
         self.pending = std::collections::VecDeque::new();
         Ok(())
     }
 
-    fn take_events(&mut self) -> Vec<KvEvent> {
-        self.pool.take_events()
+    fn events(&self) -> &Events {
+        self.pool.events()
     }
 
-    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        self.pool.set_max_events(max_events)
-    }
-
-    fn events_dropped(&self) -> u64 {
-        self.pool.events_dropped()
-    }
-
-    fn take_events_dropped(&mut self) -> u64 {
-        self.pool.take_events_dropped()
+    fn events_mut(&mut self) -> &mut Events {
+        self.pool.events_mut()
     }
 
     fn evictions(&self) -> u64 {
@@ -502,7 +436,7 @@ impl PrefixIndex for HashChainIndex {
     ) -> Result<(), InvariantViolation> {
         self.pool.check_invariants()?;
         let bs = self.block_size;
-        let mut hasher = self.hasher.clone();
+        let mut hasher = self.prompt.block_hasher().clone();
         for r in reqs {
             let (id, st) = (r.id, &r.ext);
             ensure_inv!(
@@ -517,7 +451,7 @@ impl PrefixIndex for HashChainIndex {
             hasher.extend_chain(&r.tokens, bs, &st.spec, &mut chain);
             ensure_inv!(chain == st.hashes, "request {}: stored hashes differ from its token chain", id.0);
             let mut keys = Vec::new();
-            if self.use_memo {
+            if self.prompt.uses_memo() {
                 extend_prefix_keys(&r.tokens, bs, &mut keys);
             }
             ensure_inv!(keys == st.keys, "request {}: stored memo keys differ from its tokens", id.0);
@@ -545,19 +479,7 @@ impl PrefixIndex for HashChainIndex {
             ensure_inv!(chain == p.hashes, "pending request {}: hashes differ from its prompt", p.id.0);
         }
         ensure_inv!(self.pending.len() <= MAX_PENDING, "{} pending prompts", self.pending.len());
-        let entries = self.memo.entries().map_err(InvariantViolation)?;
-        for (b, own, parent, toks) in entries {
-            ensure_inv!(
-                self.pool.block_hash(b) == Some(own),
-                "memo block {} is not cached under its hash",
-                b.0
-            );
-            ensure_inv!(
-                own == hasher.hash_block(Some(&parent), toks, &[]),
-                "memo block {} hash mismatch",
-                b.0
-            );
-        }
+        self.prompt.check_memo(|b| self.pool.block_hash(b))?;
         Ok(())
     }
 }
@@ -584,18 +506,14 @@ impl HashChainCache {
             .filter(|&n| n <= isize::MAX as usize / 8)
             .ok_or_else(|| KvError::invalid("num_blocks * block_size is too large"))?;
         pool.log_evictions();
-        Ok(PrefixCache::with_design(HashChainIndex {
+        Ok(PrefixCache::with_design(HashChainDesign {
             pool,
             block_size,
-            hasher: BlockHasher::new(algo, seed),
-            // A disabled memo holds no per-block state at all.
-            memo: if algo.is_sha() { Memo::new(num_blocks, block_size)? } else { Memo::new(0, 0)? },
-            use_memo: algo.is_sha(),
+            prompt: PromptHasher::new(algo, seed, num_blocks, block_size)?,
             pending: std::collections::VecDeque::new(),
             evictions: 0,
             scratch_hashes: Vec::new(),
             scratch_keys: Vec::new(),
-            scratch_cand: Vec::new(),
             scratch_blocks: Vec::new(),
         }))
     }
@@ -615,10 +533,10 @@ impl HashChainCache {
     /// The hasher's algorithm.
     #[must_use]
     pub fn algo(&self) -> HashAlgo {
-        self.design().hasher.algo()
+        self.design().prompt.block_hasher().algo()
     }
 
-    /// Refused prompts kept for a retry ([`HashChainIndex::num_pending_prompts`]).
+    /// Refused prompts kept for a retry ([`HashChainDesign::num_pending_prompts`]).
     #[must_use]
     pub fn num_pending_prompts(&self) -> usize {
         self.design().num_pending_prompts()
@@ -627,15 +545,12 @@ impl HashChainCache {
     /// Number of memoised blocks (at most the number of cached blocks).
     #[must_use]
     pub fn memo_len(&self) -> usize {
-        self.design().memo.len()
+        self.design().prompt.memo_len()
     }
 
     /// Hashes of the full blocks of `tokens` (no memo: a pure function). O(tokens).
     pub fn hash_prompt<T: Token>(&mut self, tokens: &[T], spec: &KeySpec) -> Vec<BlockHash> {
-        let d = self.design_mut();
-        let mut out = Vec::with_capacity(tokens.len() / d.block_size);
-        d.hasher.extend_chain(tokens, d.block_size, spec, &mut out);
-        out
+        self.design_mut().hash_prompt(tokens, spec)
     }
 
     /// Drops the cached hashes of idle blocks (they stay free, in place).
@@ -671,11 +586,9 @@ fn event_key(k: &ExtraKey<'_>) -> EventKey {
 /// table `blocks`, state `req`; `full` at most its hashed blocks and its
 /// table) under their hashes, memoises those without extra keys, and emits
 /// one `BlockStored` for the run. O(new full blocks).
-#[allow(clippy::too_many_arguments)]
 fn cache_new_full_blocks(
     pool: &mut BlockPool,
-    mut memo: Option<&mut Memo>,
-    none_hash: BlockHash,
+    prompt: &mut PromptHasher,
     bs: usize,
     tokens: &[i64],
     blocks: &[BlockId],
@@ -694,14 +607,14 @@ fn cache_new_full_blocks(
             #[allow(clippy::cast_possible_wrap)]
             req.spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
         }
-        if let (true, Some(memo)) = (keys.is_empty(), memo.as_deref_mut()) {
+        if keys.is_empty() && prompt.uses_memo() {
             let parent = if i == 0 { None } else { Some(req.hashes[i - 1]) };
             let toks = &tokens[i * bs..(i + 1) * bs];
-            memo.insert(b, req.keys[i], req.hashes[i], &parent.unwrap_or(none_hash), toks);
+            prompt.memoise(b, req.keys[i], req.hashes[i], parent, toks);
         }
     }
     req.num_cached = full;
-    if pool.events_enabled() {
+    pool.events_mut().record(|| {
         let extra_keys = (start..full)
             .map(|i| {
                 #[allow(clippy::cast_possible_wrap)]
@@ -709,14 +622,13 @@ fn cache_new_full_blocks(
                 (!keys.is_empty()).then(|| keys.iter().map(event_key).collect())
             })
             .collect();
-        let ev = KvEvent::BlockStored {
+        KvEvent::BlockStored {
             block_hashes: req.hashes[start..full].iter().map(BlockHash::low_u64).collect(),
             parent_block_hash: (start > 0).then(|| req.hashes[start - 1].low_u64()),
             token_ids: tokens[start * bs..full * bs].to_vec(),
             block_size: bs,
             lora_name: req.spec.lora.as_ref().map(|(name, _)| name.clone()),
             extra_keys,
-        };
-        pool.emit(|| ev);
-    }
+        }
+    });
 }

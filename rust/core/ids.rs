@@ -2,6 +2,11 @@
 //! that a block id can never be passed where a page or request id is
 //! expected: [`BlockId`] (hash-chain blocks), [`PageId`] (radix pages),
 //! [`RequestId`], [`BlockHash`].
+//!
+//! Invariants: `BlockId(0)` / `PageId(0)` is the null entry, never handed to
+//! a request; a `BlockHash` holds its digest inline (unused bytes zero, so
+//! equality is byte equality). Costs:
+//! every type is `Copy`, comparisons are O(1) (a hash compares its bytes).
 
 use std::fmt;
 use std::hash::{Hash, Hasher};

@@ -1,7 +1,12 @@
-//! Prefix memo of the hash-chain cache: cached blocks by `(parent hash,
-//! tokens)`, so hashing a prompt whose prefix is cached costs a table probe
-//! and an exact comparison per block instead of a serialisation and a SHA-256
-//! digest.
+//! The hash chain's prompt hasher ([`PromptHasher`]): the block hasher and
+//! the prefix memo in one place, so hashing a prompt is one call that walks
+//! one way (memo probes, then a digest only where the memo has no block).
+//!
+//! # Prefix memo
+//! Cached blocks by `(parent hash, tokens)`, so hashing a prompt whose
+//! prefix is cached costs a table probe and an exact comparison per block
+//! instead of a serialisation and a SHA-256 digest. Used with the SHA-256
+//! algorithms only: a cold probe costs about an XXH3 digest.
 //!
 //! # Layout
 //! A hash table of 4-byte block ids keyed by the block's *prefix key*, a
@@ -21,21 +26,215 @@
 //! by then sits in cache. Keying by the parent hash instead would make the
 //! walk a chain of dependent misses, as slow as hashing.
 //!
-//! # Invariants (checked by the owner, see [`Memo::entries`])
+//! # Invariants (checked by [`PromptHasher::check_memo`])
 //! - the table lists exactly the blocks whose record is live, once each;
 //! - a live record's key is `parent.key64() ^ fingerprint(tokens)`, and its
 //!   block is cached under `H(parent, tokens, None)`.
 //!
 //! # Costs
 //! Probe, insert and forget are O(block_size); a probe touches the table and
-//! one record (~2 adjacent cache lines). Memory: 144 bytes per block of the
-//! pool (plus `4 * block_size` above 16 tokens per block).
+//! one record (~2 adjacent cache lines). Hashing a prompt: O(tokens), a
+//! memoised block costing a fingerprint, a probe and a comparison instead
+//! of a digest. Memory: 144 bytes per block of the pool (plus
+//! `4 * block_size` above 16 tokens per block); none with the memo off.
 
 use hashbrown::HashTable;
 
-use crate::core::error::{try_filled, KvResult};
-use crate::core::hash::Token;
+use crate::core::error::{try_filled, try_reserve, InvariantViolation, KvResult};
+use crate::core::hash::{BlockHasher, ExtraKey, HashAlgo, KeySpec, Token};
 use crate::core::ids::{BlockHash, BlockId};
+use crate::ensure_inv;
+
+/// The hash chain's prompt hasher: the block hasher, the block size and the
+/// prefix memo (module header).
+#[derive(Clone, Debug)]
+pub struct PromptHasher {
+    hasher: BlockHasher,
+    block_size: usize,
+    memo: Memo,
+    /// Whether hashing consults the memo (SHA-256 algorithms).
+    use_memo: bool,
+    scratch_cand: Vec<Option<BlockId>>,
+}
+
+impl PromptHasher {
+    /// A hasher of blocks of `block_size` tokens with `algo` from the
+    /// NONE_HASH of `seed`, with a memo for a pool of `num_blocks` blocks
+    /// when `algo` is a SHA-256 one (a disabled memo holds no per-block
+    /// state at all).
+    ///
+    /// # Errors
+    /// `Capacity` if the memo cannot be allocated.
+    pub fn new(algo: HashAlgo, seed: Option<&str>, num_blocks: usize, block_size: usize) -> KvResult<Self> {
+        let use_memo = algo.is_sha();
+        Ok(PromptHasher {
+            hasher: BlockHasher::new(algo, seed),
+            block_size,
+            memo: if use_memo { Memo::new(num_blocks, block_size)? } else { Memo::new(0, 0)? },
+            use_memo,
+            scratch_cand: Vec::new(),
+        })
+    }
+
+    /// The block hasher.
+    #[must_use]
+    pub fn block_hasher(&self) -> &BlockHasher {
+        &self.hasher
+    }
+
+    /// Whether hashing consults the memo (and requests keep memo prefix keys).
+    #[inline]
+    #[must_use]
+    pub fn uses_memo(&self) -> bool {
+        self.use_memo
+    }
+
+    /// Number of memoised blocks (at most the number of cached blocks). O(1).
+    #[must_use]
+    pub fn memo_len(&self) -> usize {
+        self.memo.len()
+    }
+
+    /// Hashes of the full blocks of `tokens` into `out`, and (memo on) their
+    /// memo prefix keys into `prefix_keys` (both cleared first), using the
+    /// memo for blocks without extra keys. O(tokens).
+    ///
+    /// # Errors
+    /// `Capacity` when the prompt's buffers cannot be allocated (a prompt
+    /// too large for this machine's memory is an error, not an abort).
+    pub fn hash<T: Token>(
+        &mut self,
+        tokens: &[T],
+        spec: &KeySpec,
+        out: &mut Vec<BlockHash>,
+        prefix_keys: &mut Vec<u64>,
+    ) -> KvResult<()> {
+        out.clear();
+        prefix_keys.clear();
+        let bs = self.block_size;
+        let nfull = tokens.len() / bs;
+        try_reserve(out, nfull, "the prompt's block hashes")?;
+        if !self.use_memo {
+            self.hasher.extend_chain(tokens, bs, spec, out);
+            return Ok(());
+        }
+        try_reserve(prefix_keys, nfull, "the prompt's memo keys")?;
+        try_reserve(&mut self.scratch_cand, nfull, "the prompt's memo candidates")?;
+        extend_prefix_keys(tokens, bs, prefix_keys);
+        let mut cand = std::mem::take(&mut self.scratch_cand);
+        self.memo.candidates(tokens, prefix_keys, &mut cand);
+        let mut keys: Vec<ExtraKey<'_>> = Vec::new();
+        let mut parent = self.hasher.none_hash();
+        for (i, blk) in tokens.chunks_exact(bs).enumerate() {
+            if !spec.is_empty() {
+                #[allow(clippy::cast_possible_wrap)]
+                spec.block_keys((i * bs) as i64, bs as i64, &mut keys);
+            }
+            let memoised = match cand[i] {
+                Some(b) if keys.is_empty() => self
+                    .memo
+                    .check(b, &parent)
+                    // Another memoised block with these tokens and key but a
+                    // different parent (e.g. another cache salt): look it up.
+                    .or_else(|| self.memo.probe(prefix_keys[i], &parent, blk)),
+                _ => None,
+            };
+            let h = memoised.unwrap_or_else(|| self.hasher.hash_block(Some(&parent), blk, &keys));
+            out.push(h);
+            parent = h;
+        }
+        self.scratch_cand = cand;
+        Ok(())
+    }
+
+    /// The memo prefix keys of the full blocks of `tokens` into
+    /// `prefix_keys` (left empty with the memo off), for a prompt whose
+    /// hashes are known.
+    ///
+    /// # Errors
+    /// `Capacity` when the keys cannot be allocated.
+    pub fn prefix_keys<T: Token>(&self, tokens: &[T], prefix_keys: &mut Vec<u64>) -> KvResult<()> {
+        if self.use_memo {
+            try_reserve(prefix_keys, tokens.len() / self.block_size, "the prompt's memo keys")?;
+            extend_prefix_keys(tokens, self.block_size, prefix_keys);
+        }
+        Ok(())
+    }
+
+    /// Hashes of the full blocks of `tokens` appended to `out` (no memo: a
+    /// pure function of the tokens). O(tokens).
+    #[inline]
+    pub fn chain<T: Token>(&mut self, tokens: &[T], spec: &KeySpec, out: &mut Vec<BlockHash>) {
+        self.hasher.extend_chain(tokens, self.block_size, spec, out);
+    }
+
+    /// Grows a request's chain `hashes` and (memo on) its prefix `keys` to
+    /// the full blocks of its `tokens`. O(new blocks).
+    #[inline]
+    pub fn extend(
+        &mut self,
+        tokens: &[i64],
+        spec: &KeySpec,
+        hashes: &mut Vec<BlockHash>,
+        keys: &mut Vec<u64>,
+    ) {
+        self.hasher.extend_chain(tokens, self.block_size, spec, hashes);
+        if self.use_memo {
+            extend_prefix_keys(tokens, self.block_size, keys);
+        }
+    }
+
+    /// Memoises cached block `b` = `(parent, tokens)` (`None`: block 0) with
+    /// prefix key `key` and hash `own`; nothing with the memo off.
+    /// O(block_size).
+    #[inline]
+    pub fn memoise(
+        &mut self,
+        b: BlockId,
+        key: u64,
+        own: BlockHash,
+        parent: Option<BlockHash>,
+        tokens: &[i64],
+    ) {
+        if self.use_memo {
+            let parent = parent.unwrap_or(self.hasher.none_hash());
+            self.memo.insert(b, key, own, &parent, tokens);
+        }
+    }
+
+    /// Drops `b`'s memo entry, if any (its block lost its hash). O(1).
+    #[inline]
+    pub fn forget(&mut self, b: BlockId) {
+        self.memo.forget(b);
+    }
+
+    /// Drops every memo entry. O(num_blocks).
+    pub fn clear(&mut self) {
+        self.memo.clear();
+    }
+
+    /// Checks the memo's invariants against the pool: `cached(b)` is the
+    /// hash block `b` is cached under. O(entries × block_size).
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_memo(
+        &self,
+        cached: impl Fn(BlockId) -> Option<BlockHash>,
+    ) -> Result<(), InvariantViolation> {
+        let mut hasher = self.hasher.clone();
+        let entries = self.memo.entries().map_err(InvariantViolation)?;
+        for (b, own, parent, toks) in entries {
+            ensure_inv!(cached(b) == Some(own), "memo block {} is not cached under its hash", b.0);
+            ensure_inv!(
+                own == hasher.hash_block(Some(&parent), toks, &[]),
+                "memo block {} hash mismatch",
+                b.0
+            );
+        }
+        Ok(())
+    }
+}
 
 /// Tokens per block kept inside the record.
 pub const INLINE: usize = 16;
@@ -108,7 +307,7 @@ pub fn extend_prefix_keys<T: Token>(tokens: &[T], bs: usize, out: &mut Vec<u64>)
 /// hash, its parent's hash and its tokens.
 pub type Entry<'a> = (BlockId, BlockHash, BlockHash, &'a [i32]);
 
-/// The prefix memo (module header).
+/// The prefix memo (module header), owned by the [`PromptHasher`].
 #[derive(Clone, Debug)]
 pub struct Memo {
     table: HashTable<BlockId>,

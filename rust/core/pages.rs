@@ -20,7 +20,8 @@
 //! # Costs
 //! O(slots) either way, one pass; no allocation beyond the output.
 //!
-//! This module's `unsafe`: SSE2 intrinsics (unaligned loads and stores
+//! This module's `unsafe` (every use in the core is listed in
+//! [`crate::core`]'s header): SSE2 intrinsics (unaligned loads and stores
 //! through pointers into the slices at hand); each block says why it is in
 //! bounds.
 #![allow(unsafe_code)]

@@ -1,5 +1,5 @@
 //! Request-level prefix cache over the radix tree, with SGLang's request
-//! lifecycle: [`RadixIndex`], the radix design of the request layer
+//! lifecycle: [`RadixDesign`], the radix design of the request layer
 //! ([`crate::core::request`], which holds the requests, their tables, the id
 //! checks and statistics, as for [`crate::core::hash_chain::HashChainCache`]),
 //! and [`RadixPrefixCache`], the request-level cache over it.
@@ -65,12 +65,12 @@
 use std::borrow::Cow;
 
 use crate::core::error::{try_reserve, InvariantViolation, KvError, KvResult};
-use crate::core::events::KvEvent;
+use crate::core::event_buffer::Events;
 use crate::core::hash::{KeySpec, Token};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::page_pool::PagePool;
 use crate::core::radix::{NodeId, Policy, RadixTree};
-use crate::core::request::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf};
+use crate::core::request::{Admitted, PrefixCache, PrefixDesign, Reads, RecordOf};
 use crate::ensure_inv;
 
 /// The radix state of a running request.
@@ -147,7 +147,7 @@ pub fn narrow_tokens(tokens: &[i64]) -> KvResult<Vec<i32>> {
 
 /// The radix design: the tree, the page pool behind it, and the eviction tally.
 #[derive(Clone, Debug)]
-pub struct RadixIndex {
+pub struct RadixDesign {
     tree: RadixTree,
     pool: PagePool,
     page_size: usize,
@@ -155,10 +155,10 @@ pub struct RadixIndex {
     scratch: Vec<PageId>,
 }
 
-/// The radix-tree request cache: the request layer over [`RadixIndex`].
-pub type RadixPrefixCache = PrefixCache<RadixIndex>;
+/// The radix-tree request cache: the request layer over [`RadixDesign`].
+pub type RadixPrefixCache = PrefixCache<RadixDesign>;
 
-impl RadixIndex {
+impl RadixDesign {
     /// A design of `num_blocks` pages (page 0 is the null page) of
     /// `page_size` tokens, evicting tree leaves by `policy`.
     ///
@@ -167,7 +167,7 @@ impl RadixIndex {
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
         let tree = RadixTree::new(page_size, policy, enable_events)?;
         let pool = PagePool::new(num_blocks)?;
-        Ok(RadixIndex { tree, pool, page_size, evictions: 0, scratch: Vec::new() })
+        Ok(RadixDesign { tree, pool, page_size, evictions: 0, scratch: Vec::new() })
     }
 
     /// The page-aligned query a prompt of `n` tokens may hit.
@@ -224,7 +224,7 @@ impl RadixIndex {
         }
     }
 
-    /// [`RadixIndex::checkpoint`] once a page may have filled.
+    /// [`RadixDesign::checkpoint`] once a page may have filled.
     #[inline(never)]
     fn checkpoint_pages(&mut self, req: &mut RecordOf<Self>, upto: usize) {
         let ps = self.page_size;
@@ -285,7 +285,7 @@ impl RadixIndex {
     }
 }
 
-impl Reads<i32> for RadixIndex {
+impl Reads<i32> for RadixDesign {
     #[inline]
     fn extend_tokens(dst: &mut Vec<i32>, src: &[i32]) {
         dst.extend_from_slice(src);
@@ -322,7 +322,7 @@ impl Reads<i32> for RadixIndex {
     }
 }
 
-impl PrefixIndex for RadixIndex {
+impl PrefixDesign for RadixDesign {
     type Tok = i32;
     type Entry = PageId;
     type Ext = RadixState;
@@ -418,20 +418,12 @@ impl PrefixIndex for RadixIndex {
         Ok(())
     }
 
-    fn take_events(&mut self) -> Vec<KvEvent> {
-        self.tree.take_events()
+    fn events(&self) -> &Events {
+        self.tree.events()
     }
 
-    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        self.tree.set_max_events(max_events)
-    }
-
-    fn events_dropped(&self) -> u64 {
-        self.tree.events_dropped()
-    }
-
-    fn take_events_dropped(&mut self) -> u64 {
-        self.tree.take_events_dropped()
+    fn events_mut(&mut self) -> &mut Events {
+        self.tree.events_mut()
     }
 
     fn evictions(&self) -> u64 {
@@ -506,7 +498,7 @@ impl RadixPrefixCache {
     /// # Errors
     /// `InvalidArgument` for `page_size` outside `1..=2**20` or `num_blocks < 2`.
     pub fn new(num_blocks: usize, page_size: usize, policy: Policy, enable_events: bool) -> KvResult<Self> {
-        Ok(PrefixCache::with_design(RadixIndex::new(num_blocks, page_size, policy, enable_events)?))
+        Ok(PrefixCache::with_design(RadixDesign::new(num_blocks, page_size, policy, enable_events)?))
     }
 
     /// The tree (read-only introspection).

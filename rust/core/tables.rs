@@ -5,6 +5,9 @@
 //! into what paged-attention kernels consume: a row-major `int32` table padded
 //! with the null block 0, and `int64` slots `block * block_size + offset`.
 //! Every method validates the whole batch before writing anything.
+//!
+//! Invariant: a method either writes its whole output or, on a caller
+//! error, nothing. Costs: O(ids + table entries or slots written).
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::ids::{RequestId, TableEntry};

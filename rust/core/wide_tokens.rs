@@ -49,10 +49,10 @@
 //! widening 32-byte key loads by unpacking with their sign or by
 //! extract-and-extend, software prefetch (T0 or NTA).
 //!
-//! With [`crate::core::pages`], the core's only `unsafe`: x86 intrinsics
-//! (unaligned loads through pointers into the slices at hand, in functions
-//! compiled for a feature the CPU was seen to have); each block says why it
-//! is sound.
+//! This module's `unsafe` (every use in the core is listed in
+//! [`crate::core`]'s header): x86 intrinsics (unaligned loads through
+//! pointers into the slices at hand, in functions compiled for a feature
+//! the CPU was seen to have); each block says why it is sound.
 #![allow(unsafe_code)]
 
 use std::sync::atomic::{AtomicU8, Ordering};

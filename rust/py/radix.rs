@@ -204,7 +204,7 @@ pub struct PyRadixTree {
 impl PyRadixTree {
     /// Drains the tree's buffered core events.
     pub fn drain_events(&mut self) -> Vec<crate::core::events::KvEvent> {
-        self.inner.take_events()
+        self.inner.events_mut().take()
     }
 
     /// The core handle of a Python handle. A handle of another tree (or one
@@ -262,7 +262,7 @@ impl PyRadixTree {
     ) -> PyResult<Self> {
         let policy = parse_policy(&policy, slru_threshold)?;
         let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
-        inner.set_max_events(max_events).py()?;
+        inner.events_mut().set_capacity(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
         let int =
             |x: u128| -> PyResult<Py<PyInt>> { Ok(x.into_pyobject(py)?.cast_into::<PyInt>()?.unbind()) };
@@ -479,14 +479,14 @@ impl PyRadixTree {
 
     /// Drains buffered KV events (empty unless ``enable_events``).
     fn take_events<'py>(slf: &Bound<'py, Self>) -> PyResult<Bound<'py, PyList>> {
-        let ev = slf.try_borrow_mut()?.inner.take_events();
+        let ev = slf.try_borrow_mut()?.inner.events_mut().take();
         events::to_list(slf.py(), ev)
     }
 
     /// KV events the full buffer dropped (oldest first) since the tree was built.
     #[getter]
     fn events_dropped(&self) -> u64 {
-        self.inner.events_dropped()
+        self.inner.events().dropped()
     }
 
     /// Raises ``InvariantViolation`` if any internal invariant is broken.

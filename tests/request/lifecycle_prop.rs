@@ -18,7 +18,7 @@ use kvindex::core::hash_chain::HashChainCache;
 use kvindex::core::ids::RequestId;
 use kvindex::core::radix::Policy;
 use kvindex::core::radix_cache::RadixPrefixCache;
-use kvindex::core::request::{PrefixCache, PrefixIndex, Reads, StepOpts};
+use kvindex::core::request::{PrefixCache, PrefixDesign, Reads, StepOpts};
 use kvindex::core::tables::TableSource;
 
 const MAX_ID: u64 = 5;
@@ -97,7 +97,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 /// What a caller can observe of the request layer.
-fn requests<D: PrefixIndex>(c: &PrefixCache<D>) -> String {
+fn requests<D: PrefixDesign>(c: &PrefixCache<D>) -> String {
     let mut s = format!("{:?} {:?} n={}\n", c.stats(), c.resumed_stats(), c.num_requests());
     for id in 0..MAX_ID {
         let id = RequestId(id);
@@ -110,7 +110,7 @@ fn requests<D: PrefixIndex>(c: &PrefixCache<D>) -> String {
 }
 
 /// Applies `op`; returns whether it was refused as a caller error.
-fn apply<D: PrefixIndex + Reads<i32>>(c: &mut PrefixCache<D>, op: &Op) -> bool {
+fn apply<D: PrefixDesign + Reads<i32>>(c: &mut PrefixCache<D>, op: &Op) -> bool {
     let r = |x: Result<(), kvindex::core::error::KvError>| x.is_err();
     match op {
         Op::Admit { id, len, seed, opts } => {
@@ -141,7 +141,7 @@ fn apply<D: PrefixIndex + Reads<i32>>(c: &mut PrefixCache<D>, op: &Op) -> bool {
     }
 }
 
-fn run<D: PrefixIndex + Reads<i32>>(
+fn run<D: PrefixDesign + Reads<i32>>(
     mut c: PrefixCache<D>,
     ops: &[Op],
     design: impl Fn(&PrefixCache<D>) -> String,

@@ -15,7 +15,7 @@ import time
 from collections import deque
 from typing import Any
 
-from kvindex._core import EventEncoder, HashChainCache, RadixCache, RadixPrefixCache
+from kvindex._core import EventEncoder, HashChainCache, RadixPrefixCache, RadixTree
 from kvindex.events._batch import END_SEQ, Event, seq_bytes
 from kvindex.events._endpoints import offset_endpoint, should_bind
 from kvindex.events._zmq import attach, zmq
@@ -141,7 +141,7 @@ class EventPublisher:
     # -- the scheduler's side -------------------------------------------------------------
 
     def publish(
-        self, cache: HashChainCache | RadixCache | RadixPrefixCache, ts: float | None = None
+        self, cache: HashChainCache | RadixTree | RadixPrefixCache, ts: float | None = None
     ) -> int | None:
         """Drains ``cache``'s buffered events into one batch stamped ``ts`` (default:
         ``time.time()``) and queues it. Returns its sequence number, or None when the

@@ -1,6 +1,8 @@
 """The continuous-batching model that drives a prefix cache through a workload.
 
-Time advances in steps (one forward pass). Each step, in this order:
+Time advances in steps (one forward pass). Each step, in this order (one method each of the
+scheduler object :func:`simulate_run` builds, :class:`ChunkedPrefill` or
+:class:`WholePromptAdmission`, one class per scheduling model below):
 
 1. **Arrivals** join the back of the waiting queue: a request at its arrival step, a
    follow-up turn its think time after the turn it follows has finished.
@@ -71,7 +73,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -84,9 +86,11 @@ from kvindex.simulate.workloads import SENTINEL, Request, Tokens, Workload
 
 __all__ = [
     "RADIX_INSERT",
+    "ChunkedPrefill",
     "RunResult",
     "RunSpec",
     "Timing",
+    "WholePromptAdmission",
     "check_spec",
     "infinite_blocks",
     "simulate_run",
@@ -97,17 +101,6 @@ __all__ = [
 #: whole-prompt-admission model, named for when its radix tree inserts a prompt.
 RADIX_INSERT: tuple[str, ...] = ("schedule", "prefill", "finish")
 _SENTINEL = np.array([SENTINEL], dtype=np.int32)
-
-
-@runtime_checkable
-class _CountsCached(Protocol):
-    @property
-    def num_cached_blocks(self) -> int: ...
-
-
-@runtime_checkable
-class _Checkpoints(Protocol):
-    def checkpoint(self, request_id: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,151 +422,314 @@ def simulate_run(
     cannot fit at all.
     """
     t_start = time.perf_counter()
-    b = spec.block_size
     usable = check_spec(workload, spec)
     cache: PrefixCache = make_cache(
-        spec.design, usable + 1, b, **spec.cache_kwargs(), **(extra_cache_kw or {})
+        spec.design, usable + 1, spec.block_size, **spec.cache_kwargs(), **(extra_cache_kw or {})
     )
-    counts = cast(_CountsCached, cache)
-    hash_chain = spec.design == "hash_chain"
-    chunked = spec.radix_insert == "schedule"
-    checkpoint = (
-        cache.checkpoint
-        if not hash_chain and spec.radix_insert == "prefill" and isinstance(cache, _Checkpoints)
-        else None
-    )
-    matcher = ExactMatcher()
-    res = RunResult(spec, usable, HitTally(b))
-    tm = res.timing
-    perf = time.perf_counter_ns
-    req_ns = [0] * len(workload.requests)
-    tm.request_ns = req_ns
-    step_ns = tm.step_ns
+    model = ChunkedPrefill if spec.radix_insert == "schedule" else WholePromptAdmission
+    scheduler = model(workload, spec, usable, cache, skip_futile_retries, progress)
+    scheduler.run(check_every)
+    if cache.num_requests:
+        raise RuntimeError(f"{cache.num_requests} requests still held after the run")
+    if check_every:
+        cache.check_invariants()
+    if inspect is not None:
+        inspect(cache)
+    scheduler.res.timing.wall_s = time.perf_counter() - t_start
+    return scheduler.res
 
-    reqs = workload.requests
-    followers, arrivals = workload.arrival_queue()
-    waiting: deque[_Live] = deque()
-    running: list[_Live] = []
-    finished = 0
-    now = 0
-    # Bumped by every free, checkpoint and admission: what can let a failed admission pass.
-    version = 0
-    blocked: tuple[_Live | None, int] = (None, -1)
-    # Running requests with prefill left, in running order (step 3 walks only these).
-    prefilling: list[_Live] = []
 
-    def admit_chunk(lv: _Live, budget: int) -> int:
-        """Admits (or resumes) ``lv`` with a first chunk of at most ``budget`` tokens;
-        returns the tokens scheduled, -1 when refused (chunk semantics)."""
-        nonlocal version, blocked
-        if skip_futile_retries and blocked[0] is lv and blocked[1] == version:
-            return -1
+class _Scheduler:
+    """One run of the continuous-batching model: the state between steps, and one method
+    per phase of a step (the module docstring's numbering). The two scheduling models
+    (:class:`ChunkedPrefill`, :class:`WholePromptAdmission`) differ only in how a request
+    is admitted, how its prefill proceeds, how it is preempted and how evictions are
+    counted: the hooks after :meth:`free_finished`."""
+
+    def __init__(
+        self,
+        workload: Workload,
+        spec: RunSpec,
+        usable: int,
+        cache: PrefixCache,
+        skip_futile_retries: bool,
+        progress: Callable[[int], None] | None,
+    ) -> None:
+        self.workload = workload
+        self.spec = spec
+        self.usable = usable
+        self.cache = cache
+        self.b = spec.block_size
+        self.hash_chain = spec.design == "hash_chain"
+        self.skip_futile_retries = skip_futile_retries
+        self.progress = progress
+        self.matcher = ExactMatcher()
+        self.res = RunResult(spec, usable, HitTally(self.b))
+        self.req_ns = [0] * len(workload.requests)
+        self.res.timing.request_ns = self.req_ns
+        self.followers, self.arrivals = workload.arrival_queue()
+        self.waiting: deque[_Live] = deque()
+        self.running: list[_Live] = []
+        # Running requests with prefill left, in running order (step 3 walks only these).
+        self.prefilling: list[_Live] = []
+        self.finished = 0
+        self.now = 0
+        # Bumped by every free, checkpoint and admission: what can let a failed admission
+        # pass.
+        self.version = 0
+        self.blocked: tuple[_Live | None, int] = (None, -1)
+        # A finished request's sequence only extends its prompt (already in the matcher)
+        # with outputs that, under this promise, no later prompt of a non-follower holds.
+        self.finish_unseen = workload.outputs_only_in_followers
+        # The decoding requests as arrays (one append_batch per step without a Python loop
+        # over them); rebuilt when the set changes.
+        self.consecutive = type(workload).output is Workload.output
+        self.dset = _Decoding(self.b, self.hash_chain, self.consecutive)
+        self.dirty = False
+
+    def run(self, check_every: int) -> None:
+        """Steps until every request has finished."""
+        res = self.res
+        n = len(self.workload.requests)
+        while self.finished < n:
+            self.arrive()
+            if not self.running and not self.waiting:
+                if not self.arrivals:
+                    raise RuntimeError("scheduler stalled: no request left to arrive")
+                self.now = self.arrivals[0][0]
+                continue
+            res.steps += 1
+            budget = self.decode(self.spec.max_batched_tokens)
+            prefilled: list[_Live] = []
+            budget = self.prefill(budget, prefilled)
+            self.admit_waiting(budget, prefilled)
+            res.peak_blocks = max(res.peak_blocks, self.usable - self.cache.num_free_blocks)
+            if self.start_decoding(prefilled):
+                self.free_finished()
+            if check_every and res.steps % check_every == 0:
+                self.cache.check_invariants()
+            self.now += 1
+        self.finish_run()
+
+    # 1.
+    def arrive(self) -> None:
+        """Arrivals join the back of the waiting queue."""
+        wl = self.workload
+        arrivals = self.arrivals
+        while arrivals and arrivals[0][0] <= self.now:
+            rid = heapq.heappop(arrivals)[1]
+            self.waiting.append(
+                _Live(
+                    wl.requests[rid],
+                    wl.prompt(rid),
+                    wl.output(rid),
+                    wl.output_start(rid) if self.consecutive else 0,
+                )
+            )
+
+    # 2.
+    def decode(self, budget: int) -> int:
+        """One ``append_batch`` for every decoding request, preempting the latest admitted
+        request while blocks run short; returns the budget left."""
+        dset = self.dset
+        if self.dirty:
+            dset.rebuild(self.running)
+            self.dirty = False
+        cache = self.cache
+        perf = time.perf_counter_ns
+        spent = 0
+        while dset.lives:
+            toks = dset.tokens()
+            before = self.cached_before_call()
+            t0 = perf()
+            ok = cache.append_batch(dset.ids, toks)
+            spent += perf() - t0
+            if ok:
+                self.res.timing.step_ns.append(spent)
+                self.decoded(before)
+                break
+            dset.sync()
+            self.preempt_last()
+            dset.rebuild(self.running)
+        ndec = len(dset.lives)
+        if ndec:
+            self.res.decode_tokens += ndec
+            budget -= ndec
+            dset.advance()
+        return budget
+
+    # 3.
+    def prefill(self, budget: int, prefilled: list[_Live]) -> int:
+        """Requests admitted in earlier steps continue their prefill; those that complete
+        go to ``prefilled``. Returns the budget left."""
+        if self.prefilling and budget > 0:
+            budget = self.prefill_chunks(budget, prefilled)
+        return budget
+
+    # 4.
+    def admit_waiting(self, budget: int, prefilled: list[_Live]) -> None:
+        """First-come-first-served admission while the budget and ``max_running`` allow;
+        a head the cache cannot admit waits and stops admission for this step."""
+        waiting = self.waiting
+        running = self.running
+        res = self.res
+        while waiting and budget > 0 and len(running) < self.spec.max_running:
+            lv = waiting[0]
+            take = -1 if self.futile(lv) else self.admit(lv, budget)
+            if take < 0:
+                self.blocked = (lv, self.version)
+                res.waits += 1
+                if not lv.waited:
+                    lv.waited = True
+                    res.requests_waited += 1
+                break
+            self.version += 1
+            waiting.popleft()
+            running.append(lv)
+            budget -= take
+            if lv.prefill_left:
+                self.prefilling.append(lv)
+            else:
+                prefilled.append(lv)
+
+    # 5.
+    def start_decoding(self, prefilled: list[_Live]) -> bool:
+        """Requests whose prefill completed decode from the next step on; returns whether
+        a request may have finished (generated its last token, or has none to generate)."""
+        maybe_done = self.dset.finishing()
+        if prefilled:
+            self.dirty = True
+            for lv in prefilled:
+                lv.decoding = True
+                if lv.generated < lv.req.output_len:
+                    self.prefill_complete(lv)
+                else:
+                    maybe_done = True
+        return maybe_done
+
+    # 6.
+    def free_finished(self) -> None:
+        """Frees the requests that produced their last token and releases the turns that
+        follow them."""
+        self.dset.sync()
+        self.dirty = True
+
+        def done(lv: _Live) -> bool:
+            return lv.decoding and lv.generated >= lv.req.output_len
+
+        finished = [lv for lv in self.running if done(lv)]
+        self.running = [lv for lv in self.running if not done(lv)]
+        reqs = self.workload.requests
+        for lv in finished:
+            self.release(lv, at_finish=True)
+            for f in self.followers.get(lv.req.rid, ()):
+                heapq.heappush(self.arrivals, (self.now + 1 + reqs[f].arrival, f))
+        self.finished += len(finished)
+        if self.progress is not None and finished:
+            self.progress(len(finished))
+
+    def futile(self, lv: _Live) -> bool:
+        """Whether ``lv``'s admission failed and nothing changed since (it would fail
+        again)."""
+        return (
+            self.skip_futile_retries and self.blocked[0] is lv and self.blocked[1] == self.version
+        )
+
+    def release(self, lv: _Live, at_finish: bool = False) -> None:
+        """Frees ``lv``'s blocks (they stay cached) and records its sequence."""
+        self.version += 1
         rid = lv.req.rid
-        t0 = perf()
+        t0 = time.perf_counter_ns()
+        self.cache.free(rid)
+        self.req_ns[rid] += time.perf_counter_ns() - t0
+        if not (at_finish and self.finish_unseen and rid not in self.followers):
+            self.matcher.insert(lv.sequence())
+
+    def preempt_last(self) -> _Live:
+        """Preempts the most recently admitted running request and requeues it at the front
+        (the decode set must be synced first)."""
+        victim = self.running.pop()
+        self.preempt(victim)
+        self.res.preemptions += 1
+        if self.prefilling and self.prefilling[-1] is victim:
+            self.prefilling.pop()
+        victim.decoding = False
+        victim.prefill_left = 0
+        victim.held = 0
+        self.waiting.appendleft(victim)
+        return victim
+
+    def record_admission(self, lv: _Live, n: int, hit: int, tokens: Tokens) -> None:
+        """Counts an admission of ``n`` tokens (``tokens``: the first admission's prompt)
+        with ``hit`` cached."""
+        res = self.res
+        if lv.admitted_once:
+            res.resumed_tokens += n
+            res.resumed_hit_tokens += hit
+        else:
+            lv.admitted_once = True
+            res.tally.add(n, hit, self.matcher.match_and_insert(tokens))
+        res.prefill_tokens += n - hit
+        lv.held = n
+
+    # The scheduling model's hooks.
+    def admit(self, lv: _Live, budget: int) -> int:
+        """Admits the queue head ``lv``; returns the tokens it prefills in this step's
+        ``budget``, -1 when the cache refused it."""
+        raise NotImplementedError
+
+    def prefill_chunks(self, budget: int, prefilled: list[_Live]) -> int:
+        """Step 3 over a non-empty ``prefilling`` and a positive budget."""
+        raise NotImplementedError
+
+    def preempt(self, victim: _Live) -> None:
+        """Takes the running request ``victim`` off the cache."""
+        raise NotImplementedError
+
+    def cached_before_call(self) -> int:
+        """The cache's cached block count before a decode call, where evictions are
+        derived from it."""
+        return 0
+
+    def decoded(self, before: int) -> None:
+        """After a decode call that succeeded."""
+
+    def prefill_complete(self, lv: _Live) -> None:
+        """``lv``'s prefill completed and it has tokens to generate."""
+
+    def finish_run(self) -> None:
+        """After the last step."""
+
+
+class ChunkedPrefill(_Scheduler):
+    """vLLM's chunk semantics for both designs (``radix_insert="schedule"``): admission
+    is ``admit_chunk`` (``resume`` after a preemption) for a first chunk of the budget
+    left, later chunks one ``schedule_batch`` per step, a preemption ``preempt`` (radix:
+    ``checkpoint`` first); evictions are the cache's own count."""
+
+    def admit(self, lv: _Live, budget: int) -> int:
+        rid = lv.req.rid
+        cache = self.cache
+        t0 = time.perf_counter_ns()
         if lv.admitted_once:
             adm = cache.resume(rid, chunk=budget)
         else:
             adm = cache.admit_chunk(rid, lv.prompt, chunk=budget)
-        req_ns[rid] += perf() - t0
+        self.req_ns[rid] += time.perf_counter_ns() - t0
         if adm is None:
-            blocked = (lv, version)
             return -1
-        version += 1
         hit, take = adm[0], adm[1]
         n = len(lv.prompt) + lv.generated
-        if lv.admitted_once:
-            res.resumed_tokens += n
-            res.resumed_hit_tokens += hit
-        else:
-            lv.admitted_once = True
-            res.tally.add(n, hit, matcher.match_and_insert(lv.prompt))
-        res.prefill_tokens += n - hit
-        lv.held = n
+        self.record_admission(lv, n, hit, lv.prompt)
         lv.prefill_left = n - hit - take
-        return take
+        return int(take)
 
-    def admit(lv: _Live) -> bool:
-        nonlocal version, blocked
-        if skip_futile_retries and blocked[0] is lv and blocked[1] == version:
-            return False
-        tokens = lv.sequence()
-        n = len(tokens)
-        rid = lv.req.rid
-        dup = 0
-        before = counts.num_cached_blocks
-        if hash_chain and n % b == 0 and matcher.match(tokens) == n:
-            # A fully cached block-aligned prompt recomputes its last block into a copy
-            # that adds no new cached hash (the full-hit rule); see the eviction count below.
-            dup = int(cache.lookup(np.concatenate((tokens, _SENTINEL))) == n)
-        t0 = perf()
-        adm = cache.admit(rid, tokens)
-        req_ns[rid] += perf() - t0
-        if adm is None:
-            blocked = (lv, version)
-            return False
-        version += 1
-        hit = adm.num_cached_tokens
-        after = counts.num_cached_blocks
-        if hash_chain:
-            res.evicted_blocks += (n // b - hit // b - dup) - (after - before)
-        else:
-            res.evicted_blocks += before - after
-        if lv.admitted_once:
-            res.resumed_tokens += n
-            res.resumed_hit_tokens += hit
-        else:
-            lv.admitted_once = True
-            res.tally.add(n, hit, matcher.match_and_insert(tokens))
-        res.prefill_tokens += n - hit
-        lv.held = n
-        lv.prefill_left = n - hit
-        return True
-
-    # A finished request's sequence only extends its prompt (already in the matcher) with
-    # outputs that, under this promise, no later prompt of a non-follower holds.
-    finish_unseen = workload.outputs_only_in_followers
-
-    def release(lv: _Live, at_finish: bool = False) -> None:
-        nonlocal version
-        version += 1
-        rid = lv.req.rid
-        t0 = perf()
-        cache.free(rid)
-        req_ns[rid] += perf() - t0
-        if not (at_finish and finish_unseen and rid not in followers):
-            matcher.insert(lv.sequence())
-
-    def preempt_last() -> _Live:
-        """Preempts the most recently admitted running request and requeues it (the
-        decode set must be synced first)."""
-        nonlocal version, prefilling
-        victim = running.pop()
-        if chunked:
-            version += 1
-            rid = victim.req.rid
-            t0 = perf()
-            if not hash_chain:
-                cache.checkpoint(rid)  # its decode pages stay hittable, as after a free
-            cache.preempt(rid)
-            req_ns[rid] += perf() - t0
-            matcher.insert(victim.sequence())
-        else:
-            release(victim)
-        res.preemptions += 1
-        if prefilling and prefilling[-1] is victim:
-            prefilling.pop()
-        victim.decoding = False
-        victim.prefill_left = 0
-        victim.held = 0
-        waiting.appendleft(victim)
-        return victim
-
-    def prefill_chunks(budget: int, prefilled: list[_Live]) -> int:
-        """Chunk semantics, step 3: schedules the next chunk of the requests in
-        ``prefilling`` (one ``schedule_batch`` call, preempting from the back while blocks
-        run short); returns the budget left."""
-        nonlocal version, prefilling
-        todo = prefilling
+    def prefill_chunks(self, budget: int, prefilled: list[_Live]) -> int:
+        """Schedules the next chunk of the requests in ``prefilling`` (one
+        ``schedule_batch`` call, preempting from the back while blocks run short)."""
+        perf = time.perf_counter_ns
+        req_ns = self.req_ns
+        todo = self.prefilling
         while todo and budget > 0:
             takes: list[int] = []
             left = budget
@@ -586,12 +742,12 @@ def simulate_run(
             batch = todo[: len(takes)]
             ids = np.fromiter((lv.req.rid for lv in batch), dtype=np.int64, count=len(batch))
             t0 = perf()
-            done = cache.schedule_batch(ids, np.array(takes, dtype=np.int64))[0]
+            done = self.cache.schedule_batch(ids, np.array(takes, dtype=np.int64))[0]
             spent = perf() - t0
             for lv in batch[: max(done, 1)]:
                 req_ns[lv.req.rid] += spent // max(done, 1)
             if done:
-                version += 1
+                self.version += 1
             for lv, take in zip(batch[:done], takes[:done], strict=True):
                 budget -= take
                 lv.prefill_left -= take
@@ -599,159 +755,95 @@ def simulate_run(
                     prefilled.append(lv)
             if done == len(batch):
                 break
-            dset.sync()
-            victim = preempt_last()
-            dset.rebuild(running)
+            self.dset.sync()
+            victim = self.preempt_last()
+            self.dset.rebuild(self.running)
             todo = [lv for lv in batch[done:] if lv is not victim]
-        prefilling = [lv for lv in prefilling if lv.prefill_left]
+        self.prefilling = [lv for lv in self.prefilling if lv.prefill_left]
         return budget
 
-    # The decoding requests as arrays (one append_batch per step without a Python loop over
-    # them); rebuilt when the set changes.
-    consecutive = type(workload).output is Workload.output
-    dset = _Decoding(b, hash_chain, consecutive)
-    out_start = workload.output_start
-    dirty = False
+    def preempt(self, victim: _Live) -> None:
+        self.version += 1
+        rid = victim.req.rid
+        t0 = time.perf_counter_ns()
+        if not self.hash_chain:
+            self.cache.checkpoint(rid)  # its decode pages stay hittable, as after a free
+        self.cache.preempt(rid)
+        self.req_ns[rid] += time.perf_counter_ns() - t0
+        self.matcher.insert(victim.sequence())
 
-    while finished < len(reqs):
-        while arrivals and arrivals[0][0] <= now:
-            rid = heapq.heappop(arrivals)[1]
-            waiting.append(
-                _Live(
-                    reqs[rid],
-                    workload.prompt(rid),
-                    workload.output(rid),
-                    out_start(rid) if consecutive else 0,
-                )
-            )
-        if not running and not waiting:
-            if not arrivals:
-                raise RuntimeError("scheduler stalled: no request left to arrive")
-            now = arrivals[0][0]
-            continue
-        res.steps += 1
-        budget = spec.max_batched_tokens
+    def finish_run(self) -> None:
+        self.res.evicted_blocks = int(self.cache.stats["evictions"])
 
-        # 2. Decode, preempting the latest admitted request while blocks run short.
-        if dirty:
-            dset.rebuild(running)
-            dirty = False
-        spent = 0
-        while dset.lives:
-            toks = dset.tokens()
-            before = 0 if chunked else counts.num_cached_blocks
-            t0 = perf()
-            ok = cache.append_batch(dset.ids, toks)
-            spent += perf() - t0
-            if ok:
-                step_ns.append(spent)
-                if chunked:
-                    break
-                after = counts.num_cached_blocks
-                if hash_chain:
-                    res.evicted_blocks += dset.filled() - (after - before)
-                else:
-                    res.evicted_blocks += before - after
+
+class WholePromptAdmission(_Scheduler):
+    """The alternative model (``radix_insert="prefill"`` / ``"finish"``): ``admit``
+    allocates the whole prompt at once, its prefill then proceeds within each step's
+    budget without cache calls, a preemption frees the request; the radix tree inserts
+    the prompt when its prefill completes (``"prefill"``: ``checkpoint``) or only when the
+    request is freed (``"finish"``). Evictions are the cached block hashes each admit /
+    append_batch call removed for good."""
+
+    def count_evictions(self, before: int, cached: int) -> None:
+        """A call that left the cache ``before`` cached blocks and cached ``cached`` new
+        ones (hash chain) removed the difference; the radix tree counts what it lost."""
+        after = self.cache.num_cached_blocks
+        if self.hash_chain:
+            self.res.evicted_blocks += cached - (after - before)
+        else:
+            self.res.evicted_blocks += before - after
+
+    def admit(self, lv: _Live, budget: int) -> int:
+        cache = self.cache
+        b = self.b
+        tokens = lv.sequence()
+        n = len(tokens)
+        rid = lv.req.rid
+        dup = 0
+        before = cache.num_cached_blocks
+        if self.hash_chain and n % b == 0 and self.matcher.match(tokens) == n:
+            # A fully cached block-aligned prompt recomputes its last block into a copy
+            # that adds no new cached hash (the full-hit rule); see the eviction count below.
+            dup = int(cache.lookup(np.concatenate((tokens, _SENTINEL))) == n)
+        t0 = time.perf_counter_ns()
+        adm = cache.admit(rid, tokens)
+        self.req_ns[rid] += time.perf_counter_ns() - t0
+        if adm is None:
+            return -1
+        hit = adm.num_cached_tokens
+        self.count_evictions(before, n // b - hit // b - dup)
+        self.record_admission(lv, n, hit, tokens)
+        take = min(n - hit, budget)
+        lv.prefill_left = n - hit - take
+        return take
+
+    def prefill_chunks(self, budget: int, prefilled: list[_Live]) -> int:
+        """Advances the requests in ``prefilling``, in order, within ``budget``."""
+        for lv in self.prefilling:
+            if budget <= 0:
                 break
-            dset.sync()
-            preempt_last()
-            dset.rebuild(running)
-        ndec = len(dset.lives)
-        if ndec:
-            res.decode_tokens += ndec
-            budget -= ndec
-            dset.advance()
-
-        # 3. Chunked prefill of requests admitted in earlier steps.
-        prefilled: list[_Live] = []
-        if chunked:
-            if prefilling and budget > 0:
-                budget = prefill_chunks(budget, prefilled)
-        elif prefilling and budget > 0:
-            for lv in prefilling:
-                if budget <= 0:
-                    break
-                take = min(lv.prefill_left, budget)
-                budget -= take
-                lv.prefill_left -= take
-                if not lv.prefill_left:
-                    prefilled.append(lv)
-            if prefilled:
-                prefilling = [lv for lv in prefilling if lv.prefill_left]
-
-        # 4. First-come-first-served admission.
-        while waiting and budget > 0 and len(running) < spec.max_running:
-            lv = waiting[0]
-            if chunked:
-                take = admit_chunk(lv, budget)
-                if take >= 0:
-                    waiting.popleft()
-                    running.append(lv)
-                    budget -= take
-                    if lv.prefill_left:
-                        prefilling.append(lv)
-                    else:
-                        prefilled.append(lv)
-                    continue
-            if chunked or not admit(lv):
-                res.waits += 1
-                if not lv.waited:
-                    lv.waited = True
-                    res.requests_waited += 1
-                break
-            waiting.popleft()
-            running.append(lv)
             take = min(lv.prefill_left, budget)
             budget -= take
             lv.prefill_left -= take
-            if lv.prefill_left:
-                prefilling.append(lv)
-            else:
+            if not lv.prefill_left:
                 prefilled.append(lv)
-        res.peak_blocks = max(res.peak_blocks, usable - cache.num_free_blocks)
-
-        # 5. Prefill done: decode from the next step (radix: insert the prompt now).
-        maybe_done = dset.finishing()
         if prefilled:
-            dirty = True
-            for lv in prefilled:
-                lv.decoding = True
-                if lv.generated < lv.req.output_len:
-                    if checkpoint is not None:
-                        rid = lv.req.rid
-                        t0 = perf()
-                        checkpoint(rid)
-                        req_ns[rid] += perf() - t0
-                        version += 1
-                else:
-                    maybe_done = True
+            self.prefilling = [lv for lv in self.prefilling if lv.prefill_left]
+        return budget
 
-        # 6. Free finished requests; release the turns that follow them.
-        if maybe_done:
-            dset.sync()
-            dirty = True
-            done = [lv for lv in running if lv.decoding and lv.generated >= lv.req.output_len]
-            running = [
-                lv for lv in running if not (lv.decoding and lv.generated >= lv.req.output_len)
-            ]
-            for lv in done:
-                release(lv, at_finish=True)
-                for f in followers.get(lv.req.rid, ()):
-                    heapq.heappush(arrivals, (now + 1 + reqs[f].arrival, f))
-            finished += len(done)
-            if progress is not None and done:
-                progress(len(done))
-        if check_every and res.steps % check_every == 0:
-            cache.check_invariants()
-        now += 1
+    def preempt(self, victim: _Live) -> None:
+        self.release(victim)
 
-    if chunked:
-        res.evicted_blocks = int(cache.stats["evictions"])
-    if cache.num_requests:
-        raise RuntimeError(f"{cache.num_requests} requests still held after the run")
-    if check_every:
-        cache.check_invariants()
-    if inspect is not None:
-        inspect(cache)
-    tm.wall_s = time.perf_counter() - t_start
-    return res
+    def cached_before_call(self) -> int:
+        return self.cache.num_cached_blocks
+
+    def decoded(self, before: int) -> None:
+        self.count_evictions(before, self.dset.filled())
+
+    def prefill_complete(self, lv: _Live) -> None:
+        if not self.hash_chain and self.spec.radix_insert == "prefill":
+            rid = lv.req.rid
+            t0 = time.perf_counter_ns()
+            self.cache.checkpoint(rid)
+            self.req_ns[rid] += time.perf_counter_ns() - t0
+            self.version += 1

@@ -7,6 +7,10 @@
 //! `LIST_MAX / 2`, so a set oscillating around the bound does not convert on
 //! every event). Costs: insert/remove O(list length) or O(1) on a bitset;
 //! intersecting with a query's active set O(list length) or O(words).
+//!
+//! Invariants (checked through `ClusterIndex::check_invariants`): a list is
+//! sorted and distinct; a set holds at least two workers; a bitset's count
+//! equals its bits.
 
 /// Most holders kept as a sorted list (a 1,024-worker bitset is 128 bytes,
 /// the size of a list of 32 ids). A list also becomes a bitset as soon as

@@ -16,6 +16,9 @@
 //! This module's `unsafe`: the allocator trait (its contract: a block is
 //! returned to the global allocator with the layout it was taken with) and
 //! the `madvise` call, each with its reason.
+//!
+//! Invariant: a block goes back to the global allocator with the layout it
+//! was taken with (the rounded layout, recomputed from the caller's).
 #![allow(unsafe_code)]
 
 use std::ptr::NonNull;

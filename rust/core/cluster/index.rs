@@ -1,4 +1,9 @@
-//! [`ClusterIndex`]: block hash -> holder workers, per-worker streams, queries.
+//! [`ClusterIndex`]: block hash -> holder workers (membership, reference
+//! counts), queries; each worker's stream protocol (sequence numbers,
+//! duplicates, gaps, restarts) is [`super::stream`]'s.
+//!
+//! Invariants and costs: the module header of [`crate::core::cluster`]
+//! (checked by [`ClusterIndex::check_invariants`]).
 
 use hashbrown::hash_table::Entry;
 use hashbrown::HashMap;
@@ -7,6 +12,7 @@ use xxhash_rust::xxh3::xxh3_64;
 
 use super::holders::{bit_ids, Set, SET_TAG};
 use super::ops::{batch_ops, Op, Ops};
+use super::stream::{Outcome, Worker};
 use super::table::{Ahead, BlockTable, Key};
 use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::hash::{BlockHasher, KeySpec, Token};
@@ -31,104 +37,6 @@ const LOOKAHEAD: usize = 32;
 /// cover a memory access (~100-150 ns) at ~30 ns per update, near enough that
 /// the lines are still in L1 when used (measured flat from 8 to 24).
 const PREFETCH_DISTANCE: usize = 12;
-
-/// Sequence numbers remembered per worker to tell a duplicate from a restart.
-const RECENT: usize = 256;
-
-/// How far a worker's state can be trusted.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Status {
-    /// Every batch from sequence 0 (or since the last clear) was applied in order.
-    Live,
-    /// Waiting for its stream to start (new worker) or restart from 0
-    /// (after a publisher restart or a gap being repaired).
-    Resyncing,
-    /// Batches were lost for good (or malformed): answers may be wrong until
-    /// the worker clears its cache or its publisher restarts.
-    Degraded,
-}
-
-impl Status {
-    /// Lower-case name.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            Status::Live => "live",
-            Status::Resyncing => "resyncing",
-            Status::Degraded => "degraded",
-        }
-    }
-}
-
-/// Per-worker counters.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct WorkerStats {
-    /// Batches applied.
-    pub batches: u64,
-    /// Block hashes announced stored (repeats included).
-    pub stored: u64,
-    /// Block hashes announced removed.
-    pub removed: u64,
-    /// Removals of blocks the worker did not hold (ignored).
-    pub unknown_removals: u64,
-    /// `AllBlocksCleared` events.
-    pub cleared: u64,
-    /// Events of unknown types skipped.
-    pub skipped_events: u64,
-    /// Batches seen twice (ignored).
-    pub duplicates: u64,
-    /// Gaps detected (sequence jumped forward).
-    pub gaps: u64,
-    /// Batches given up as lost.
-    pub lost: u64,
-    /// Publisher restarts (sequence went back).
-    pub restarts: u64,
-    /// Undecodable payloads or wrong block sizes.
-    pub malformed: u64,
-}
-
-/// One worker's stream and bookkeeping.
-#[derive(Clone, Debug)]
-pub struct Worker {
-    /// Engine name (caller's).
-    pub name: String,
-    /// Data-parallel rank.
-    pub dp_rank: i64,
-    /// Trust in the state.
-    pub status: Status,
-    /// Distinct blocks held.
-    pub blocks: u64,
-    /// Next expected sequence number.
-    pub next_seq: u64,
-    /// [`ClusterIndex::membership`] right after this worker was added: tells
-    /// a worker from a later one in the same slot.
-    pub incarnation: u64,
-    /// Counters.
-    pub stats: WorkerStats,
-    /// `(seq, payload digest)` of recent batches, by `seq % RECENT`.
-    recent: Vec<(u64, u64)>,
-}
-
-/// What [`ClusterIndex::apply`] did with a batch.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Outcome {
-    /// Applied in order.
-    Applied,
-    /// Already applied (same sequence number and payload): ignored.
-    Duplicate,
-    /// Sequence jumped forward: not applied. Fetch `expected..seq` through
-    /// replay and apply those first, or call [`ClusterIndex::give_up`].
-    Gap {
-        /// The first missing sequence number.
-        expected: u64,
-    },
-    /// The publisher restarted (sequence went back): the worker's state was
-    /// dropped and this batch (sequence 0) applied.
-    Restarted,
-    /// Undecodable, a wrong block size, or another data-parallel rank than
-    /// the worker's: counted, the worker degraded, nothing applied.
-    Malformed(String),
-}
 
 /// The prefix index of a cluster: which of its workers holds which blocks.
 /// See the module header for layout and costs.
@@ -211,22 +119,13 @@ impl ClusterIndex {
         self.unknown_worker_batches
     }
 
-    /// Adds a worker (empty, [`Status::Resyncing`] until its first batch).
+    /// Adds a worker (empty, [`Status::Resyncing`](super::Status::Resyncing) until its first batch).
     /// O(1) amortised.
     ///
     /// # Errors
     /// `Capacity` beyond [`MAX_WORKERS`].
     pub fn add_worker(&mut self, name: &str, dp_rank: i64) -> KvResult<WorkerId> {
-        let w = Worker {
-            name: name.to_owned(),
-            dp_rank,
-            status: Status::Resyncing,
-            blocks: 0,
-            next_seq: 0,
-            incarnation: self.membership + 1,
-            stats: WorkerStats::default(),
-            recent: vec![(u64::MAX, 0); RECENT],
-        };
+        let w = Worker::new(name, dp_rank, self.membership + 1);
         let slot = match self.workers.iter().position(Option::is_none) {
             Some(i) => i,
             None if self.workers.len() < MAX_WORKERS => {
@@ -292,28 +191,13 @@ impl ClusterIndex {
         let digest = xxh3_64(payload);
         let mut restarted = false;
         if let Some(seq) = seq {
-            let wk = self.wk(w);
-            if seq < wk.next_seq {
-                #[allow(clippy::cast_possible_truncation)]
-                let slot = (seq % RECENT as u64) as usize;
-                if wk.recent[slot] == (seq, digest) {
-                    wk.stats.duplicates += 1;
-                    return Ok(Outcome::Duplicate);
-                }
-                wk.stats.restarts += 1;
-                wk.next_seq = 0;
-                wk.status = Status::Resyncing;
-                wk.recent.fill((u64::MAX, 0));
+            let (restart, early) = self.wk(w).order(seq, digest);
+            if restart {
                 self.clear_worker(w);
                 restarted = true;
             }
-            let wk = self.wk(w);
-            if seq > wk.next_seq {
-                wk.stats.gaps += 1;
-                if wk.status == Status::Live {
-                    wk.status = Status::Resyncing;
-                }
-                return Ok(Outcome::Gap { expected: wk.next_seq });
+            if let Some(outcome) = early {
+                return Ok(outcome);
             }
         }
         let mut ops = std::mem::take(&mut self.scratch);
@@ -326,12 +210,7 @@ impl ClusterIndex {
         }
         if let Err(e) = read {
             self.scratch = ops;
-            let wk = self.wk(w);
-            wk.stats.malformed += 1;
-            wk.status = Status::Degraded;
-            if let Some(seq) = seq {
-                wk.next_seq = seq + 1;
-            }
+            self.wk(w).malformed(seq);
             return Ok(Outcome::Malformed(e));
         }
         let (stored, removed, unknown, cleared_now) = self.apply_ops(w, &ops);
@@ -343,19 +222,7 @@ impl ClusterIndex {
         wk.stats.removed += removed;
         wk.stats.unknown_removals += unknown;
         wk.stats.skipped_events += skipped;
-        if let Some(seq) = seq {
-            #[allow(clippy::cast_possible_truncation)]
-            let slot = (seq % RECENT as u64) as usize;
-            wk.recent[slot] = (seq, digest);
-            wk.next_seq = seq + 1;
-            if wk.status == Status::Resyncing {
-                wk.status = Status::Live;
-            }
-        }
-        if cleared_now {
-            // An emptied cache is known exactly again.
-            wk.status = Status::Live;
-        }
+        wk.applied(seq, digest, cleared_now);
         Ok(if restarted { Outcome::Restarted } else { Outcome::Applied })
     }
 
@@ -407,12 +274,7 @@ impl ClusterIndex {
     /// `InvalidArgument` for an empty slot.
     pub fn give_up(&mut self, w: WorkerId, seq: u64) -> KvResult<()> {
         self.require(w)?;
-        let wk = self.wk(w);
-        if seq > wk.next_seq {
-            wk.stats.lost += seq - wk.next_seq;
-            wk.status = Status::Degraded;
-            wk.next_seq = seq;
-        }
+        self.wk(w).give_up(seq);
         Ok(())
     }
 
@@ -664,7 +526,7 @@ impl ClusterIndex {
             + self.sets.iter().map(Set::heap_bytes).sum::<usize>()
             + self.free_sets.capacity() * 4
             + self.workers.capacity() * std::mem::size_of::<Option<Worker>>()
-            + self.workers().map(|(_, w)| w.recent.capacity() * 16 + w.name.capacity()).sum::<usize>()
+            + self.workers().map(|(_, w)| w.heap_bytes()).sum::<usize>()
     }
 
     /// Checks every structural invariant. O(blocks + pairs).

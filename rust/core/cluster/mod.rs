@@ -8,7 +8,8 @@
 //! | [`table`] | the block table (hash -> holder value) and its prefetcher |
 //! | [`huge`] | the block table's allocator (huge pages for large tables) |
 //! | [`ops`] | a batch payload as block operations (one pass, reused buffers) |
-//! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
+//! | [`index`] | [`ClusterIndex`]: block map, reference counts, queries |
+//! | [`stream`] | the per-worker stream protocol: sequence numbers, duplicates, gaps, restarts, trust |
 //! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
 //!
@@ -72,9 +73,11 @@ pub mod index;
 pub mod ops;
 pub mod query;
 pub mod route;
+pub mod stream;
 pub mod table;
 
 #[cfg(test)]
 mod tests;
 
-pub use index::{ClusterIndex, Outcome, Status, Worker, WorkerId, WorkerStats};
+pub use index::{ClusterIndex, WorkerId};
+pub use stream::{Outcome, Status, Worker, WorkerStats};

@@ -12,6 +12,9 @@
 //! are the decoder's. A property test holds the two to the same operations.
 //!
 //! Costs: O(payload bytes), one pass; token ids are range-checked in place.
+//!
+//! Invariant: for every payload, the operations (or the error) are those of
+//! [`decode_batch`] (a property test).
 
 // Every field name of vLLM 0.33's events (a bit each in the repeated-key check).
 use crate::core::wire::batch::decode_batch;

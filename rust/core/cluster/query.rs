@@ -17,6 +17,9 @@
 //! query walks (a walk that stops early hashes only up to where it stopped
 //! plus one chunk). Radix: one XXH3-64 per page over the whole prompt, then
 //! the walk. Nothing is allocated after warm-up.
+//!
+//! Invariant: a query's hashes equal the ones the workers' events carry for
+//! the same prompt (the tests compare them).
 
 use super::ClusterIndex;
 use crate::core::error::{KvError, KvResult};
@@ -181,7 +184,7 @@ mod tests {
             let vals: Vec<PageId> = (1..=(12 / ps) as u32).map(PageId).collect();
             tree.insert(&toks, &vals, ns.as_deref(), 0, &[], &mut Vec::new()).expect("test setup");
             let mut stored = Vec::new();
-            for ev in tree.take_events() {
+            for ev in tree.events_mut().take() {
                 if let KvEvent::BlockStored { block_hashes, .. } = ev {
                     stored.extend(block_hashes);
                 }

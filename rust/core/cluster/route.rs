@@ -6,6 +6,8 @@
 //! blocks). The lowest cost wins; ties go to the first eligible worker at or
 //! after `start` in slot order (a caller's rotating counter spreads ties).
 //! Least-loaded routing is `overlap_weight = 0`. O(workers).
+//!
+//! No state, so no invariants: a pure function of the answers and loads.
 
 /// The eligible worker of lowest cost, or None if none is eligible.
 /// `load[w]` is NaN for a slot that must not be chosen (no worker, draining).

@@ -27,6 +27,8 @@
 //! Costs: lookup/insert/remove O(1) expected (hashbrown); [`Ahead::fetch`]
 //! O(1), no loads. Memory: 13 bytes per bucket (entry + control byte), the
 //! table between 7/16 and 7/8 full.
+//!
+//! Invariant: a prefetch never changes what a lookup finds (a hint only).
 
 use std::hash::BuildHasher;
 

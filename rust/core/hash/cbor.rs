@@ -4,6 +4,9 @@
 //!
 //! Payload: `83` (array of 3), byte string parent, array of token ints,
 //! then `f6` (None) or an array of key arrays.
+//!
+//! Invariant: the bytes are exactly `cbor2`'s canonical encoding (golden
+//! tests). Costs: O(tokens + keys) bytes into the caller's buffer.
 
 use super::keys::ExtraKey;
 

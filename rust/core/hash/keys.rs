@@ -7,6 +7,11 @@
 //! 2. `("mm", identifier, offset - s)` for each item with
 //!    `offset < s + B && offset + length > s`, in item order;
 //! 3. `("cache_salt", salt)` on block 0 only, and only for a non-empty salt.
+//!
+//! Invariants (checked by [`KeySpec::new`]): items have offsets >= 0,
+//! lengths >= 1, and do not overlap, in offset order. Costs: a block's
+//! keys O(items up to the block's end) (the scan stops at the first item
+//! past it).
 
 use crate::core::error::{KvError, KvResult};
 

@@ -15,6 +15,10 @@
 //! (e.g. `lora=("a", "a")`) is a BINGET too.
 //! A frame is committed at an opcode boundary once it holds 64 KiB; a string
 //! of 64 KiB or more is written outside any frame, as CPython does.
+//!
+//! Invariant: the bytes are exactly CPython's pickler output for these
+//! shapes (golden tests). Costs: O(tokens + keys) bytes into the caller's
+//! buffer.
 
 use super::keys::ExtraKey;
 

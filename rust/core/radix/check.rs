@@ -1,5 +1,7 @@
 //! [`RadixTree::check_invariants`]: invariants 1-7 of the module header,
 //! plus arena, namespace, clock and page-hash bookkeeping.
+//!
+//! Costs: a full walk, O(nodes + pages), for tests and `check_invariants`.
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -175,7 +177,7 @@ impl RadixTree {
                 ensure_inv!(values.insert(v), "value {} appears twice in the tree", v.0);
                 ensure_inv!(self.contains_value(v), "value {} in the tree but not in the bitmap", v.0);
             }
-            if self.events.is_some() {
+            if self.events.enabled() {
                 ensure_inv!(
                     n.hashes.len() == n.value.len(),
                     "node {i}: {} page hashes for {} pages",
@@ -225,7 +227,7 @@ impl RadixTree {
             "namespace table sizes disagree"
         );
         // Page hashes chain (events on).
-        if self.events.is_some() {
+        if self.events.enabled() {
             let mut bytes = Vec::new();
             for (i, n) in self.nodes.iter().enumerate().skip(1) {
                 if !n.live {

@@ -3,6 +3,8 @@
 //!
 //! # Costs
 //! `dump`: O(nodes log nodes + owing nodes × depth). `sequences`: O(total tokens × depth).
+//!
+//! Read-only, so no invariants of its own.
 
 use std::fmt::Write as _;
 

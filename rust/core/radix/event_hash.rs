@@ -71,7 +71,7 @@ impl RadixTree {
     /// # Errors
     /// `InvalidArgument` when events are off (the tree hashes no page then).
     pub fn cached_page_hashes(&self) -> KvResult<Vec<u64>> {
-        if self.events.is_none() {
+        if !self.events.enabled() {
             return Err(KvError::invalid(
                 "the tree lists page hashes only with enable_events=True (it hashes no page otherwise)",
             ));
@@ -112,7 +112,7 @@ impl RadixTree {
     /// `ns`, after buffering its `BlockStored`; empty when events are off.
     /// O(key).
     pub(super) fn leaf_stored(&mut self, parent: NodeId, ns: Ns, key: &[i32]) -> Vec<u64> {
-        if self.events.is_none() {
+        if !self.events.enabled() {
             return Vec::new();
         }
         let (seed, parent_hash) = self.parent_hash(parent, ns);
@@ -126,7 +126,7 @@ impl RadixTree {
             lora_name: None,
             extra_keys: vec![name; hashes.len()],
         };
-        self.events.as_mut().expect("events on").push(ev);
+        self.events.record(|| ev);
         hashes
     }
 }

@@ -20,6 +20,10 @@
 //!
 //! Costs: set membership changes are O(log L) (L = evictable leaves); one
 //! eviction is O(log L + pages of the leaf); no per-call rebuild.
+//!
+//! Invariant: the set holds exactly the unlocked childless non-root nodes,
+//! each under its current key (invariant 6 of [`crate::core::radix`],
+//! checked by `check_invariants`).
 
 use crate::core::error::{KvError, KvResult};
 use crate::core::events::KvEvent;
@@ -221,9 +225,7 @@ impl RadixTree {
             done += node.key.len();
             freed.extend_from_slice(&node.value);
             super::unmark_all(&mut self.in_tree, &node.value);
-            if let Some(ev) = &mut self.events {
-                ev.push(KvEvent::BlockRemoved { block_hashes: node.hashes });
-            }
+            self.events.record(|| KvEvent::BlockRemoved { block_hashes: node.hashes });
             let parent = node.parent;
             if self.nodes[parent.idx()].only == x {
                 self.nodes[parent.idx()].only = NodeId::ROOT;

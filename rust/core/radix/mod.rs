@@ -131,7 +131,7 @@ use std::collections::BTreeSet;
 use rustc_hash::FxHashMap;
 
 use crate::core::error::{ErrorKind, KvError, KvResult};
-use crate::core::event_buffer::{self, EventBuffer};
+use crate::core::event_buffer::Events;
 use crate::core::events::KvEvent;
 use crate::core::ids::PageId;
 
@@ -229,7 +229,7 @@ pub struct RadixTree {
     /// Bitmap over values: bit v set iff value v is in the tree.
     in_tree: Vec<u64>,
     ns: Namespaces,
-    events: Option<EventBuffer>,
+    events: Events,
     /// Scratch: the path of the last walk, `(child, matched tokens)`.
     path: Vec<(NodeId, usize)>,
     scratch_bytes: Vec<u8>,
@@ -262,7 +262,7 @@ impl RadixTree {
             num_nodes: 0,
             in_tree: Vec::new(),
             ns: Namespaces::new(),
-            events: enable_events.then(EventBuffer::default),
+            events: Events::new(enable_events),
             path: Vec::new(),
             scratch_bytes: Vec::new(),
         })
@@ -481,39 +481,17 @@ impl RadixTree {
         self.protected_size = 0;
         self.in_tree.clear();
         self.ns.clear();
-        if let Some(ev) = &mut self.events {
-            ev.push(KvEvent::AllBlocksCleared);
-        }
+        self.events.record(|| KvEvent::AllBlocksCleared);
     }
 
-    /// Whether events are buffered.
+    /// The KV events (bounded, drop-oldest: see [`crate::core::event_buffer`]).
     #[must_use]
-    pub fn events_enabled(&self) -> bool {
-        self.events.is_some()
+    pub fn events(&self) -> &Events {
+        &self.events
     }
 
-    /// Bounds the event buffer (drop-oldest; see [`EventBuffer`]).
-    ///
-    /// # Errors
-    /// `InvalidArgument` for 0.
-    pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        event_buffer::set_max_events(&mut self.events, max_events)
-    }
-
-    /// Events dropped from the full buffer since the last
-    /// [`Self::take_events_dropped`].
-    #[must_use]
-    pub fn events_dropped(&self) -> u64 {
-        event_buffer::events_dropped(self.events.as_ref())
-    }
-
-    /// Returns [`Self::events_dropped`] and zeroes it.
-    pub fn take_events_dropped(&mut self) -> u64 {
-        event_buffer::take_events_dropped(self.events.as_mut())
-    }
-
-    /// Drains buffered KV events (empty when disabled). O(events).
-    pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.events.as_mut().map(EventBuffer::take).unwrap_or_default()
+    /// The KV events, to drain or bound.
+    pub fn events_mut(&mut self) -> &mut Events {
+        &mut self.events
     }
 }

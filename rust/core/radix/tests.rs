@@ -344,21 +344,21 @@ fn cached_page_hashes_list_what_the_events_announced() {
     ins(&mut t, &[1, 2, 3, 4, 7, 8], None, 10); // splits [1 2 3 4 | 5 6]
     ins(&mut t, &[1, 2], Some("n"), 20);
     let mut sub = Folded::default();
-    sub.apply(t.take_events()).expect("consistent stream");
+    sub.apply(t.events_mut().take()).expect("consistent stream");
     let listed = t.cached_page_hashes().expect("events on");
     assert_eq!(listed.len(), 5, "one hash per cached page");
     assert_eq!(listed, sub.sorted());
     // Read-only: no tick, no event.
     let clock = t.clock();
     assert_eq!(t.cached_page_hashes().expect("events on"), listed);
-    assert_eq!((t.clock(), t.take_events()), (clock, vec![]));
+    assert_eq!((t.clock(), t.events_mut().take()), (clock, vec![]));
     let mut freed = Vec::new();
     t.evict(2, &mut freed);
-    sub.apply(t.take_events()).expect("consistent stream");
+    sub.apply(t.events_mut().take()).expect("consistent stream");
     assert_eq!(t.cached_page_hashes().expect("events on"), sub.sorted());
     assert_eq!(sub.sorted().len(), 4);
     t.reset(&mut freed);
-    sub.apply(t.take_events()).expect("consistent stream");
+    sub.apply(t.events_mut().take()).expect("consistent stream");
     assert_eq!(t.cached_page_hashes(), Ok(vec![]));
     // Events off: no hashes exist, so the listing is refused (nothing changes).
     let mut off = tree(2);
@@ -373,7 +373,7 @@ fn events_chain_and_split() {
     let mut t = RadixTree::new(4, Policy::Lru, true).expect("ok");
     let toks = [1, 2, 3, 4, 1, 2, 3, 4];
     ins(&mut t, &toks, None, 0);
-    let ev = t.take_events();
+    let ev = t.events_mut().take();
     let KvEvent::BlockStored { block_hashes, parent_block_hash, token_ids, block_size, .. } = &ev[0] else {
         panic!("expected BlockStored")
     };
@@ -383,21 +383,23 @@ fn events_chain_and_split() {
     let first = block_hashes.clone();
     // Split at the page boundary, then a new branch: its parent is page 0.
     ins(&mut t, &[1, 2, 3, 4, 9, 9, 9, 9], None, 10);
-    let ev = t.take_events();
+    let ev = t.events_mut().take();
     let KvEvent::BlockStored { parent_block_hash, .. } = &ev[0] else { panic!("expected BlockStored") };
     assert_eq!(*parent_block_hash, Some(first[0]));
     t.check_invariants().expect("invariants");
     // Namespaces seed the chain differently.
     let mut u = RadixTree::new(4, Policy::Lru, true).expect("ok");
     ins(&mut u, &toks, Some("k"), 0);
-    let ev = u.take_events();
+    let ev = u.events_mut().take();
     let KvEvent::BlockStored { block_hashes, .. } = &ev[0] else { panic!("expected BlockStored") };
     assert_ne!(block_hashes[0], first[0]);
     let mut f = Vec::new();
     u.evict(1, &mut f);
-    assert!(matches!(&u.take_events()[0], KvEvent::BlockRemoved { block_hashes } if block_hashes.len() == 2));
+    assert!(
+        matches!(&u.events_mut().take()[0], KvEvent::BlockRemoved { block_hashes } if block_hashes.len() == 2)
+    );
     u.reset(&mut f);
-    assert_eq!(u.take_events(), vec![KvEvent::AllBlocksCleared]);
+    assert_eq!(u.events_mut().take(), vec![KvEvent::AllBlocksCleared]);
 }
 
 #[test]
@@ -575,7 +577,7 @@ proptest! {
             }
             t.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
             // The listing is what a subscriber of the stream holds.
-            sub.apply(t.take_events()).map_err(TestCaseError::fail)?;
+            sub.apply(t.events_mut().take()).map_err(TestCaseError::fail)?;
             prop_assert_eq!(t.cached_page_hashes().expect("events on"), sub.sorted());
             // Every locked path stays matchable (reference invariant 12).
             for (h, path, ns) in &handles {
@@ -935,7 +937,7 @@ fn extend_locked_is_insert_match_relock() {
         let mut out = Vec::new();
         let node = a.match_prefix(&toks[..4 * ps], None, &mut out).node;
         a.lock(node);
-        a.take_events();
+        a.events_mut().take();
         let mut b = a.clone();
         let leaf =
             a.extend_locked(node, None, &toks[4 * ps..9 * ps], &pages[4..9]).expect("fast path applies");
@@ -945,7 +947,7 @@ fn extend_locked_is_insert_match_relock() {
         b.unlock(node).expect("held");
         assert_eq!(m.node, leaf);
         assert_eq!(a.dump(), b.dump());
-        assert_eq!(a.take_events(), b.take_events());
+        assert_eq!(a.events_mut().take(), b.events_mut().take());
         a.check_invariants().expect("consistent");
         // refused (nothing changed): an existing child with that first page, the root, no lock
         let before = a.dump();
@@ -968,7 +970,7 @@ fn extend_locked_at_the_root_is_insert_match_lock() {
         let mut a = RadixTree::new(ps, Policy::Lru, true).expect("valid");
         a.insert(&[5; 8], &(1..=8 / ps as u32).map(PageId).collect::<Vec<_>>(), ns, 0, &[], &mut Vec::new())
             .expect("ns interned");
-        a.take_events();
+        a.events_mut().take();
         let mut b = a.clone();
         let toks: Vec<i32> = (0..8).collect();
         let pages: Vec<PageId> = (20..20 + 8 / ps as u32).map(PageId).collect();
@@ -978,7 +980,7 @@ fn extend_locked_at_the_root_is_insert_match_lock() {
         b.lock(m.node);
         assert_eq!(m.node, leaf);
         assert_eq!(a.dump(), b.dump());
-        assert_eq!(a.take_events(), b.take_events());
+        assert_eq!(a.events_mut().take(), b.events_mut().take());
         a.check_invariants().expect("consistent");
     }
 }
@@ -1121,7 +1123,7 @@ fn extend_locked_chains_match_the_general_path_under_every_policy() {
                         assert_eq!(a.evict_key(id), b.evict_key(id), "node {i} at step {step}");
                     }
                 }
-                assert_eq!(a.take_events(), b.take_events());
+                assert_eq!(a.events_mut().take(), b.events_mut().take());
                 a.check_invariants().expect("consistent");
                 b.check_invariants().expect("consistent");
             }

@@ -1,4 +1,4 @@
-//! [`PrefixCache`]: the request lifecycle over any [`PrefixIndex`].
+//! [`PrefixCache`]: the request lifecycle over any [`PrefixDesign`].
 //!
 //! Requests live in a slab (`Vec<Option<Record>>`, freed entries reused)
 //! found through an id index, so a batch touches each record once by slot.
@@ -8,11 +8,20 @@
 //! remember the slots of the last batch they resolved
 //! ([`PrefixCache::resolve_batch`]); a batch whose records still carry its
 //! ids at those slots needs neither the index nor the repeat check.
+//!
+//! # Invariants
+//! The request layer's (module header of [`crate::core::request`], checked
+//! by [`PrefixCache::check_invariants`]). Epoch stamps and the remembered
+//! batch slots are hints: a stale one only costs the checked path.
+//!
+//! # Costs
+//! One-chunk calls: O(1) probes per id plus the design's work;
+//! [`PrefixCache::validate_batch`] O(ids), one probe per id.
 
 use rustc_hash::FxHashMap;
 
-use super::steps::StepOpts;
-use super::{Admitted, Life, PrefixIndex, Reads, Record, RecordOf, SpecArg, Stats, Status};
+use super::opts::StepOpts;
+use super::{Admitted, Life, PrefixDesign, Reads, Record, RecordOf, SpecArg, Stats, Status};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::events::KvEvent;
 use crate::core::hash::KeySpec;
@@ -23,7 +32,7 @@ use crate::ensure_inv;
 /// A request-level prefix cache: the lifecycle of running requests over
 /// design `D` (see the module header of [`crate::core::request`]).
 #[derive(Clone, Debug)]
-pub struct PrefixCache<D: PrefixIndex> {
+pub struct PrefixCache<D: PrefixDesign> {
     pub(super) design: D,
     /// Request id -> slot in `reqs`.
     pub(super) index: FxHashMap<RequestId, u32>,
@@ -84,7 +93,7 @@ pub(super) fn repeated(id: u64) -> KvError {
     KvError::invalid(format!("request {id} appears twice in one batch"))
 }
 
-impl<D: PrefixIndex> PrefixCache<D> {
+impl<D: PrefixDesign> PrefixCache<D> {
     /// A cache with no running request over `design`.
     pub fn with_design(design: D) -> Self {
         PrefixCache {
@@ -146,14 +155,45 @@ impl<D: PrefixIndex> PrefixCache<D> {
         self.index.get(&id).copied().ok_or_else(|| unknown(id))
     }
 
+    /// The batch-validation pass every batch call runs first: resolves
+    /// `ids` to their slots (into `slots`, cleared first), every id known
+    /// and none repeated (the batch epoch stamped on each record), and runs
+    /// the call's own `check(position, record)` on each record before its
+    /// repeat check. Stops at the first error, which is the one reported;
+    /// nothing changes but epoch stamps. O(ids), one index probe per id.
+    #[inline]
+    pub(super) fn validate_batch(
+        &mut self,
+        ids: &[u64],
+        slots: &mut Vec<u32>,
+        mut check: impl FnMut(usize, &RecordOf<D>) -> KvResult<()>,
+    ) -> KvResult<()> {
+        self.epoch += 1;
+        let epoch = self.epoch;
+        slots.clear();
+        for (i, &id) in ids.iter().enumerate() {
+            let Some(&slot) = self.index.get(&RequestId(id)) else {
+                return Err(unknown(RequestId(id)));
+            };
+            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
+            check(i, req)?;
+            if req.epoch == epoch {
+                return Err(repeated(id));
+            }
+            req.epoch = epoch;
+            slots.push(slot);
+        }
+        Ok(())
+    }
+
     /// Resolves a batch of distinct known ids to their slots, left in
     /// `batch_slots`. The last batch's slots are reused when every one still
     /// holds the id at its position: the slab and the index agree, and
     /// distinct slots holding the given ids mean the ids are distinct, so no
-    /// probe and no repeat check are needed. Otherwise one index probe per
-    /// id, repeats caught by the batch epoch. `false` for an unknown or
-    /// repeated id (nothing changed but epoch stamps; the caller's checked
-    /// path then reports the first error in its own order). O(ids).
+    /// probe and no repeat check are needed. Otherwise
+    /// [`PrefixCache::validate_batch`]. `false` for an unknown or repeated
+    /// id (nothing changed but epoch stamps; the caller's checked path then
+    /// reports the first error in its own order). O(ids).
     pub(super) fn resolve_batch(&mut self, ids: &[u64]) -> bool {
         let reqs = &self.reqs;
         if self.batch_slots.len() == ids.len()
@@ -164,24 +204,13 @@ impl<D: PrefixIndex> PrefixCache<D> {
         {
             return true;
         }
-        self.epoch += 1;
-        let epoch = self.epoch;
-        let slots = &mut self.batch_slots;
-        slots.clear();
-        for &id in ids {
-            let Some(&slot) = self.index.get(&RequestId(id)) else {
-                slots.clear();
-                return false;
-            };
-            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
-            if req.epoch == epoch {
-                slots.clear();
-                return false;
-            }
-            req.epoch = epoch;
-            slots.push(slot);
+        let mut slots = std::mem::take(&mut self.batch_slots);
+        let ok = self.validate_batch(ids, &mut slots, |_, _| Ok(())).is_ok();
+        if !ok {
+            slots.clear();
         }
-        true
+        self.batch_slots = slots;
+        ok
     }
 
     pub(super) fn req(&self, slot: u32) -> &RecordOf<D> {
@@ -343,34 +372,22 @@ impl<D: PrefixIndex> PrefixCache<D> {
     {
         let ranges = batch_ranges(ids.len(), tokens.len(), offsets)?;
         D::check_tokens(tokens)?;
-        self.epoch += 1;
-        let epoch = self.epoch;
         let bs = self.design.block_size();
         let mut need = 0usize;
         let mut slots = std::mem::take(&mut self.scratch_slots);
-        slots.clear();
         let mut touched = 0i64;
-        for (i, &id) in ids.iter().enumerate() {
+        let checked = self.validate_batch(ids, &mut slots, |i, req| {
+            appendable(req)?;
             let (a, b) = ranges.get(i);
-            let Some(&slot) = self.index.get(&RequestId(id)) else {
-                self.scratch_slots = slots;
-                return Err(unknown(RequestId(id)));
-            };
-            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
-            if req.epoch == epoch {
-                self.scratch_slots = slots;
-                return Err(repeated(id));
-            }
-            if let Err(e) = appendable(req) {
-                self.scratch_slots = slots;
-                return Err(e);
-            }
-            req.epoch = epoch;
             need += (req.tokens.len() + b - a).div_ceil(bs).saturating_sub(req.blocks.len());
             // Touch the end of the token list the append will write: these
             // independent loads overlap here instead of missing one by one below.
             touched ^= req.tokens.last().map_or(0, |&t| t.into());
-            slots.push(slot);
+            Ok(())
+        });
+        if let Err(e) = checked {
+            self.scratch_slots = slots;
+            return Err(e);
         }
         std::hint::black_box(touched);
         let ok = need <= self.design.num_available();
@@ -407,12 +424,17 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// # Errors
     /// `UnknownRequest` if `id` is not running (including a double free).
     pub fn free(&mut self, id: RequestId) -> KvResult<()> {
-        let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
-        let mut req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
-        self.free_slots.push(slot);
+        let mut req = self.remove_record(id)?;
         let insert = req.life.status == Status::Running;
         self.design.release(&mut req, insert);
         Ok(())
+    }
+
+    /// Takes request `id`'s record out of the slab and the index.
+    pub(super) fn remove_record(&mut self, id: RequestId) -> KvResult<RecordOf<D>> {
+        let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
+        self.free_slots.push(slot);
+        Ok(self.reqs[slot as usize].take().expect("indexed slot holds a request"))
     }
 
     /// Finishes every request of `ids`, in order, as [`PrefixCache::free`]
@@ -421,16 +443,10 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// # Errors
     /// `UnknownRequest`, or `InvalidArgument` for a repeated id.
     pub fn free_batch(&mut self, ids: &[u64]) -> KvResult<()> {
-        self.epoch += 1;
-        let epoch = self.epoch;
-        for &id in ids {
-            let slot = self.slot(RequestId(id))?;
-            let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
-            if req.epoch == epoch {
-                return Err(repeated(id));
-            }
-            req.epoch = epoch;
-        }
+        let mut slots = std::mem::take(&mut self.scratch_slots);
+        let checked = self.validate_batch(ids, &mut slots, |_, _| Ok(()));
+        self.scratch_slots = slots;
+        checked?;
         for &id in ids {
             self.free(RequestId(id))?;
         }
@@ -453,7 +469,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
 
     /// Drains buffered KV events.
     pub fn take_events(&mut self) -> Vec<KvEvent> {
-        self.design.take_events()
+        self.design.events_mut().take()
     }
 
     /// Bounds the KV event buffer: at most `max_events` events wait for
@@ -463,19 +479,19 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// # Errors
     /// `InvalidArgument` for 0.
     pub fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        self.design.set_max_events(max_events)
+        self.design.events_mut().set_capacity(max_events)
     }
 
     /// Events dropped from the full buffer since the last
     /// [`Self::take_events_dropped`].
     #[must_use]
     pub fn events_dropped(&self) -> u64 {
-        self.design.events_dropped()
+        self.design.events().dropped()
     }
 
     /// Returns [`Self::events_dropped`] and zeroes it.
     pub fn take_events_dropped(&mut self) -> u64 {
-        self.design.take_events_dropped()
+        self.design.events_mut().take_dropped()
     }
 
     /// Blocks shared by every running request: counting from block 0 of any
@@ -555,7 +571,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     }
 }
 
-impl<D: PrefixIndex> TableSource for PrefixCache<D> {
+impl<D: PrefixDesign> TableSource for PrefixCache<D> {
     type Entry = D::Entry;
 
     fn table_block_size(&self) -> usize {

@@ -15,13 +15,14 @@
 //! ids repeated in one batch), the all-or-nothing block accounting, the
 //! admission gate, the reset guard, statistics, tables and slot mappings
 //! ([`TableSource`]), and the ref-count tally of `check_invariants`. A
-//! design ([`PrefixIndex`]) answers only what differs: looking a prompt up,
+//! design ([`PrefixDesign`]) answers only what differs: looking a prompt up,
 //! pinning and unpinning hits, allocating (evicting if it must), caching
-//! computed blocks up to a token count, and its events (drained, bounded
-//! and counted when dropped through the layer). The hash chain
+//! computed blocks up to a token count, and where its events are (an
+//! [`crate::core::event_buffer::Events`]: the layer drains, bounds and
+//! counts them, once for every design). The hash chain
 //! ([`crate::core::hash_chain`]) and the radix tree
 //! ([`crate::core::radix_cache`]) are two implementations; another design (a
-//! hybrid of block groups, an offload tier) is a third `impl PrefixIndex`,
+//! hybrid of block groups, an offload tier) is a third `impl PrefixDesign`,
 //! not a third copy of the lifecycle; the unit tests of this module drive
 //! the lifecycle over such a third design (a plain pool that never caches,
 //! about a hundred lines).
@@ -38,18 +39,19 @@
 //!   known tokens plus placeholders plus drafts;
 //! - `ref_count(b) == holders the design keeps for b + tables holding b`,
 //!   for every block;
-//! - plus the design's own invariants ([`PrefixIndex::check_invariants`]).
+//! - plus the design's own invariants ([`PrefixDesign::check_invariants`]).
 //!
 //! # Costs
-//! Id checks and slot lookups: O(1) hash-map probes per id; `append_batch`
-//! and `free_batch` validate the whole batch (O(ids)) before changing
-//! anything. `schedule_batch` and `commit_batch` reuse the slots of the last
+//! Id checks and slot lookups: O(1) hash-map probes per id; every batch
+//! call validates the whole batch (O(ids), one routine:
+//! `PrefixCache::validate_batch`) before changing anything. `schedule_batch` and `commit_batch` reuse the slots of the last
 //! batch while each still holds the id at its position (one record read per
 //! id, no probe): a scheduler sends the same running set to both calls of a
 //! step and to the next step. Memory: one slab entry per running request plus its tokens and
 //! table; freed slab entries are reused.
 
 mod lifecycle;
+mod opts;
 mod steps;
 #[cfg(test)]
 mod tests;
@@ -57,10 +59,10 @@ mod tests;
 use std::borrow::Cow;
 
 pub use lifecycle::PrefixCache;
-pub use steps::{Scheduled, StepOpts};
+pub use opts::{Scheduled, StepOpts};
 
 use crate::core::error::{InvariantViolation, KvResult};
-use crate::core::events::KvEvent;
+use crate::core::event_buffer::Events;
 use crate::core::hash::KeySpec;
 use crate::core::ids::{RequestId, TableEntry};
 
@@ -134,7 +136,7 @@ pub struct Record<T, B, X> {
 }
 
 /// The record type of design `D`.
-pub type RecordOf<D> = Record<<D as PrefixIndex>::Tok, <D as PrefixIndex>::Entry, <D as PrefixIndex>::Ext>;
+pub type RecordOf<D> = Record<<D as PrefixDesign>::Tok, <D as PrefixDesign>::Entry, <D as PrefixDesign>::Ext>;
 
 /// What an admission's pinning and allocation produced.
 #[derive(Debug)]
@@ -153,10 +155,10 @@ pub struct Admitted<T, B, X> {
 /// the block pool and the prefix index; [`PrefixCache`] holds the requests.
 ///
 /// Contract: every method that may fail checks before changing anything;
-/// [`PrefixIndex::allocate`] and [`PrefixIndex::commit`] are called only
+/// [`PrefixDesign::allocate`] and [`PrefixDesign::commit`] are called only
 /// after the layer checked that the blocks are available
-/// ([`PrefixIndex::num_available`], [`PrefixIndex::available_after`]).
-pub trait PrefixIndex {
+/// ([`PrefixDesign::num_available`], [`PrefixDesign::available_after`]).
+pub trait PrefixDesign {
     /// Token type stored in request records.
     type Tok: Copy + Into<i64> + std::fmt::Debug;
     /// Table entry type: what the design's pool hands out ([`crate::core::ids::BlockId`],
@@ -227,32 +229,16 @@ pub trait PrefixIndex {
     /// The design's own refusal.
     fn reset(&mut self) -> KvResult<()>;
 
-    /// Drains buffered KV events.
-    fn take_events(&mut self) -> Vec<KvEvent>;
+    /// The design's KV events (off for a design without events): the
+    /// request layer drains, bounds and counts them
+    /// ([`PrefixCache::take_events`] and the calls beside it).
+    fn events(&self) -> &Events;
 
-    /// Bounds the design's KV event buffer (drop-oldest, see
-    /// [`crate::core::event_buffer`]). A design without events (the
-    /// default) only checks the value.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for 0.
-    fn set_max_events(&mut self, max_events: usize) -> KvResult<()> {
-        crate::core::event_buffer::set_max_events(&mut None, max_events)
-    }
-
-    /// Events the full buffer dropped since the last
-    /// [`PrefixIndex::take_events_dropped`] (0 for a design without events).
-    fn events_dropped(&self) -> u64 {
-        0
-    }
-
-    /// Returns [`PrefixIndex::events_dropped`] and zeroes it.
-    fn take_events_dropped(&mut self) -> u64 {
-        0
-    }
+    /// The design's KV events, to drain or bound.
+    fn events_mut(&mut self) -> &mut Events;
 
     /// Cached blocks that lost their cache entry since the last
-    /// [`PrefixIndex::clear_evictions`].
+    /// [`PrefixDesign::clear_evictions`].
     fn evictions(&self) -> u64;
 
     /// Zeroes the eviction tally.
@@ -298,7 +284,7 @@ impl<'a> SpecArg<'a> for &'a KeySpec {
 }
 
 /// The prompt side of a design, for token input type `T`.
-pub trait Reads<T>: PrefixIndex {
+pub trait Reads<T>: PrefixDesign {
     /// Appends `src` to a record's token list.
     fn extend_tokens(dst: &mut Vec<Self::Tok>, src: &[T]);
 

@@ -38,49 +38,17 @@
 //! the batch's remembered slots; every other case, and every error, takes
 //! the checked path (`*_checked`), which reports the first error in request
 //! order.
+//!
+//! # Invariants
+//! The request layer's (module header of [`crate::core::request`]); the
+//! fast paths answer exactly as the checked ones (unit tests compare them).
 
-use super::lifecycle::{repeated, unknown};
-use super::{Admitted, Life, PrefixCache, PrefixIndex, Reads, RecordOf, SpecArg, Status};
+use super::opts::{Scheduled, StepOpts};
+use super::{Admitted, Life, PrefixCache, PrefixDesign, Reads, RecordOf, SpecArg, Status};
 use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::hash::Token;
 use crate::core::ids::RequestId;
 use crate::core::tables::{batch_ranges, Ranges};
-
-/// Options of an admission step (vLLM's `allocate_slots` arguments).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StepOpts {
-    /// Most tokens scheduled now (`None`: the whole rest of the prompt).
-    pub chunk: Option<usize>,
-    /// Slots allocated beyond the scheduled tokens, never cached.
-    pub lookahead: usize,
-    /// vLLM's `full_sequence_must_fit`: the whole sequence must fit in the
-    /// available blocks (watermark included, `reserved_blocks` not).
-    pub must_fit: bool,
-    /// Leading tokens another tier holds (offload tier, prefill worker); the
-    /// tokens beyond the local hit are allocated without a hit.
-    pub external_prefix: usize,
-    /// The external tokens arrive later: nothing is scheduled or cached
-    /// until [`PrefixCache::finish_transfer`].
-    pub delay_cache: bool,
-    /// Blocks that must stay free after this admission.
-    pub reserved_blocks: usize,
-    /// vLLM's watermark for waiting / preempted requests (0 when nothing
-    /// else is scheduled).
-    pub watermark_blocks: usize,
-}
-
-/// What an admission scheduled.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Scheduled {
-    /// Local prefix-cache hit tokens.
-    pub hit: usize,
-    /// External tokens allocated beyond the hit.
-    pub external: usize,
-    /// Tokens scheduled for compute in this step.
-    pub scheduled: usize,
-    /// Table index of the first block this call allocated.
-    pub first_new: usize,
-}
 
 /// An admission that passed the gate.
 pub(super) struct Placed<T, B, X> {
@@ -144,7 +112,7 @@ fn wrong_status(id: RequestId, s: Status) -> KvError {
     KvError::invalid(format!("request {} is {s:?}", id.0))
 }
 
-impl<D: PrefixIndex> PrefixCache<D> {
+impl<D: PrefixDesign> PrefixCache<D> {
     /// The admission gate and allocation of vLLM's waiting loop for a looked-up
     /// plan of `n_tok` known tokens: `None` (the plan refused, nothing
     /// changed) or the pinned hits and allocated blocks.
@@ -315,12 +283,11 @@ impl<D: PrefixIndex> PrefixCache<D> {
         reserved_blocks: usize,
     ) -> KvResult<Option<usize>> {
         let slot = self.slot(id)?;
-        let samples = self.check_step(slot, num_new, drafts.len())?;
+        let samples = Self::check_step(self.req(slot), num_new, drafts.len())?;
         Ok(self.apply_step(slot, num_new, drafts, lookahead, reserved_blocks, samples))
     }
 
-    fn check_step(&self, slot: u32, num_new: usize, num_drafts: usize) -> KvResult<usize> {
-        let req = self.req(slot);
+    fn check_step(req: &RecordOf<D>, num_new: usize, num_drafts: usize) -> KvResult<usize> {
         if req.life.status != Status::Running {
             return Err(wrong_status(req.id, req.life.status));
         }
@@ -415,37 +382,20 @@ impl<D: PrefixIndex> PrefixCache<D> {
             None if drafts.is_empty() => None,
             None => return Err(bad("drafts need draft_offsets".into())),
         };
-        self.epoch += 1;
-        let epoch = self.epoch;
         let mut slots = std::mem::take(&mut self.scratch_slots);
-        slots.clear();
         let mut samples = std::mem::take(&mut self.scratch_samples);
         samples.clear();
-        for (i, &id) in ids.iter().enumerate() {
-            let checked = (|| {
-                let slot = self.slot(RequestId(id))?;
-                let n = usize::try_from(num_new[i])
-                    .map_err(|_| bad(format!("num_new_tokens must be >= 1, got {}", num_new[i])))?;
-                let nd = ranges.as_ref().map_or(0, |r| r.get(i).1 - r.get(i).0);
-                let s = self.check_step(slot, n, nd)?;
-                let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
-                if req.epoch == epoch {
-                    return Err(repeated(id));
-                }
-                req.epoch = epoch;
-                Ok((slot, s))
-            })();
-            match checked {
-                Ok((slot, s)) => {
-                    slots.push(slot);
-                    samples.push(s);
-                }
-                Err(e) => {
-                    self.scratch_slots = slots;
-                    self.scratch_samples = samples;
-                    return Err(e);
-                }
-            }
+        let checked = self.validate_batch(ids, &mut slots, |i, req| {
+            let n = usize::try_from(num_new[i])
+                .map_err(|_| bad(format!("num_new_tokens must be >= 1, got {}", num_new[i])))?;
+            let nd = ranges.as_ref().map_or(0, |r| r.get(i).1 - r.get(i).0);
+            samples.push(Self::check_step(req, n, nd)?);
+            Ok(())
+        });
+        if let Err(e) = checked {
+            self.scratch_slots = slots;
+            self.scratch_samples = samples;
+            return Err(e);
         }
         let mut done = 0;
         offsets.push(0);
@@ -545,13 +495,12 @@ impl<D: PrefixIndex> PrefixCache<D> {
         D: Reads<T>,
     {
         let slot = self.slot(id)?;
-        self.check_commit_at(slot, ids, num_rejected)?;
+        Self::check_commit_at(self.req(slot), ids, num_rejected)?;
         self.apply_commit(slot, ids, num_rejected);
         Ok(())
     }
 
-    fn check_commit_at<T: Token>(&self, slot: u32, ids: &[T], num_rejected: usize) -> KvResult<()> {
-        let req = self.req(slot);
+    fn check_commit_at<T: Token>(req: &RecordOf<D>, ids: &[T], num_rejected: usize) -> KvResult<()> {
         if req.life.status != Status::Running {
             return Err(wrong_status(req.id, req.life.status));
         }
@@ -622,29 +571,14 @@ impl<D: PrefixIndex> PrefixCache<D> {
             let r = num_rejected.map_or(0, |r| r[i]);
             usize::try_from(r).map_err(|_| bad(format!("num_rejected must be >= 0, got {r}")))
         };
-        self.epoch += 1;
-        let epoch = self.epoch;
         let mut slots = std::mem::take(&mut self.scratch_slots);
-        slots.clear();
-        for (i, &id) in ids.iter().enumerate() {
-            let checked = (|| {
-                let slot = self.slot(RequestId(id))?;
-                let (a, b) = ranges.get(i);
-                self.check_commit_at(slot, &tokens[a..b], rej(i)?)?;
-                let req = self.reqs[slot as usize].as_mut().expect("indexed slot holds a request");
-                if req.epoch == epoch {
-                    return Err(repeated(id));
-                }
-                req.epoch = epoch;
-                Ok(slot)
-            })();
-            match checked {
-                Ok(slot) => slots.push(slot),
-                Err(e) => {
-                    self.scratch_slots = slots;
-                    return Err(e);
-                }
-            }
+        let checked = self.validate_batch(ids, &mut slots, |i, req| {
+            let (a, b) = ranges.get(i);
+            Self::check_commit_at(req, &tokens[a..b], rej(i)?)
+        });
+        if let Err(e) = checked {
+            self.scratch_slots = slots;
+            return Err(e);
         }
         for (i, &slot) in slots.iter().enumerate() {
             let (a, b) = ranges.get(i);
@@ -719,9 +653,7 @@ impl<D: PrefixIndex> PrefixCache<D> {
     /// # Errors
     /// `UnknownRequest`.
     pub fn finish(&mut self, id: RequestId) -> KvResult<()> {
-        let slot = self.index.remove(&id).ok_or_else(|| unknown(id))?;
-        let mut req = self.reqs[slot as usize].take().expect("indexed slot holds a request");
-        self.free_slots.push(slot);
+        let mut req = self.remove_record(id)?;
         self.design.release(&mut req, false);
         Ok(())
     }

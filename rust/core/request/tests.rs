@@ -1,14 +1,14 @@
 //! The request layer on its own, over a third, minimal design: a plain block
 //! pool that never caches (every prompt misses). It shows that a design is
-//! one `impl PrefixIndex` + `impl Reads`, and checks the lifecycle rules
+//! one `impl PrefixDesign` + `impl Reads`, and checks the lifecycle rules
 //! every design inherits: id checks, all-or-nothing batches, the reset
 //! guard, statistics, tables and the ref-count tally.
 
 use std::borrow::Cow;
 
-use super::{Admitted, PrefixCache, PrefixIndex, Reads, RecordOf, Stats};
+use super::{Admitted, PrefixCache, PrefixDesign, Reads, RecordOf, Stats};
 use crate::core::error::{ErrorKind, InvariantViolation, KvResult};
-use crate::core::events::KvEvent;
+use crate::core::event_buffer::Events;
 use crate::core::hash::KeySpec;
 use crate::core::ids::{BlockId, RequestId};
 use crate::core::tables::TableSource;
@@ -20,12 +20,19 @@ struct PlainPool {
     block_size: usize,
     refs: Vec<u32>,
     free: Vec<BlockId>,
+    /// Off: the design records no events.
+    events: Events,
 }
 
 impl PlainPool {
     fn cache(num_blocks: u32, block_size: usize) -> PrefixCache<PlainPool> {
         let free = (1..num_blocks).rev().map(BlockId).collect();
-        PrefixCache::with_design(PlainPool { block_size, refs: vec![0; num_blocks as usize], free })
+        PrefixCache::with_design(PlainPool {
+            block_size,
+            refs: vec![0; num_blocks as usize],
+            free,
+            events: Events::default(),
+        })
     }
 }
 
@@ -69,7 +76,7 @@ impl Reads<i32> for PlainPool {
     }
 }
 
-impl PrefixIndex for PlainPool {
+impl PrefixDesign for PlainPool {
     type Tok = i64;
     type Entry = BlockId;
     type Ext = ();
@@ -132,8 +139,12 @@ impl PrefixIndex for PlainPool {
         Ok(())
     }
 
-    fn take_events(&mut self) -> Vec<KvEvent> {
-        Vec::new()
+    fn events(&self) -> &Events {
+        &self.events
+    }
+
+    fn events_mut(&mut self) -> &mut Events {
+        &mut self.events
     }
 
     fn evictions(&self) -> u64 {
@@ -297,7 +308,7 @@ impl Rng {
 
 /// Every running request (id order) with its counters, tokens, table and
 /// design state, then the design's own fingerprint.
-fn snapshot<D: PrefixIndex>(c: &PrefixCache<D>, design: &dyn Fn(&PrefixCache<D>) -> String) -> String {
+fn snapshot<D: PrefixDesign>(c: &PrefixCache<D>, design: &dyn Fn(&PrefixCache<D>) -> String) -> String {
     let mut ids: Vec<_> = c.index.keys().copied().collect();
     ids.sort_by_key(|id| id.0);
     let reqs: Vec<String> = ids
@@ -317,7 +328,7 @@ fn snapshot<D: PrefixIndex>(c: &PrefixCache<D>, design: &dyn Fn(&PrefixCache<D>)
 /// while requests are admitted, preempted, finished and re-admitted (into
 /// other slots or the same ones) and batches repeat, reorder, repeat an id
 /// or name an unknown one.
-fn batch_paths_agree<D: PrefixIndex + Reads<i32> + Clone>(
+fn batch_paths_agree<D: PrefixDesign + Reads<i32> + Clone>(
     mut c: PrefixCache<D>,
     seed: u64,
     design: &dyn Fn(&PrefixCache<D>) -> String,

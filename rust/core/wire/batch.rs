@@ -25,6 +25,10 @@
 //! # Costs
 //! Encoding: O(encoded bytes), one growing `Vec<u8>`, no allocation per
 //! event. Decoding: O(payload bytes) plus the returned vectors.
+//!
+//! # Invariants
+//! Encoding then decoding returns the events (round-trip tests); a
+//! malformed payload is an error, never a panic (fuzzed by property tests).
 
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::wire::event::{CacheMeta, Removed, Stored, WireEvent};

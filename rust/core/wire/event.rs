@@ -9,6 +9,9 @@
 //! Hashes are `u64`: the low 64 bits of the digest read big-endian (vLLM's
 //! default int form). Signed and raw-bytes hashes are normalised to that on
 //! decoding.
+//!
+//! Plain values: no invariants beyond the field docs. Costs:
+//! [`WireEvent::from_cache`] moves the cache event's vectors.
 
 use crate::core::events::{EventKey, KvEvent};
 use crate::core::wire::msgpack::Value;

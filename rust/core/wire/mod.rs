@@ -8,6 +8,9 @@
 //!
 //! The caches buffer [`crate::core::events::KvEvent`]s; one call
 //! ([`batch::encode_cache_batch`]) turns a step's worth into payload bytes.
+//!
+//! Invariants and costs: see each module ([`batch`] states both for the
+//! codec; [`msgpack`] reads are bounds-checked, never past the payload).
 
 pub mod batch;
 pub mod event;
