@@ -241,9 +241,11 @@ class PrefixCache:
 
     Owned by one scheduler thread; every method runs without releasing the GIL. Caller
     errors raise :class:`KvIndexError` subclasses and change nothing; running out of
-    blocks is a return value (``None`` / ``False``). Not constructible itself.
+    blocks is a return value (``None`` / ``False``). Not constructible itself
+    (``InvalidArgumentError``).
     """
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Self: ...
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block 0 included."""

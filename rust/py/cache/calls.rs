@@ -4,14 +4,14 @@
 
 use numpy::{PyArray1, PyArray2};
 use pyo3::prelude::*;
-use pyo3::types::PyDict;
+use pyo3::types::{PyDict, PyTuple};
 
 use super::{each, PyPrefixCache};
 use crate::core::ids::{RequestId, TableEntry};
 use crate::core::tables::TableSource;
 use crate::py::arrays::{self, with_views, Ids, Int64, Tokens, UnfilledI32};
 use crate::py::common::{self, Admission, SlotArgs, TableArgs};
-use crate::py::errors::{inv_to_py, IntoPyResult};
+use crate::py::errors::{inv_to_py, invalid, IntoPyResult};
 use crate::py::{args, keys};
 
 /// The request id argument.
@@ -21,6 +21,16 @@ fn rid(request_id: &Bound<'_, PyAny>) -> PyResult<RequestId> {
 
 #[pymethods]
 impl PyPrefixCache {
+    /// Not constructible: raises ``InvalidArgumentError`` (build a subclass).
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn py_new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> PyResult<Self> {
+        Err(invalid(
+            "PrefixCache is the base class of HashChainCache and RadixPrefixCache: build one of \
+             those (or kvindex.make_cache)",
+        ))
+    }
+
     /// Blocks in the pool, the null block 0 included.
     #[getter]
     fn num_blocks(&self) -> usize {

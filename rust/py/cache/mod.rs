@@ -104,7 +104,8 @@ macro_rules! each_tokens {
 ///
 /// Owned by one scheduler thread; every method runs without releasing the GIL. Caller
 /// errors raise :class:`KvIndexError` subclasses and change nothing; running out of
-/// blocks is a return value (``None`` / ``False``). Not constructible itself.
+/// blocks is a return value (``None`` / ``False``). Not constructible itself
+/// (``InvalidArgumentError``).
 #[pyclass(module = "kvindex._core", name = "PrefixCache", subclass)]
 pub struct PyPrefixCache {
     pub(super) inner: AnyCache,
