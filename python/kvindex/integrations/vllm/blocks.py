@@ -12,7 +12,7 @@ manager like the scheduler's own calls.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
@@ -21,7 +21,28 @@ from kvindex.exceptions import InvalidArgumentError
 if TYPE_CHECKING:
     from kvindex._core import _VllmManager
 
-    from .manager import KVCacheManager
+
+class ManagerSide(Protocol):
+    """What the views read of the drop-in manager (``manager.KVCacheManager``), named
+    here so that this module does not depend on the manager that builds the views."""
+
+    enable_caching: bool
+    enable_kv_cache_events: bool
+    use_eagle: bool
+    metrics_collector: Any
+    _events: list[Any]
+
+    @property
+    def block_pool(self) -> BlockPoolView: ...
+
+    def evict_blocks(self, block_ids: set[int]) -> None: ...
+
+    def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]: ...
+
+    def _reset_pool(self) -> bool: ...
+
+    def _take_raw_events(self) -> list[Any]: ...
+
 
 _GROUP0 = (0).to_bytes(4, "big")
 
@@ -208,7 +229,7 @@ class BlockPoolView:
     """The members of vLLM's ``BlockPool`` that the scheduler, KV connectors and
     vLLM's tests read, over kvindex's Rust pool."""
 
-    def __init__(self, manager: KVCacheManager, core: _VllmManager, hash_block_size: int) -> None:
+    def __init__(self, manager: ManagerSide, core: _VllmManager, hash_block_size: int) -> None:
         self._manager = manager
         self._core = core
         self.num_gpu_blocks = core.num_blocks
@@ -264,7 +285,7 @@ class BlockPoolView:
 class GroupManagerView:
     """vLLM's single-type manager of the one group, as the scheduler and tests read it."""
 
-    def __init__(self, manager: KVCacheManager, core: _VllmManager, spec: Any) -> None:
+    def __init__(self, manager: ManagerSide, core: _VllmManager, spec: Any) -> None:
         self._core = core
         self._blocks = manager.block_pool.blocks
         self.kv_cache_spec = spec

@@ -248,7 +248,7 @@ class KVCacheManager:
         # The one-call path serves running requests when nothing else must watch the
         # allocation (KV events, the metrics collector) and caching is on.
         self._fast = enable_caching and not enable_kv_cache_events and metrics_collector is None
-        self.block_pool = BlockPoolView(self, self._core, hash_block_size)
+        self.block_pool: BlockPoolView = BlockPoolView(self, self._core, hash_block_size)
         self._blocks = self.block_pool.blocks
         self.coordinator = _CoordinatorView(self, self._core, spec)
         self.mamba_shared_prefix_checkpoint = False
