@@ -1083,5 +1083,11 @@ class ClusterIndex:
         incarnation and counters."""
     def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
         """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
+    def snapshot_worker(self, worker: int) -> tuple[npt.NDArray[np.uint64], int]:
+        """One worker's state: every block hash it holds, once per announcement, sorted
+        (uint64), and the sequence number its stream continues from."""
+    def restore_worker(self, worker: int, hashes: _Hashes, next_seq: int) -> None:
+        """Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
+        one more reference), its stream continues at `next_seq`, status live."""
     def check_invariants(self) -> None:
         """Raises `InvariantViolation` if the index is inconsistent."""

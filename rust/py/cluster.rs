@@ -427,6 +427,26 @@ impl PyClusterIndex {
         Ok(PyArray1::from_vec(py, v))
     }
 
+    /// One worker's state: every block hash it holds, once per announcement, sorted
+    /// (uint64), and the sequence number its stream continues from.
+    fn snapshot_worker<'py>(
+        &self,
+        py: Python<'py>,
+        worker: i64,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, u64)> {
+        let (h, next) = self.read().snapshot_worker(worker_id(worker)?).py()?;
+        Ok((PyArray1::from_vec(py, h), next))
+    }
+
+    /// Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
+    /// one more reference), its stream continues at `next_seq`, status live.
+    fn restore_worker(&self, worker: i64, hashes: &Bound<'_, PyAny>, next_seq: i64) -> PyResult<()> {
+        let h = u64_array(hashes, "hashes")?;
+        let w = worker_id(worker)?;
+        let next = seq_number(next_seq)?;
+        self.write().restore_worker(w, &h, next).py()
+    }
+
     /// Raises `InvariantViolation` if the index is inconsistent.
     fn check_invariants(&self) -> PyResult<()> {
         self.read().check_invariants().map_err(inv_to_py)

@@ -33,7 +33,7 @@ const LOOKAHEAD: usize = 32;
 const PREFETCH_DISTANCE: usize = 12;
 
 /// Sequence numbers remembered per worker to tell a duplicate from a restart.
-const RECENT: usize = 256;
+pub(super) const RECENT: usize = 256;
 
 /// How far a worker's state can be trusted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -106,7 +106,7 @@ pub struct Worker {
     /// Counters.
     pub stats: WorkerStats,
     /// `(seq, payload digest)` of recent batches, by `seq % RECENT`.
-    recent: Vec<(u64, u64)>,
+    pub(super) recent: Vec<(u64, u64)>,
 }
 
 /// What [`ClusterIndex::apply`] did with a batch.
@@ -261,14 +261,14 @@ impl ClusterIndex {
         Ok(())
     }
 
-    fn require(&self, w: WorkerId) -> KvResult<()> {
+    pub(super) fn require(&self, w: WorkerId) -> KvResult<()> {
         if self.worker(w).is_none() {
             return Err(KvError::invalid(format!("no worker in slot {}", w.0)));
         }
         Ok(())
     }
 
-    fn wk(&mut self, w: WorkerId) -> &mut Worker {
+    pub(super) fn wk(&mut self, w: WorkerId) -> &mut Worker {
         match self.workers.get_mut(w.0 as usize) {
             Some(Some(x)) => x,
             // Callers check presence first.
@@ -519,7 +519,7 @@ impl ClusterIndex {
     }
 
     /// Drops every block of `w`. O(blocks in the index + extra references).
-    fn clear_worker(&mut self, w: WorkerId) {
+    pub(super) fn clear_worker(&mut self, w: WorkerId) {
         let id = w.0;
         let ClusterIndex { blocks, sets, free_sets, extra, .. } = self;
         if self.workers[id as usize].as_ref().is_some_and(|x| x.blocks == 0) {

@@ -11,6 +11,7 @@
 //! | [`index`] | [`ClusterIndex`]: block map, reference counts, per-worker streams, queries |
 //! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
+//! | [`snapshot`] | a worker's state exported and restored (bootstrap, router replicas) |
 //!
 //! # Layout
 //! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
@@ -72,6 +73,7 @@ pub mod index;
 pub mod ops;
 pub mod query;
 pub mod route;
+pub mod snapshot;
 pub mod table;
 
 #[cfg(test)]
