@@ -77,27 +77,30 @@ mod tests {
 
     #[test]
     fn snapshot_then_restore_gives_the_same_worker() {
-        let mut a = ClusterIndex::new(2).unwrap();
-        let w = a.add_worker("a", 0).unwrap();
+        let mut a = ClusterIndex::new(2).expect("valid");
+        let w = a.add_worker("a", 0).expect("room");
         let rm = WireEvent::Removed(Removed { block_hashes: vec![5], ..Removed::default() });
         for (seq, ev) in
             [vec![stored(&[5, 6, 7])], vec![stored(&[5])], vec![rm.clone(), rm]].iter().enumerate()
         {
-            assert_eq!(a.apply(w, Some(seq as u64), &payload(ev)).unwrap(), Outcome::Applied);
+            assert_eq!(a.apply(w, Some(seq as u64), &payload(ev)).expect("present"), Outcome::Applied);
         }
-        let (snap, next) = a.snapshot_worker(w).unwrap();
+        let (snap, next) = a.snapshot_worker(w).expect("present");
         assert_eq!((snap.clone(), next), (vec![6, 7], 3));
 
-        let mut b = ClusterIndex::new(2).unwrap();
-        let v = b.add_worker("b", 0).unwrap();
-        b.store_hashes(v, &[1, 2, 6]).unwrap();
-        b.restore_worker(v, &[6, 7, 7], next).unwrap();
-        assert_eq!(b.worker(v).unwrap().status, Status::Live);
-        assert_eq!(b.snapshot_worker(v).unwrap(), (vec![6, 7, 7], 3));
-        b.check_invariants().unwrap();
+        let mut b = ClusterIndex::new(2).expect("valid");
+        let v = b.add_worker("b", 0).expect("room");
+        b.store_hashes(v, &[1, 2, 6]).expect("present");
+        b.restore_worker(v, &[6, 7, 7], next).expect("present");
+        assert_eq!(b.worker(v).expect("present").status, Status::Live);
+        assert_eq!(b.snapshot_worker(v).expect("present"), (vec![6, 7, 7], 3));
+        b.check_invariants().expect("present");
         // The stream continues at the snapshot's sequence number.
-        assert_eq!(b.apply(v, Some(3), &payload(&[stored(&[8])])).unwrap(), Outcome::Applied);
-        assert_eq!(b.apply(v, Some(5), &payload(&[stored(&[9])])).unwrap(), Outcome::Gap { expected: 4 });
+        assert_eq!(b.apply(v, Some(3), &payload(&[stored(&[8])])).expect("present"), Outcome::Applied);
+        assert_eq!(
+            b.apply(v, Some(5), &payload(&[stored(&[9])])).expect("present"),
+            Outcome::Gap { expected: 4 }
+        );
         assert!(b.snapshot_worker(WorkerId(7)).is_err());
         assert!(b.restore_worker(WorkerId(7), &[1], 0).is_err());
     }
