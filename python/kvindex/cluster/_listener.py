@@ -78,6 +78,13 @@ def _wait(name: str, value: Any, *, allow_none: bool = False) -> float | None:
     return v
 
 
+def _recoverable(exc: BaseException) -> bool:
+    """Whether the receive thread goes on after ``exc``: any error, a Rust panic
+    included (pyo3's ``PanicException`` derives from ``BaseException``), but not an
+    interpreter exit."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
+
+
 @dataclass
 class _Repair:
     start: int  # the first missing sequence number
@@ -418,7 +425,9 @@ class ClusterListener:
                     self._add(poller, arg)
                 else:
                     self._remove(poller, arg)
-            except Exception as exc:  # a bug: answer the caller, keep the thread
+            except BaseException as exc:  # a bug: answer the caller, keep the thread
+                if not _recoverable(exc):
+                    raise
                 self._count("errors")
                 logger.exception("kvindex.cluster: %s failed", cmd)
                 reply = arg[-1]
@@ -481,7 +490,9 @@ class ClusterListener:
                 self._replayed(s, frames)
             else:
                 self._snapshot(s, frames)
-        except Exception:
+        except BaseException as exc:
+            if not _recoverable(exc):
+                raise
             self._count("errors")
             logger.exception(
                 "kvindex.cluster: %s: message of %d frames failed", s.name, len(frames)
@@ -491,7 +502,9 @@ class ClusterListener:
         for s in list(self._streams.values()):
             try:
                 self._expire(s, now)
-            except Exception:
+            except BaseException as exc:
+                if not _recoverable(exc):
+                    raise
                 self._count("errors")
                 logger.exception("kvindex.cluster: %s: timer failed", s.name)
 

@@ -409,7 +409,7 @@ impl ClusterIndex {
         self.require(w)?;
         let wk = self.wk(w);
         if seq > wk.next_seq {
-            wk.stats.lost += seq - wk.next_seq;
+            wk.stats.lost = wk.stats.lost.saturating_add(seq - wk.next_seq);
             wk.status = Status::Degraded;
             wk.next_seq = seq;
         }
