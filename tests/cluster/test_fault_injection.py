@@ -22,7 +22,7 @@ from collections.abc import Iterator
 import pytest
 from faultlib import Engine, FaultProxy, add, converge, mismatches, wait_for
 
-from kvindex.cluster import ClusterIndex, ClusterListener
+from kvindex.cluster import ClusterIndex, ClusterListener, index_snapshot
 
 ENGINES = 16
 PHASE_S = float(os.environ.get("KVINDEX_FAULT_SOAK_S", "1.5"))
@@ -40,6 +40,11 @@ def base() -> Iterator[str]:
     d = tempfile.mkdtemp(prefix="kvr", dir="/tmp")
     yield d
     shutil.rmtree(d, ignore_errors=True)
+
+
+def rss_bytes() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def traffic(engines: list[Engine], seconds: float, rng: random.Random) -> int:
@@ -90,6 +95,7 @@ def test_sixteen_engines_under_faults_match_the_oracle(base: str) -> None:
         later = busy[6:] + quiet[6:]
         lst, slots = start_listener(first)
         times["late joins (quiet and busy)"] = converge(lst, slots, first, CONVERGE_S)
+        rss0 = rss_bytes()
 
         proxy.set_all(drop=0.05, corrupt=0.01, duplicate=0.02, inject=0.02)
         traffic(engines, PHASE_S / 2, rng)
@@ -136,8 +142,6 @@ def test_sixteen_engines_under_faults_match_the_oracle(base: str) -> None:
         times["listener restart"] = converge(lst2, slots2, engines, CONVERGE_S)
 
         # A router replica warmed from its peer's index answers as the peer does.
-        from kvindex.cluster._listener import index_snapshot
-
         peer = index_snapshot(lst2.index)
         lst3 = ClusterListener(ClusterIndex(4), replay_timeout=REPLAY_TIMEOUT)
         listeners.append(lst3)
@@ -165,6 +169,8 @@ def test_sixteen_engines_under_faults_match_the_oracle(base: str) -> None:
             assert all(not s.held for s in x._streams.values())
             pairs = x.index.num_pairs
             assert x.index.memory_bytes < 64 * max(pairs, 1) + (1 << 20)
+        grown = rss_bytes() - rss0
+        assert grown < 256 << 20, f"RSS grew by {grown >> 20} MiB"
     finally:
         for x in listeners:
             x.close()
@@ -172,3 +178,4 @@ def test_sixteen_engines_under_faults_match_the_oracle(base: str) -> None:
             e.close()
         proxy.close()
     print("converged after each fault (s):", {k: round(v, 3) for k, v in times.items()})
+    print(f"RSS grew by {grown / 2**20:.1f} MiB")

@@ -18,8 +18,7 @@ import pytest
 from faultlib import BS, Engine, FaultProxy, add, converge, stored, wait_for
 
 import kvindex
-from kvindex.cluster import ClusterIndex, ClusterListener
-from kvindex.cluster._listener import index_snapshot
+from kvindex.cluster import ClusterIndex, ClusterListener, index_snapshot
 from kvindex.events import EventEncoder, EventPublisher, seq_bytes
 from kvindex.events._zmq import zmq
 

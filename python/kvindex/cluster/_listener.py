@@ -38,7 +38,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from kvindex._core import ClusterIndex
 from kvindex.events import _options as _opt
@@ -121,20 +120,6 @@ class _Reply:
     done: threading.Event = field(default_factory=threading.Event)
     slot: int = -1
     error: BaseException | None = None
-
-
-def index_snapshot(
-    index: ClusterIndex,
-) -> dict[tuple[str, int], tuple[npt.NDArray[np.uint64], int]]:
-    """Every live worker of ``index`` as ``(name, dp_rank) -> (hashes, next_seq)``: what
-    a new router replica passes as ``resume`` to :meth:`ClusterListener.add_worker` to
-    start from this index instead of empty."""
-    out: dict[tuple[str, int], tuple[npt.NDArray[np.uint64], int]] = {}
-    for slot, status in enumerate(index.statuses()):
-        if status == "live":
-            info = index.worker_info(slot)
-            out[(str(info["name"]), int(info["dp_rank"]))] = index.snapshot_worker(slot)
-    return out
 
 
 class ClusterListener:
