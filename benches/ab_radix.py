@@ -45,7 +45,7 @@ def ab(a: ModuleType, b: ModuleType, rounds: int, ps: int, reqs: list) -> dict[s
         for i in (0, 1) if r % 2 == 0 else (1, 0):
             core = (a, b)[i]
             pool = br.SlotPool(br.CAPACITY + 8192 + 16 * ps, ps)
-            tree = core.RadixCache(ps)
+            tree = core.RadixTree(ps)
             got[i] = br.request_loop(tree, pool, reqs, br.CAPACITY, overhead)
             pool.audit(tree.all_slots(), len(pool.pages))
         for k in KEYS:

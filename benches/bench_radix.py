@@ -147,7 +147,7 @@ def run_tree(
     pool = SlotPool(capacity + prefill_tokens + headroom + 16 * ps, ps)
     cap = capacity + prefill_tokens
     rust = impl == "kvindex"
-    tree: Any = kvindex.RadixCache(ps) if rust else RadixModel(ps)
+    tree: Any = kvindex.RadixTree(ps) if rust else RadixModel(ps)
     if prefill:
         for p in prefill:
             al = p[: len(p) // ps * ps]
@@ -167,7 +167,7 @@ def request_loop(
     overhead: float,
     reqs_in: list[Any] | None = None,
 ) -> dict[str, float]:
-    """The timed request loop on ``tree`` (kvindex's ``RadixCache``, or the model when
+    """The timed request loop on ``tree`` (kvindex's ``RadixTree``, or the model when
     ``reqs_in`` holds its inputs): match, lock, allocate the miss, insert, free
     ``to_free``, unlock, evict down to ``cap`` tokens. µs per call and hit rate."""
     ps = pool.ps
@@ -302,7 +302,7 @@ def background(total_tokens: int, seed: int = 9) -> list[np.ndarray]:
 def call_floor() -> dict[str, float]:
     """Fixed cost of a call through the binding on this machine (µs): a getter, a
     one-token ``probe`` (array argument) and ``evict(0)`` (array result)."""
-    t = kvindex.RadixCache(1)
+    t = kvindex.RadixTree(1)
     one = np.array([1], np.int32)
     out = {}
     for name, fn in (

@@ -29,7 +29,7 @@ size 16, sizes 4,096 / 100,000 / 10,000,000 blocks:
   the 10M one does; the 4,096-block pool cannot, so its hit rate differs: reference
   only).
 
-Radix tree (``RadixCache``, page size 1 and 16), sizes 100K / 10M / 100M tokens:
+Radix tree (``RadixTree``, page size 1 and 16), sizes 100K / 10M / 100M tokens:
 
 - construction: insert background sequences — ``size // 100,000`` shared system
   prompts (1,000-4,000 tokens, a distinct first token each), each followed by unique
@@ -227,7 +227,7 @@ def warm_up() -> None:
         c = make_pool(kind, 64)
         c.admit(1, toks)
         c.free(1)
-    t = kvindex.RadixCache(1)
+    t = kvindex.RadixTree(1)
     t.insert(toks, np.arange(64, dtype=np.int32))
     gc.collect()
 
@@ -320,7 +320,7 @@ def build_tree(ps: int, size: int, seed: int = 9) -> tuple[Any, int, dict[str, f
     gc.collect()
     r0 = rss_bytes()
     t0 = time.perf_counter()
-    tree = kvindex.RadixCache(ps)
+    tree = kvindex.RadixTree(ps)
     slot = 0
     k = 0
     suffix_len = 2000

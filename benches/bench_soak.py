@@ -18,7 +18,7 @@ cache's alone):
   with ``vllm_sha256_cbor`` (the SHA-256 modes keep a per-block prefix memo);
 - ``radix_prefix``: ``RadixPrefixCache(1536, 16)``; ``radix_prefix_1``:
   ``RadixPrefixCache(24576, 1)``;
-- ``radix``: raw ``RadixCache(1)`` over 40,960 slots; ``radix_16``: ``RadixCache(16)``
+- ``radix``: raw ``RadixTree(1)`` over 40,960 slots; ``radix_16``: ``RadixTree(16)``
   over 2,560 pages.
 
 The pools are small enough to run short now and then (about 1 % of admissions are
@@ -57,7 +57,7 @@ model of who holds what):
   num_blocks - 1``, a request's private pages being ``ceil(tokens / bs) - cached /
   bs`` (its table past its locked tree path), and ``num_free_blocks ==
   num_unused_blocks + evictable_size / bs``.
-- ``RadixCache``: ``free pages (pool) + total_size / ps + Σ pages held by running
+- ``RadixTree``: ``free pages (pool) + total_size / ps + Σ pages held by running
   requests == capacity``, and ``total_size == evictable_size + protected_size``.
 
 Checkpoints (every ``--checkpoint`` ops, default 100,000): ``check_invariants()``
@@ -654,14 +654,14 @@ class SlotPool:
 
 
 class TreeSoak(Soak):
-    """The raw ``RadixCache`` with a Python slot pool."""
+    """The raw ``RadixTree`` with a Python slot pool."""
 
     def __init__(self, ps: int, capacity_pages: int, seed: int, events: bool, reset_every: int):
         super().__init__(seed)
         self.name = f"radix tree (page {ps}, {capacity_pages * ps:,} slots)"
         self.ps = ps
         self.cap = capacity_pages
-        self.tree = kvindex.RadixCache(ps, enable_events=events)
+        self.tree = kvindex.RadixTree(ps, enable_events=events)
         self.pool = SlotPool(capacity_pages, ps)
         self.events = events
         self.reset_every = reset_every

@@ -148,7 +148,7 @@ def test_radix_events_are_page_granular_and_chained() -> None:
     # The two requests' runs share the first 16 tokens' pages (one chain).
     hashes = [h for e in stored for h in e.block_hashes]
     assert len(hashes) == len(set(hashes))
-    tree = kvindex.RadixCache(2, enable_events=True)
+    tree = kvindex.RadixTree(2, enable_events=True)
     tree.insert(np.arange(6, dtype=np.int64), np.arange(6, dtype=np.int32))
     tree.evict(6)
     payload = enc.encode(tree, 6.0)

@@ -22,17 +22,17 @@ def a32(xs: object) -> np.ndarray:
     return np.asarray(xs, dtype=np.int32)
 
 
-def tree(page_size: int = 1, **kw: object) -> kvindex.RadixCache:
-    return kvindex.RadixCache(page_size, **kw)  # type: ignore[arg-type]
+def tree(page_size: int = 1, **kw: object) -> kvindex.RadixTree:
+    return kvindex.RadixTree(page_size, **kw)  # type: ignore[arg-type]
 
 
-def ins(t: kvindex.RadixCache, toks: list[int], slots: list[int], ns: str | None = None) -> int:
+def ins(t: kvindex.RadixTree, toks: list[int], slots: list[int], ns: str | None = None) -> int:
     r = t.insert(a32(toks), a32(slots), ns)
     t.check_invariants()
     return r.prefix_len
 
 
-def snapshot(t: kvindex.RadixCache) -> tuple[object, ...]:
+def snapshot(t: kvindex.RadixTree) -> tuple[object, ...]:
     return (t.dump(), t.total_size, t.evictable_size, t.protected_size, t.clock)
 
 
@@ -383,7 +383,7 @@ def test_prefix_cache_page_hashes_follow_its_events() -> None:
 
 @pytest.mark.parametrize("design", ["tree", "cache"])
 def test_cached_page_hashes_need_events(design: str) -> None:
-    c: kvindex.RadixCache | kvindex.RadixPrefixCache
+    c: kvindex.RadixTree | kvindex.RadixPrefixCache
     if design == "tree":
         c = tree(1)
         c.insert(a32([1, 2]), a32([1, 2]))
@@ -411,7 +411,7 @@ def test_bad_page_size_and_policy() -> None:
 
 
 @pytest.fixture
-def busy_tree() -> kvindex.RadixCache:
+def busy_tree() -> kvindex.RadixTree:
     t = tree(4, enable_events=True)
     t.insert(a32(range(16)), a32(range(16)))
     t.insert(a32(list(range(8)) + [50] * 8), a32(range(16, 32)))
@@ -476,7 +476,7 @@ def busy_tree() -> kvindex.RadixCache:
     ],
 )
 def test_bad_insert_leaves_state_unchanged(
-    busy_tree: kvindex.RadixCache, tokens: object, slots: object, exc: type[Exception]
+    busy_tree: kvindex.RadixTree, tokens: object, slots: object, exc: type[Exception]
 ) -> None:
     before = snapshot(busy_tree)
     with pytest.raises(exc) as info:
@@ -487,7 +487,7 @@ def test_bad_insert_leaves_state_unchanged(
     busy_tree.check_invariants()
 
 
-def test_bad_match_input(busy_tree: kvindex.RadixCache) -> None:
+def test_bad_match_input(busy_tree: kvindex.RadixTree) -> None:
     before = snapshot(busy_tree)
     for bad in (np.zeros(4, np.float32), np.zeros((2, 4), np.int32), [1, 2, 3, 4], None):
         with pytest.raises(DTypeError):
@@ -728,3 +728,9 @@ def test_common_prefix_blocks_both_designs(design: str) -> None:
     c.free_batch(np.array([1, 2, 3], dtype=np.int64))
     assert c.num_common_prefix_blocks == 0
     c.check_invariants()
+
+
+def test_radix_cache_is_the_former_name_of_radix_tree() -> None:
+    """``RadixCache`` stays exported as an alias of ``RadixTree``, the tree's one name."""
+    assert kvindex.RadixCache is kvindex.RadixTree
+    assert "RadixCache" in kvindex.__all__

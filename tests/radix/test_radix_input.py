@@ -22,8 +22,8 @@ TOKS = BASE.astype(np.int32)  # 12 tokens = 3 pages
 SLOTS = np.arange(200, 212, dtype=np.int32)
 
 
-def busy_tree() -> kvindex.RadixCache:
-    t = kvindex.RadixCache(PS)
+def busy_tree() -> kvindex.RadixTree:
+    t = kvindex.RadixTree(PS)
     t.insert(np.arange(50, 66, dtype=np.int32), np.arange(0, 16, dtype=np.int32))
     m = t.match_prefix(np.arange(50, 58, dtype=np.int32))
     t.lock(m.node)
@@ -36,7 +36,7 @@ def busy_cache() -> kvindex.RadixPrefixCache:
     return c
 
 
-def tree_state(t: kvindex.RadixCache) -> tuple[object, ...]:
+def tree_state(t: kvindex.RadixTree) -> tuple[object, ...]:
     return (t.dump(), t.total_size, t.evictable_size, t.protected_size, t.clock)
 
 
@@ -44,7 +44,7 @@ def cache_state(c: kvindex.RadixPrefixCache) -> tuple[object, ...]:
     return (c.dump(), c.num_free_blocks, c.num_tokens(1), c.request_blocks(1).tolist())
 
 
-TREE_ENTRIES: dict[str, Callable[[kvindex.RadixCache, object], object]] = {
+TREE_ENTRIES: dict[str, Callable[[kvindex.RadixTree, object], object]] = {
     "match_prefix": lambda t, a: t.match_prefix(a),
     "probe": lambda t, a: t.probe(a),
     "insert_tokens": lambda t, a: t.insert(a, SLOTS),
@@ -124,7 +124,7 @@ def slot_case(draw: st.DrawFn) -> tuple[int, list[int]]:
 @given(slot_case())
 def test_slot_runs_match_reference(case: tuple[int, list[int]]) -> None:
     ps, slots = case
-    t = kvindex.RadixCache(ps)
+    t = kvindex.RadixTree(ps)
     toks = np.arange(len(slots), dtype=np.int32)
     expect = reference_error(slots, ps)
     if expect is None:
@@ -151,7 +151,7 @@ def test_readonly_and_int64_inputs(ps: int) -> None:
     slots = np.arange(40 * ps, dtype=np.int32)
     toks.flags.writeable = False
     slots.flags.writeable = False
-    t = kvindex.RadixCache(ps)
+    t = kvindex.RadixTree(ps)
     assert t.insert(toks, slots).prefix_len == 0
     m64 = t.match_prefix(toks.astype(np.int64))
     m32 = t.match_prefix(toks)
@@ -164,7 +164,7 @@ def test_readonly_and_int64_inputs(ps: int) -> None:
 
 
 def test_outputs_are_fresh_and_owned() -> None:
-    t = kvindex.RadixCache(16)
+    t = kvindex.RadixTree(16)
     toks = np.arange(3000, 3000 + 16 * 50, dtype=np.int32)
     slots = np.arange(16 * 50, dtype=np.int32)
     t.insert(toks, slots)
@@ -185,7 +185,7 @@ def test_outputs_are_fresh_and_owned() -> None:
 
 def test_empty_arrays() -> None:
     for ps in (1, 4):
-        t = kvindex.RadixCache(ps)
+        t = kvindex.RadixTree(ps)
         for dt in (np.int32, np.int64):
             e = np.array([], dtype=dt)
             m = t.match_prefix(e)

@@ -1,6 +1,6 @@
 """Stateful property tests of the radix tree and the request-level radix cache.
 
-``RadixTreeMachine`` drives ``kvindex.RadixCache`` and the pure-Python
+``RadixTreeMachine`` drives ``kvindex.RadixTree`` and the pure-Python
 ``RadixModel`` through the same match / insert / lock / unlock / evict / reset
 operations and request lifecycles (match, lock, allocate, insert at finish,
 free duplicates, unlock), with random namespaces, policies and page sizes 1,
@@ -84,7 +84,7 @@ class RadixTreeMachine(RuleBasedStateMachine):
     )
     def setup(self, page_size: int, policy: str, events: bool) -> None:
         self.ps = page_size
-        self.tree = kvindex.RadixCache(page_size, policy=policy, enable_events=events)
+        self.tree = kvindex.RadixTree(page_size, policy=policy, enable_events=events)
         self.model = RadixModel(page_size, policy)
         self.alloc = PageAllocator(4096, page_size)
         self.inserted: dict[str | None, list[list[int]]] = {}

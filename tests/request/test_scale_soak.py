@@ -224,7 +224,7 @@ def test_api_calls_do_not_leak(events: bool) -> None:
         c.free(7)
         c.take_events()
 
-    t = kvindex.RadixCache(1, enable_events=events)
+    t = kvindex.RadixTree(1, enable_events=events)
     slots = np.arange(100, dtype=np.int32)
     slots2 = np.arange(100, 200, dtype=np.int32)
 

@@ -17,6 +17,7 @@ import pytest
 import kvindex
 import kvindex.simulate.runner as runner_mod
 from kvindex.__main__ import main as kvindex_main
+from kvindex.simulate.cli import build_parser
 from kvindex.simulate.progress import Progress, format_duration
 from kvindex.simulate.report import format_us, plural
 
@@ -208,3 +209,11 @@ def test_a_closed_pipe_ends_quietly() -> None:
         err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141
     assert err == ""
+
+
+def test_index_is_an_alias_of_design(capsys: pytest.CaptureFixture[str]) -> None:
+    """The designs are chosen with ``--design``; ``--index``, its former name, still works."""
+    for flag in ("--design", "--index"):
+        assert kvindex_main([*SMALL, "--capacity", "inf", flag, "radix@16"]) == 0
+        assert "radix" in capsys.readouterr().out
+    assert "--design LIST" in build_parser().format_help()

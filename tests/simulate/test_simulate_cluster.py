@@ -12,9 +12,9 @@ import pytest
 
 from kvindex import RadixPrefixCache
 from kvindex.cluster import ClusterIndex
-from kvindex.cluster.simulate import RADIX_ALGO, _check_index, _Engine, simulate_cluster
 from kvindex.events import EventEncoder
 from kvindex.simulate.cli import main
+from kvindex.simulate.cluster import RADIX_ALGO, _check_index, _Engine, simulate_cluster
 from kvindex.simulate.workloads import chat_workload
 
 

@@ -27,8 +27,8 @@ from kvindex._core import (
     ClusterIndex,
     EventEncoder,
     HashChainCache,
-    RadixCache,
     RadixPrefixCache,
+    RadixTree,
     decode_event_batch,
 )
 from kvindex.events._batch import END_SEQ, EPOCH_BYTES, HEARTBEAT, SNAPSHOT, Event, seq_bytes
@@ -232,7 +232,7 @@ class EventPublisher:
     # -- the scheduler's side -------------------------------------------------------------
 
     def publish(
-        self, cache: HashChainCache | RadixCache | RadixPrefixCache, ts: float | None = None
+        self, cache: HashChainCache | RadixTree | RadixPrefixCache, ts: float | None = None
     ) -> int | None:
         """Drains ``cache``'s buffered events into one batch stamped ``ts`` (default:
         ``time.time()``) and queues it. Returns its sequence number, or None when the

@@ -16,7 +16,7 @@ FP8_DTYPE = torch.float8_e4m3fn
 #: 80, 96, 112, 120, 128, 192, 256 ...), run in a power-of-two tile with a mask.
 MIN_HEAD_DIM, MAX_HEAD_DIM, HEAD_DIM_MULTIPLE = 32, 256, 8
 #: Page sizes: any value in ``1..MAX_BLOCK_SIZE``, the caches' own rule (``HashChainCache``
-#: and ``RadixCache`` accept page sizes 1..=2**20); powers of two or not.
+#: and ``RadixTree`` accept page sizes 1..=2**20); powers of two or not.
 MAX_BLOCK_SIZE = 2**20
 
 

@@ -17,7 +17,11 @@ worked examples of the vLLM hash-chain and radix-tree design notes),
 :mod:`~kvindex.simulate.reference` (one-at-a-time replays, the theoretical maximum),
 :mod:`~kvindex.simulate.runner` (replays on several cores),
 :mod:`~kvindex.simulate.report` (tables, JSON), :mod:`~kvindex.simulate.plot`,
-:mod:`~kvindex.simulate.outputs` (output paths checked up front), :mod:`~kvindex.simulate.cli`.
+:mod:`~kvindex.simulate.outputs` (output paths checked up front),
+:mod:`~kvindex.simulate.options` (option values the CLI and the cluster mode share),
+:mod:`~kvindex.simulate.cli`; the cluster mode (``--cluster``: engines behind a router, over
+real KV-event streams) in :mod:`~kvindex.simulate.cluster`, its figures in
+:mod:`~kvindex.simulate.cluster_report`, its plot in :mod:`~kvindex.simulate.cluster_plot`.
 """
 
 from __future__ import annotations

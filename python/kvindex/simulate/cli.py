@@ -12,6 +12,7 @@ from typing import Any, cast
 from kvindex.simulate.capacity import Capacity, parse_capacities
 from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.ledger import HitTally
+from kvindex.simulate.options import parse_designs, parse_ints
 from kvindex.simulate.outputs import check_output_path, check_plot_path
 from kvindex.simulate.progress import Progress
 from kvindex.simulate.report import (
@@ -67,7 +68,7 @@ capacity values (comma-separated): inf; tokens 65536, 64k, 3M, 64Ki; blocks 4096
 memory 40GiB / 80GB with --model-shape. Examples:
   kvindex simulate                                   # chat workload, default grid
   kvindex simulate --workload seeds                  # the design notes' worked examples
-  kvindex simulate --trace mooncake.jsonl --index hash_chain,radix,radix@1 --capacity 1M,3M,inf
+  kvindex simulate --trace mooncake.jsonl --design hash_chain,radix,radix@1 --capacity 1M,3M,inf
   kvindex simulate --capacity 1GiB,4GiB --model-shape layers=32,kv_heads=8,head_dim=128,dtype=bf16
 """
 
@@ -76,8 +77,6 @@ _TRACE_BLOCK_SIZES = "16"
 _CHAT_CAPACITIES = "32k,64k,128k,inf"
 _TRACE_CAPACITIES = "1M,3M,10M,inf"
 _STEP_MS = 20.0
-#: The largest block (page) size the caches accept.
-MAX_BLOCK_SIZE = 2**20
 
 
 def add_arguments(
@@ -131,11 +130,13 @@ def add_arguments(
     d = p.add_argument_group("designs and pool")
     opt(
         d,
+        "--design",
         "--index",
+        dest="design",
         default="hash_chain,radix",
         metavar="LIST",
         help="designs, comma-separated: hash_chain, radix; DESIGN@BS runs one block size "
-        "only (default hash_chain,radix)",
+        "only (default hash_chain,radix); --index is an alias",
     )
     opt(
         d,
@@ -224,7 +225,7 @@ def add_arguments(
     opt(o, "--quiet", "-q", action="store_true", default=False, help="no progress bar")
     c = p.add_argument_group(
         "cluster: W engines behind a KV-aware router (needs kvindex[events])",
-        "engines are caches of each --index design and --block-size (one report section "
+        "engines are caches of each --design and --block-size (one report section "
         "each; block size 16 by default), --hash or --policy and a --cluster-blocks pool",
     )
     opt(c, "--cluster", type=int, metavar="W", help="simulate W engine replicas behind a router")
@@ -243,48 +244,6 @@ def add_arguments(
         metavar="N",
         help="pool blocks per engine (default 2048)",
     )
-
-
-def _ints(text: str, what: str) -> list[int]:
-    out: list[int] = []
-    for part in text.split(","):
-        if not part.strip():
-            continue
-        try:
-            v = int(part)
-        except ValueError:
-            raise SimulationError(f"bad {what} {part.strip()!r}: expected an integer") from None
-        if v < 1:
-            raise SimulationError(f"{what} must be >= 1, got {v}")
-        if v > MAX_BLOCK_SIZE:
-            raise SimulationError(f"{what} must be at most 2**20 = {MAX_BLOCK_SIZE:,}, got {v:,}")
-        if v not in out:
-            out.append(v)
-    if not out:
-        raise SimulationError(f"no {what} given")
-    return out
-
-
-def _configs(index: str, block_sizes: list[int]) -> list[tuple[str, int]]:
-    from kvindex.protocol import DESIGNS
-
-    out: list[tuple[str, int]] = []
-    for item in index.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        design, _, bs = item.partition("@")
-        design = design.strip()
-        if design not in DESIGNS:
-            raise SimulationError(
-                f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}"
-            )
-        for b in _ints(bs, "block size") if bs else block_sizes:
-            if (design, b) not in out:
-                out.append((design, b))
-    if not out:
-        raise SimulationError("no design given (--index)")
-    return out
 
 
 def _warn(args: argparse.Namespace, message: str) -> None:
@@ -448,7 +407,7 @@ def run(args: argparse.Namespace) -> int:
         check_args(args)
         # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
         # simulator (and pyzmq) is imported only for these runs.
-        from kvindex.cluster.simulate import run_cluster
+        from kvindex.simulate.cluster import run_cluster
 
         try:
             return run_cluster(args)
@@ -459,10 +418,10 @@ def run(args: argparse.Namespace) -> int:
         return _run_seeds(args)
     shape = ModelShape.parse(args.model_shape) if args.model_shape else None
     trace = args.workload_kind == "trace"
-    block_sizes = _ints(
+    block_sizes = parse_ints(
         args.block_size or (_TRACE_BLOCK_SIZES if trace else _CHAT_BLOCK_SIZES), "block size"
     )
-    configs = _configs(args.index, block_sizes)
+    configs = parse_designs(args.design, block_sizes)
     capacities = parse_capacities(
         args.capacity or (_TRACE_CAPACITIES if trace else _CHAT_CAPACITIES), shape
     )

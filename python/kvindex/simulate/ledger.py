@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kvindex._core import RadixCache
+from kvindex._core import RadixTree
 from kvindex.simulate.workloads import Tokens
 
 __all__ = ["ExactMatcher", "HitTally", "RequestHit"]
@@ -37,7 +37,7 @@ __all__ = ["ExactMatcher", "HitTally", "RequestHit"]
 class ExactMatcher:
     """Token-exact longest-prefix match against everything inserted (never evicts).
 
-    A bare :class:`kvindex.RadixCache` at page size 1: no block pool behind it, so building
+    A bare :class:`kvindex.RadixTree` at page size 1: no block pool behind it, so building
     one costs nothing whatever the workload's size, and a match plus an insert is one call.
     Each inserted token gets a fresh slot number (the tree only needs them distinct);
     ``capacity``, if given, bounds the tokens passed to :meth:`insert` and
@@ -47,7 +47,7 @@ class ExactMatcher:
     _SLOT_LIMIT = (1 << 31) - 1
 
     def __init__(self, capacity: int | None = None) -> None:
-        self._tree = RadixCache(1)
+        self._tree = RadixTree(1)
         self._next = 0
         self._limit = self._SLOT_LIMIT if capacity is None else min(capacity, self._SLOT_LIMIT)
 

@@ -1,4 +1,4 @@
-"""A pure-Python radix tree with the semantics of ``kvindex.RadixCache``.
+"""A pure-Python radix tree with the semantics of ``kvindex.RadixTree``.
 
 Written from the SGLang reference (``RadixCache``: dict children keyed by the
 first token / first page, per-token values, lock refs walking to the root,

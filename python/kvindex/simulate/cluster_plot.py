@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from kvindex.simulate.plot import plot_available
 
 if TYPE_CHECKING:
-    from kvindex.cluster.simulate import ClusterResult
+    from kvindex.simulate.cluster_report import ClusterResult
 
 __all__ = ["plot_cluster"]
 
@@ -33,7 +33,7 @@ def _queue_delay(r: ClusterResult) -> float:
 def plot_cluster(
     results: list[ClusterResult], workers: int, path: str | Path, *, title: str = ""
 ) -> None:
-    """Draws ``results`` (the runs of :func:`~kvindex.cluster.simulate.run_cluster`) and
+    """Draws ``results`` (the runs of :func:`~kvindex.simulate.cluster.run_cluster`) and
     writes ``path`` (format from its suffix). Raises ``SimulationError`` without
     matplotlib."""
     plot_available()

@@ -1,6 +1,6 @@
 """``kvindex simulate --cluster W --route LIST``: W engine replicas behind a router.
 
-Each engine is a kvindex cache of the chosen design (``--index``: ``hash_chain``, a
+Each engine is a kvindex cache of the chosen design (``--design``: ``hash_chain``, a
 ``HashChainCache`` hashing with ``--hash``; ``radix``, a ``RadixPrefixCache`` evicting by
 ``--policy``; both by default, one report section each) with the block size, a
 ``--cluster-blocks`` pool, ``enable_events`` and an :class:`~kvindex.events.EventPublisher`
@@ -44,61 +44,22 @@ import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from kvindex._core import ClusterIndex, HashChainCache, RadixPrefixCache
-from kvindex.cluster._router import POLICIES, Decision, Router
+from kvindex.cluster import POLICIES, Decision, Router
+from kvindex.protocol import DESIGNS
+from kvindex.simulate.cluster_report import ClusterResult, cluster_report
+from kvindex.simulate.options import parse_designs, parse_ints
 from kvindex.simulate.workloads import Workload, chat_workload
 
-__all__ = ["DESIGNS", "ClusterResult", "run_cluster", "simulate_cluster"]
-
-DESIGNS: tuple[str, ...] = ("hash_chain", "radix")
-"""Engine cache designs."""
+__all__ = ["ClusterResult", "run_cluster", "simulate_cluster"]
 
 #: The index's query scheme for radix engines (the tree's KV-event page hashes).
 RADIX_ALGO = "radix_xxh3_64"
-
-
-@dataclass
-class ClusterResult:
-    """One policy's run (see the module docstring for each figure)."""
-
-    route: str
-    workers: int
-    design: str = "hash_chain"
-    block_size: int = 16
-    requests: int = 0
-    prompt_tokens: int = 0
-    hit_tokens: int = 0
-    prefill_tokens: int = 0
-    preemptions: int = 0
-    steps: int = 0
-    imbalance_running: float = 0.0
-    imbalance_queued: float = 0.0
-    mean_queue_delay: float = 0.0
-    index_ns_per_event: float = 0.0
-    route_ns_per_decision: float = 0.0
-    block_events: int = 0
-    batches: int = 0
-    repaired: int = 0
-    lost: int = 0
-    flagged_decisions: int = 0
-    wall_s: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def hit_rate(self) -> float:
-        """Prompt tokens hit / prompt tokens."""
-        return self.hit_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
-
-    def as_dict(self) -> dict[str, Any]:
-        """Every field plus ``hit_rate``."""
-        d = asdict(self)
-        d["hit_rate"] = self.hit_rate
-        return d
 
 
 @dataclass
@@ -213,7 +174,7 @@ def simulate_cluster(
         listener: Any = None
         warm: dict[str, int] = {}
         if events:
-            from kvindex.cluster._listener import ClusterListener
+            from kvindex.cluster import ClusterListener
 
             listener = ClusterListener(index, replay_timeout=2.0)
             for i, e in enumerate(engines):
@@ -396,7 +357,7 @@ def _loop(
 
 
 def run_cluster(args: argparse.Namespace) -> int:
-    """The ``--cluster`` mode of ``kvindex simulate``: per design (``--index``; both by
+    """The ``--cluster`` mode of ``kvindex simulate``: per design (``--design``; both by
     default) one section with a row per ``--route`` policy plus the ``global`` pool;
     ``--json`` writes every figure, ``--plot`` draws them."""
     workers = int(args.cluster)
@@ -421,10 +382,8 @@ def run_cluster(args: argparse.Namespace) -> int:
         )
     else:
         workload = chat_workload(getattr(args, "requests", None) or 1000, seed)
-    from kvindex.simulate.cli import _configs, _ints
-
-    sizes = _ints(str(getattr(args, "block_size", None) or 16), "block size")
-    designs = _configs(str(getattr(args, "index", None) or ",".join(DESIGNS)), sizes)
+    sizes = parse_ints(str(getattr(args, "block_size", None) or 16), "block size")
+    designs = parse_designs(str(getattr(args, "design", None) or ",".join(DESIGNS)), sizes)
     kw: dict[str, Any] = {
         "blocks": int(args.cluster_blocks),
         "max_running": int(getattr(args, "max_running", 64)),
@@ -453,7 +412,7 @@ def run_cluster(args: argparse.Namespace) -> int:
             results.append(res)
     finally:
         bar.close()
-    print(_report(results, workers, kw))
+    print(cluster_report(results, workers, kw))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -466,40 +425,7 @@ def run_cluster(args: argparse.Namespace) -> int:
                 indent=1,
             )
     if getattr(args, "plot", None):
-        from kvindex.cluster.plot import plot_cluster
+        from kvindex.simulate.cluster_plot import plot_cluster
 
         plot_cluster(results, workers, args.plot, title=str(workload.summary().get("name", "")))
     return 0
-
-
-def _report(results: list[ClusterResult], workers: int, kw: dict[str, Any]) -> str:
-    """One section per (design, block size), in run order."""
-    sections: dict[tuple[str, int], list[ClusterResult]] = {}
-    for r in results:
-        sections.setdefault((r.design, r.block_size), []).append(r)
-    return "\n\n".join(
-        _table(rows, workers, kw, design, bs) for (design, bs), rows in sections.items()
-    )
-
-
-def _table(
-    results: list[ClusterResult], workers: int, kw: dict[str, Any], design: str, bs: int
-) -> str:
-    what = f"hash_chain ({kw['algo']})" if design == "hash_chain" else f"radix ({kw['policy']})"
-    head = (
-        f"{what}: cluster of {workers} engines, {kw['blocks']} blocks of {bs} tokens each "
-        f"(global: one engine with {workers}x pool, running limit and budget)"
-    )
-    cols = (
-        "route          hit rate  prefill tok  run max/mean  queue max/mean  delay  "
-        "ns/event  us/route  repaired  lost  wall s"
-    )
-    rows = [head, cols]
-    for r in results:
-        rows.append(
-            f"{r.route:14s} {r.hit_rate:8.3f}  {r.prefill_tokens:11d}  "
-            f"{r.imbalance_running:12.2f}  "
-            f"{r.imbalance_queued:14.2f}  {r.mean_queue_delay:5.1f}  {r.index_ns_per_event:8.0f}  "
-            f"{r.route_ns_per_decision / 1000:8.1f}  {r.repaired:8d}  {r.lost:4d}  {r.wall_s:6.1f}"
-        )
-    return "\n".join(rows)
