@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from faultlib import Engine, FaultProxy, add, converge, mismatches, wait_for
+from faultlib import Engine, FaultProxy, add, attach, converge, mismatches, wait_for
 
 from kvindex.cluster import ClusterIndex, ClusterListener, index_snapshot
 
@@ -71,7 +71,7 @@ def test_sixteen_engines_under_faults_match_the_oracle(base: str) -> None:
     times: dict[str, float] = {}
     try:
         for e in engines:
-            proxy.attach(e)
+            attach(proxy, e)
         time.sleep(0.2)  # the proxy's subscriptions reach the engines
         # Before any listener: busy engines run past their replay buffer (64), quiet ones
         # publish a little and stop.

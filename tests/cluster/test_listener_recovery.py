@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from faultlib import BS, Engine, FaultProxy, add, converge, stored, wait_for
+from faultlib import BS, Engine, FaultProxy, add, attach, converge, stored, wait_for
 
 import kvindex
 from kvindex.cluster import ClusterIndex, ClusterListener, index_snapshot
@@ -149,7 +149,7 @@ def test_snapshot_bootstrap_beyond_replay_and_health(base: str) -> None:
     e = Engine(base, "e", 5, buffer_steps=8)
     proxy = FaultProxy(base, 5)
     try:
-        proxy.attach(e)
+        attach(proxy, e)
         for _ in range(200):
             e.step()
         with ClusterListener(ClusterIndex(BS), replay_timeout=0.3, stale_after=1.0) as lst:
@@ -204,7 +204,7 @@ def test_a_replica_warmed_from_a_peer_answers_the_same(base: str) -> None:
     proxy = FaultProxy(base, 3)
     try:
         for x in engines:
-            proxy.attach(x)
+            attach(proxy, x)
         time.sleep(0.1)
         with ClusterListener(ClusterIndex(BS), replay_timeout=0.3) as one:
             slots = {x.name: add(one, proxy, x) for x in engines}

@@ -4,27 +4,22 @@ real loopback sockets (ipc:// in a temporary directory).
 An :class:`Engine` is an ``EventPublisher`` (PUB + replay + snapshot, heartbeats) fed
 random store / remove / clear batches, with the oracle of what it holds: a Counter of
 block hashes (one per announcement), updated as each batch is published. The
-:class:`FaultProxy` sits between every engine's PUB and replay sockets and the listener
-(one thread for all), and drops, corrupts, duplicates or injects messages, and delays,
-swallows or garbles replay answers, as the test asks.
+proxy between every engine and the listener is ``kvindex.simulate.faults.FaultProxy``.
 """
 
 from __future__ import annotations
 
 import random
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 import kvindex
 from kvindex.cluster import ClusterIndex, ClusterListener
 from kvindex.events import EventEncoder, EventPublisher
-from kvindex.events._zmq import zmq
+from kvindex.simulate.faults import FaultProxy
 
 BS = 4
 ENC = EventEncoder()
@@ -119,153 +114,8 @@ class Engine:
             self.pub.close()
 
 
-@dataclass
-class Faults:
-    """Per-engine fault switches (read by the proxy thread)."""
-
-    drop: float = 0.0  # probability a live batch is dropped
-    corrupt: float = 0.0  # probability a live batch's payload is garbled
-    duplicate: float = 0.0  # probability a live batch is sent twice
-    inject: float = 0.0  # probability a bad message is injected before a batch
-    replay: str = "ok"  # "ok", "late" (answers held past the timeout), "never", "garbage"
-    block: bool = False  # drop every live message (batches and heartbeats)
-
-
-@dataclass
-class _Link:
-    engine: Engine
-    sub: Any
-    pub: Any
-    front: Any  # ROUTER the listener's DEALER talks to
-    back: Any  # DEALER to the engine's replay ROUTER
-    faults: Faults = field(default_factory=Faults)
-    ident: bytes = b""
-    late: list[tuple[float, list[bytes]]] = field(default_factory=list)
-
-
-BAD_MESSAGES: list[list[bytes]] = [
-    [b"", b"\xff" * 8, b"\x93\x00\x90\xc0"],  # sequence number 2**64-1
-    [b"", b"\x80" + b"\x00" * 7, b"\x93\x00\x90\xc0"],  # 2**63
-    [b"", b"\x00" * 7, b"x"],  # 7-byte sequence frame
-    [b"only one frame"],
-    [b"", b"\x00" * 8, b"x", b"y", b"z"],
-    [b"", b"\xffKVHB1", b"short", b"\x00" * 8],  # a heartbeat with a bad epoch
-]
-
-
-class FaultProxy:
-    """Forwards every engine's live stream and replay through one thread, injecting faults."""
-
-    def __init__(self, base: str, seed: int) -> None:
-        self.ctx = zmq.Context()
-        self.base = base
-        self.rng = random.Random(seed)
-        self.links: dict[str, _Link] = {}
-        self.lock = threading.Lock()
-        self.stop = threading.Event()
-        self.forwarded = 0
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.thread.start()
-
-    def endpoints(self, name: str) -> tuple[str, str]:
-        return f"ipc://{self.base}/{name}.ppub", f"ipc://{self.base}/{name}.preplay"
-
-    def attach(self, engine: Engine) -> None:
-        ctx = self.ctx
-        sub = ctx.socket(zmq.SUB)
-        sub.setsockopt(zmq.SUBSCRIBE, b"")
-        sub.setsockopt(zmq.LINGER, 0)
-        sub.connect(engine.endpoint)
-        pub = ctx.socket(zmq.PUB)
-        pub.setsockopt(zmq.LINGER, 0)
-        pub.setsockopt(zmq.SNDHWM, 0)
-        ep, rep = self.endpoints(engine.name)
-        pub.bind(ep)
-        front = ctx.socket(zmq.ROUTER)
-        front.setsockopt(zmq.LINGER, 0)
-        front.bind(rep)
-        back = ctx.socket(zmq.DEALER)
-        back.setsockopt(zmq.LINGER, 0)
-        back.connect(engine.replay_endpoint)
-        with self.lock:
-            self.links[engine.name] = _Link(engine, sub, pub, front, back)
-
-    def faults(self, name: str) -> Faults:
-        return self.links[name].faults
-
-    def set_all(self, **kw: Any) -> None:
-        for link in self.links.values():
-            link.faults = Faults(**kw)
-
-    def _run(self) -> None:
-        poller = zmq.Poller()
-        known: set[str] = set()
-        while not self.stop.is_set():
-            with self.lock:
-                links = list(self.links.values())
-            for link in links:
-                if link.engine.name not in known:
-                    known.add(link.engine.name)
-                    for sock in (link.sub, link.front, link.back):
-                        poller.register(sock, zmq.POLLIN)
-            ready = dict(poller.poll(5))
-            now = time.monotonic()
-            for link in links:
-                if link.sub in ready:
-                    for _ in range(1000):
-                        try:
-                            frames = link.sub.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        self._live(link, frames)
-                if link.front in ready:
-                    while link.front.poll(0):
-                        frames = link.front.recv_multipart()
-                        link.ident = frames[0]
-                        if link.faults.replay != "never":
-                            link.back.send_multipart(frames[1:])
-                if link.back in ready:
-                    while link.back.poll(0):
-                        frames = link.back.recv_multipart()
-                        self._answer(link, frames, now)
-                due = [f for t, f in link.late if t <= now]
-                if due:
-                    link.late = [(t, f) for t, f in link.late if t > now]
-                    for f in due:
-                        link.front.send_multipart([link.ident, *f])
-
-    def _live(self, link: _Link, frames: list[bytes]) -> None:
-        f, rng = link.faults, self.rng
-        if f.block:
-            return
-        if len(frames) == 3:
-            if rng.random() < f.inject:
-                link.pub.send_multipart(rng.choice(BAD_MESSAGES))
-            if rng.random() < f.drop:
-                return
-            if rng.random() < f.corrupt:
-                frames = [frames[0], frames[1], bytes(rng.getrandbits(8) for _ in range(12))]
-            if rng.random() < f.duplicate:
-                link.pub.send_multipart(frames)
-        link.pub.send_multipart(frames)
-        self.forwarded += 1
-
-    def _answer(self, link: _Link, frames: list[bytes], now: float) -> None:
-        mode = link.faults.replay
-        if mode == "late":
-            link.late.append((now + 1.5, frames))
-        elif mode == "garbage":
-            garbage = [b"", self.rng.randbytes(self.rng.randrange(0, 12))]
-            link.front.send_multipart([link.ident, *garbage])
-            if frames[1] == b"\xff" * 8:  # pass the end marker so the repair ends
-                link.front.send_multipart([link.ident, *frames])
-        elif mode == "ok":
-            link.front.send_multipart([link.ident, *frames])
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2.0)
-        self.ctx.destroy(linger=0)
+def attach(proxy: FaultProxy, engine: Engine) -> None:
+    proxy.attach(engine.name, engine.endpoint, engine.replay_endpoint)
 
 
 def add(lst: ClusterListener, proxy: FaultProxy, engine: Engine) -> int:
