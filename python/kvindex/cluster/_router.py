@@ -48,6 +48,8 @@ class Router:
     ``ttl`` seconds later, so the index must not be fed by a listener in that mode.
 
     Workers are the index's present slots; :meth:`finish` takes a request's load back.
+    ``kv`` and ``least_loaded`` route only to workers whose state the index knows (not
+    ``resyncing``) while there is one: a worker being rebuilt is unknown, not empty.
     """
 
     def __init__(
@@ -116,11 +118,12 @@ class Router:
             self._expire()
         self._turn += 1
         if self.policy in ("kv", "least_loaded", "approx"):
+            load = self._known_load() if self.policy != "approx" else self._load
             for attempt in range(2):
                 try:
                     w, overlap, blocks = self.index.route(
                         tokens,
-                        self._load,
+                        load,
                         overlap_weight=self._weight,
                         start=self._turn,
                         cache_salt=cache_salt,
@@ -133,6 +136,7 @@ class Router:
                     if attempt == 1 or self.index.membership == self._membership:
                         raise
                     self._sync_slots()
+                    load = self._known_load() if self.policy != "approx" else self._load
             if w < 0:
                 return None
         else:
@@ -156,6 +160,20 @@ class Router:
             self._recorded.append((self._clock() + self._ttl, w, self._incarnations[w], hashes))
         flagged = self.policy != "approx" and self.index.status(w) != "live"
         return Decision(w, overlap, blocks, flagged, self._incarnations[w])
+
+    def _known_load(self) -> npt.NDArray[np.float64]:
+        """The load the ``kv`` and ``least_loaded`` policies route on: a worker whose
+        state is not known yet (``resyncing``: bootstrapping from its snapshot or
+        replay) is not eligible while some other worker is known, since its blocks are
+        unknown, not absent."""
+        statuses = self.index.statuses()
+        n = len(self._load)  # a worker added since the last sync is routed next time
+        unknown = [i for i, st in enumerate(statuses[:n]) if st == "resyncing"]
+        if not unknown or len(unknown) == sum(1 for st in statuses[:n] if st):
+            return self._load
+        load = self._load.copy()
+        load[unknown] = np.nan
+        return load
 
     def finish(self, decision: Decision) -> None:
         """Takes a finished request's blocks off its worker's load (ignored when that
