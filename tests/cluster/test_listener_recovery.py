@@ -133,9 +133,10 @@ def test_a_quiet_late_joiner_is_bootstrapped_through_replay() -> None:
             assert busy.replay_endpoint and empty.replay_endpoint
             a = lst.add_worker("busy", busy.endpoint, replay_endpoint=busy.replay_endpoint)
             b = lst.add_worker("empty", empty.endpoint, replay_endpoint=empty.replay_endpoint)
-            wait_for(lambda: lst.index.status(a) == "live", "busy bootstrapped")
+            wait_for(lambda: lst.worker_info(a)["health"] == "healthy", "busy bootstrapped")
+            assert lst.index.worker_info(a)["next_seq"] == 3
             assert lst.index.worker_blocks(a).tolist() == [2, 3]
-            wait_for(lambda: lst.index.status(b) == "live", "empty worker known")
+            wait_for(lambda: lst.worker_info(b)["health"] == "healthy", "empty worker known")
             assert lst.worker_info(b)["health"] == "healthy"
             # Published right after add: maybe lost to the slow joiner, then re-asked.
             empty.publish_events([stored([9])], 0.0)

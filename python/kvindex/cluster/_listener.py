@@ -104,6 +104,9 @@ class _Stream:
     held: deque[tuple[int, bytes]] = field(default_factory=deque)
     # replay requests sent whose end marker has not come back
     outstanding: int = 0
+    # snapshot requests sent and not answered; answers to skip (earlier bootstraps')
+    snaps_due: int = 0
+    snaps_skip: int = 0
     # whether a message (batch or heartbeat) has come in on the SUB socket yet
     joined: bool = False
     epoch: bytes | None = None
@@ -192,6 +195,7 @@ class ClusterListener:
             "snapshot_requests": 0,
             "snapshots": 0,
             "stale_snapshots": 0,
+            "requests_not_sent": 0,
             "superseded": 0,
             "errors": 0,
             "apply_ns": 0,
@@ -559,7 +563,7 @@ class ClusterListener:
             self._count("restarts")
             logger.warning("kvindex.cluster: %s: new publisher epoch: restarted", s.name)
             s.epoch = epoch
-            s.outstanding = 0
+            s.outstanding = s.snaps_due = s.snaps_skip = 0
             if s.repair is not None:
                 s.repair = None
                 self._repairs -= 1
@@ -644,9 +648,9 @@ class ClusterListener:
 
     def _start_repair(self, s: _Stream, start: int, stop: int) -> None:
         assert s.repair is None and s.replay is not None
-        s.replay.send_multipart((b"", seq_bytes(start)), zmq.NOBLOCK)
-        self._count("replay_requests")
-        s.outstanding += 1
+        if self._request(s, s.replay, (b"", seq_bytes(start))):
+            self._count("replay_requests")
+            s.outstanding += 1
         s.repair = _Repair(start, stop, time.monotonic() + self._replay_timeout)
         self._repairs += 1
 
@@ -655,21 +659,37 @@ class ClusterListener:
         if s.repair is not None:
             s.repair = None
             self._repairs -= 1
+        # Answers still due to earlier bootstraps come first (one pipe, in order) and
+        # describe an older state than the one this bootstrap needs.
+        s.snaps_skip = s.snaps_due
         self._ask_snapshot(s)
 
     def _ask_snapshot(self, s: _Stream) -> None:
         assert s.snap is not None
-        s.snap.send_multipart((b"", SNAPSHOT), zmq.NOBLOCK)
-        self._count("snapshot_requests")
+        if self._request(s, s.snap, (b"", SNAPSHOT)):
+            self._count("snapshot_requests")
+            s.snaps_due += 1
         s.boot = time.monotonic() + self._replay_timeout
+
+    def _request(self, s: _Stream, sock: Any, frames: tuple[bytes, ...]) -> bool:
+        """Sends a request; False (counted, asked again at the timeout) when the socket's
+        queue is full (its publisher has been away for long)."""
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._count("requests_not_sent")
+            return False
+        return True
 
     def _snapshot(self, s: _Stream, frames: list[bytes]) -> None:
         snap = read_snapshot(frames)
         if snap is None:
             self._bad(s, f"snapshot answer of {len(frames)} frames")
             return
-        if s.boot is None:
-            self._count("stale_snapshots")  # an answer to a request asked again
+        s.snaps_due = max(s.snaps_due - 1, 0)
+        if s.boot is None or s.snaps_skip > 0:
+            s.snaps_skip = max(s.snaps_skip - 1, 0)
+            self._count("stale_snapshots")  # an answer to an earlier request
             return
         hashes = np.frombuffer(snap.hashes, dtype="<u8").astype(np.uint64, copy=False)
         self.index.restore_worker(s.slot, hashes, snap.resume_seq)
