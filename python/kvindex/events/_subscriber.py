@@ -43,7 +43,9 @@ class EventSubscriber:
     ``replayed=True``. :attr:`stats` counts everything else. Sequence numbers are
     ``0..2**63-1``; a frame with a larger one is a bad frame. A publisher's heartbeat
     (``WIRE.md``) is counted; it tells a quiet stream's last batches missed (fetched as a
-    gap's), and a new :attr:`epoch` behind the last sequence number a restart.
+    gap's), and a new :attr:`epoch` behind the last sequence number a restart. A replay
+    answer that comes after ``replay_timeout`` is skipped where it falls outside the gap
+    being fetched, and its end marker does not end a later fetch.
     """
 
     def __init__(
