@@ -244,24 +244,31 @@ def test_bad_resume_is_refused_with_nothing_registered() -> None:
         assert lst.index.slots == 0
 
 
-def test_the_router_treats_a_resyncing_worker_as_unknown_not_empty() -> None:
-    """While some worker is known, ``kv`` and ``least_loaded`` never pick one whose state
-    is being rebuilt (its blocks are unknown); when none is known, every worker is."""
+def test_the_router_can_treat_a_bootstrapping_worker_as_unknown_not_empty() -> None:
+    """With ``skip_unknown``, while some worker is known, ``kv`` and ``least_loaded``
+    never pick one of which nothing is known yet (resyncing, no block); when none is
+    known, every worker is."""
     from kvindex.cluster import Router
 
     ix = ClusterIndex(BS)
     known, rebuilding = ix.add_worker("known"), ix.add_worker("rebuilding")
     prompt = np.arange(8 * BS, dtype=np.int64)
     for policy in ("kv", "least_loaded"):
-        r = Router(ix, policy)
+        r = Router(ix, policy, skip_unknown=True)
         assert {r.route(prompt).worker for _ in range(4)} == {known, rebuilding}  # type: ignore[union-attr]
     ix.apply(known, 0, ENC.encode_events([stored([1])], 0.0))
     assert ix.statuses() == ["live", "resyncing"]
     for policy in ("kv", "least_loaded"):
-        r = Router(ix, policy)
+        r = Router(ix, policy, skip_unknown=True)
         for _ in range(6):
             d = r.route(prompt)
             assert d is not None and d.worker == known and not d.flagged
+    default = Router(ix, "least_loaded")  # by default it is eligible, its decisions flagged
+    ds = [default.route(prompt) for _ in range(4)]
+    assert {(d.worker, d.flagged) for d in ds if d is not None} == {
+        (known, False),
+        (rebuilding, True),
+    }
     ix.restore_worker(rebuilding, [], 0)
-    r = Router(ix, "least_loaded")
+    r = Router(ix, "least_loaded", skip_unknown=True)
     assert {r.route(prompt).worker for _ in range(4)} == {known, rebuilding}  # type: ignore[union-attr]

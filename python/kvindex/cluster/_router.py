@@ -13,7 +13,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kvindex._core import ClusterIndex
-from kvindex.exceptions import KvIndexError
+from kvindex.exceptions import DTypeError, KvIndexError
 
 POLICIES: tuple[str, ...] = ("kv", "random", "round_robin", "least_loaded", "approx")
 """Routing policy names."""
@@ -48,8 +48,10 @@ class Router:
     ``ttl`` seconds later, so the index must not be fed by a listener in that mode.
 
     Workers are the index's present slots; :meth:`finish` takes a request's load back.
-    ``kv`` and ``least_loaded`` route only to workers whose state the index knows (not
-    ``resyncing``) while there is one: a worker being rebuilt is unknown, not empty.
+    With ``skip_unknown``, ``kv`` and ``least_loaded`` skip a worker of which the index
+    knows nothing yet (``resyncing`` with no block: a late joiner bootstrapping from its
+    snapshot or replay) while another is known: it is unknown, not empty. Either way a
+    decision for a worker not known exactly is ``flagged``.
     """
 
     def __init__(
@@ -61,7 +63,11 @@ class Router:
         seed: int = 0,
         ttl: float = 120.0,
         clock: Callable[[], float] = time.monotonic,
+        skip_unknown: bool = False,
     ) -> None:
+        if not isinstance(skip_unknown, bool):
+            raise DTypeError(f"skip_unknown must be a bool, got {type(skip_unknown).__name__}")
+        self._skip_unknown = skip_unknown
         if policy not in POLICIES:
             raise ValueError(f"unknown policy {policy!r}; expected one of {', '.join(POLICIES)}")
         if not (overlap_weight >= 0 and math.isfinite(overlap_weight)) or ttl <= 0:
@@ -118,7 +124,7 @@ class Router:
             self._expire()
         self._turn += 1
         if self.policy in ("kv", "least_loaded", "approx"):
-            load = self._known_load() if self.policy != "approx" else self._load
+            load = self._known_load()
             for attempt in range(2):
                 try:
                     w, overlap, blocks = self.index.route(
@@ -136,7 +142,7 @@ class Router:
                     if attempt == 1 or self.index.membership == self._membership:
                         raise
                     self._sync_slots()
-                    load = self._known_load() if self.policy != "approx" else self._load
+                    load = self._known_load()
             if w < 0:
                 return None
         else:
@@ -162,13 +168,20 @@ class Router:
         return Decision(w, overlap, blocks, flagged, self._incarnations[w])
 
     def _known_load(self) -> npt.NDArray[np.float64]:
-        """The load the ``kv`` and ``least_loaded`` policies route on: a worker whose
-        state is not known yet (``resyncing``: bootstrapping from its snapshot or
-        replay) is not eligible while some other worker is known, since its blocks are
-        unknown, not absent."""
+        """The load the ``kv`` and ``least_loaded`` policies route on: a worker of which
+        nothing is known yet (``resyncing`` and no block: a late joiner bootstrapping from
+        its snapshot or replay) is not eligible while some other worker is known, since
+        its blocks are unknown, not absent. A worker repairing a gap keeps its last known
+        blocks and stays eligible."""
+        if not self._skip_unknown or self.policy == "approx":
+            return self._load
         statuses = self.index.statuses()
         n = len(self._load)  # a worker added since the last sync is routed next time
-        unknown = [i for i, st in enumerate(statuses[:n]) if st == "resyncing"]
+        unknown = [
+            i
+            for i, st in enumerate(statuses[:n])
+            if st == "resyncing" and self.index.worker_info(i)["blocks"] == 0
+        ]
         if not unknown or len(unknown) == sum(1 for st in statuses[:n] if st):
             return self._load
         load = self._load.copy()
