@@ -423,7 +423,7 @@ macro_rules! request_cache_class {
                 #[pyo3(from_py_with = $crate::py::args::named::cache_salt)] cache_salt: Option<String>,
                 lora: Option<&Bound<'py, PyAny>>,
                 mm_items: Option<&Bound<'py, PyAny>>,
-                skip_reading: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::skip_reading)] skip_reading: bool,
             ) -> PyResult<Option<$crate::py::common::Admission>> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
