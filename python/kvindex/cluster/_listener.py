@@ -26,11 +26,12 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvindex import _checks
 from kvindex._core import ClusterIndex
 from kvindex.events import _options as _opt
 from kvindex.events._batch import END_SEQ, seq_bytes
 from kvindex.events._zmq import attach, zmq
-from kvindex.exceptions import InvalidArgumentError, KvIndexError
+from kvindex.exceptions import ClosedError, KvIndexError
 
 logger = logging.getLogger("kvindex.cluster")
 
@@ -144,26 +145,45 @@ class ClusterListener:
         dp_rank: int = 0,
     ) -> int:
         """Subscribes to a worker's stream and registers it in the index; returns its
-        slot. Raises ``InvalidArgumentError`` for a malformed endpoint (nothing changed)."""
+        slot. Raises ``InvalidArgumentError`` for a malformed endpoint, ``DTypeError`` /
+        ``InvalidArgumentError`` for a bad name or ``dp_rank`` (nothing changed), and
+        ``ClosedError`` after :meth:`close`."""
+        if self._stop.is_set():
+            raise ClosedError("ClusterListener is closed")
+        name = _checks.text("name", name)
+        dp_rank = _checks.count("dp_rank", dp_rank, low=-(2**63), high=2**63 - 1)
         endpoint = _opt.text("endpoint", endpoint)
         if replay_endpoint is not None:
             replay_endpoint = _opt.text("replay_endpoint", replay_endpoint)
         t = _opt.topic_bytes(topic)
-        if self._stop.is_set():
-            raise InvalidArgumentError("ClusterListener is closed")
         reply = _Reply()
         self._commands.put(("add", (name, dp_rank, endpoint, replay_endpoint, t, reply)))
-        if not reply.done.wait(5.0):
-            raise InvalidArgumentError("ClusterListener's thread did not answer (closed?)")
-        if reply.error is not None:
-            raise reply.error
+        self._answer(reply)
         return reply.slot
 
     def remove_worker(self, slot: int) -> None:
-        """Unsubscribes a worker and removes it (and its blocks) from the index."""
+        """Unsubscribes a worker and removes it (and its blocks) from the index. Raises
+        ``InvalidArgumentError`` for a slot without a worker, ``DTypeError`` for a slot
+        that is not an int, and ``ClosedError`` after :meth:`close` (at once)."""
+        if self._stop.is_set():
+            raise ClosedError("ClusterListener is closed")
+        slot = _checks.count("slot", slot, low=0, high=2**32 - 1)
         reply = _Reply()
         self._commands.put(("remove", (slot, reply)))
-        reply.done.wait(5.0)
+        self._answer(reply)
+
+    def _answer(self, reply: _Reply) -> None:
+        """Waits for the receive thread's answer to a command; raises its error, or
+        ``ClosedError`` once the thread has stopped without answering (closed
+        meanwhile)."""
+        deadline = time.monotonic() + 5.0
+        while not reply.done.wait(0.05):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                if reply.done.is_set():
+                    break
+                raise ClosedError("ClusterListener's receive thread did not answer (closed?)")
+        if reply.error is not None:
+            raise reply.error
 
     def close(self, timeout: float = 2.0) -> None:
         """Stops the thread and closes the sockets. Idempotent."""
@@ -237,8 +257,8 @@ class ClusterListener:
                         sock.close(linger=0)
             try:
                 self.index.remove_worker(slot)
-            except ValueError as exc:
-                logger.warning("kvindex.cluster: remove_worker(%d): %s", slot, exc)
+            except KvIndexError as exc:
+                reply.error = exc
             reply.done.set()
 
     def _run(self) -> None:
@@ -279,7 +299,7 @@ class ClusterListener:
                 except queue.Empty:
                     break
                 reply = arg[-1]
-                reply.error = InvalidArgumentError("ClusterListener is closed")
+                reply.error = ClosedError("ClusterListener is closed")
                 reply.done.set()
 
     def _received(self, s: _Stream, frames: list[bytes]) -> None:
