@@ -93,8 +93,8 @@ fn value_from_py(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
 }
 
 fn hash_from_py(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
-    if obj.is_instance_of::<PyBool>() {
-        return Err(dtype("a block hash must be an int, got bool"));
+    if !super::args::is_int_like(obj) {
+        return Err(dtype(format!("a block hash must be an int, got {}", obj.get_type().name()?)));
     }
     if let Ok(u) = obj.extract::<u64>() {
         return Ok(u);
