@@ -118,8 +118,9 @@ fmt:
 	$(VENV)/bin/ruff format python tests benches kernels
 	$(VENV)/bin/ruff check --fix python tests benches kernels
 
+# The bench drives the pure-Python reference model too (tests/support, benches/README.md).
 bench: install
-	$(VPY) benches/bench_hash_chain.py
+	PYTHONPATH=tests/support $(VPY) benches/bench_hash_chain.py
 
 # Longer randomised runs on the release wheel, not part of CI. Each proptest round draws a
 # fresh seed and prints it; a failing round prints the command that replays it. Then

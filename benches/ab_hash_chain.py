@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-from pathlib import Path
 from types import ModuleType
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_hash_chain as bh
 from ab_radix import load_core

@@ -19,11 +19,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
-import sys
-from pathlib import Path
 from types import ModuleType
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_radix as br
 

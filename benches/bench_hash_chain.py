@@ -11,7 +11,7 @@ Reported per request (mean µs): prompt hashing (``block_hashes``, measured
 separately: ``admit`` hashes internally, so the total counts hashing once),
 admission (``admit``: hashing + lookup + pin + allocate + cache), decode appends
 (batch form: one ``append_batch`` per step for all running requests), free; and
-the hit rate. The pure-Python model (tests/models) is driven identically on the
+the hit rate. The pure-Python model (tests/support/models) is driven identically on the
 same workload and its figures are given as a ratio.
 
 Usage: python benches/bench_hash_chain.py [--requests N] [--json PATH] [--skip-model]
@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -30,8 +29,6 @@ from pathlib import Path
 import numpy as np
 
 import kvindex
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from models.hash_chain_model import HashChainModel
 
 BS = 16

@@ -1,5 +1,5 @@
 """Radix-tree benchmark through the Python API, with the pure-Python
-model (``tests/models/radix_model.py``) measured in the same run.
+model (``tests/support/models/radix_model.py``) measured in the same run.
 
 Workload (seeded): N requests (default 2,000); each is one of 20 shared system
 prompts (1,000-4,000 tokens) + a unique 50-500-token suffix + 100-300 generated
@@ -35,7 +35,6 @@ import gc
 import json
 import os
 import platform
-import sys
 import time
 import timeit
 from collections.abc import Callable
@@ -48,11 +47,8 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))
-
-import kvindex  # noqa: E402
-from models.radix_model import RadixModel, as_array  # noqa: E402
+import kvindex
+from models.radix_model import RadixModel, as_array
 
 CAPACITY = 200_000
 TARGETS = {"match": 2.0, "insert": 3.0, "evict_per_req": 3.0}

@@ -71,10 +71,10 @@ from typing import Any
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np
-from bench_radix import SlotPool, request_loop, timer_overhead, workload_parts
-from bench_radix import workload as tree_workload
 
 import kvindex
+from bench_radix import SlotPool, request_loop, timer_overhead, workload_parts
+from bench_radix import workload as tree_workload
 
 _PAGE = os.sysconf("SC_PAGE_SIZE")
 BS = 16

@@ -17,7 +17,7 @@ pub const MAX_OPS: usize = 256;
 /// double frees, unknown ids).
 pub const NUM_IDS: u64 = 8;
 
-/// Shared prompt prefixes (as in `tests/hash_chain_prop.rs`).
+/// Shared prompt prefixes (as in `tests/hash_chain/hash_chain_prop.rs`).
 pub const NUM_PREFIXES: usize = 3;
 /// Tokens per shared prefix.
 pub const PREFIX_LEN: usize = 24;

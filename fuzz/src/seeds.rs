@@ -1,5 +1,5 @@
 //! The seed corpus: the scenarios of the property tests and worked examples
-//! (`tests/hash_chain_prop.rs`, `rust/core/radix/tests.rs`) written as
+//! (`tests/hash_chain/hash_chain_prop.rs`, `rust/core/radix/tests.rs`) written as
 //! operation bytes. `cargo run --example seed_corpus` writes them to
 //! `corpus/<target>/seed-*`; `tests/corpus.rs` checks the committed files are
 //! current and run clean.
@@ -101,7 +101,7 @@ impl B {
 }
 
 /// The hash-chain seeds: `fixed_sequences_match_model` of
-/// `tests/hash_chain_prop.rs` over several algorithms, then scenarios for the
+/// `tests/hash_chain/hash_chain_prop.rs` over several algorithms, then scenarios for the
 /// operations the property test does not drive.
 #[must_use]
 #[allow(clippy::too_many_lines)]

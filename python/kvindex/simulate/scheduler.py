@@ -52,7 +52,7 @@ Evictions count cached blocks that lost their hash (radix: tree pages evicted). 
 chunk semantics they are the cache's own count (``stats["evictions"]``: a hash that two
 physical copies hold counts once per copy). Under the alternative model they are the
 cached block hashes that each admit / append_batch call removed for good, derived from
-``num_cached_blocks`` and the blocks each call caches. ``tests/test_simulate.py`` checks
+``num_cached_blocks`` and the blocks each call caches. ``tests/simulate/test_simulate.py`` checks
 both against the caches' KV events.
 
 **More capacity can lower the hit rate** under the alternative model. Capacity changes the

@@ -5,12 +5,12 @@ chunked prefill, lookahead slots, drafts with rejection, preemption and resume) 
 through ``HashChainCache``'s lifecycle calls (``admit_chunk`` / ``resume`` / ``schedule``
 / ``commit_tokens`` / ``preempt`` / ``finish``): vLLM's answer, the request's table and
 counters, the whole free queue and the KV events are compared after every operation, as
-``tests/test_lifecycle_model.py`` does for the model. Random workloads then drive the Rust
-hash chain and the model (``tests/models/vllm_lifecycle.py``) with the same calls
+``tests/request/test_lifecycle_model.py`` does for the model. Random workloads then drive the Rust
+hash chain and the model (``tests/support/models/vllm_lifecycle.py``) with the same calls
 (chunks, lookahead, drafts accepted or rejected, async placeholders, external hits with
 delayed caching, preemption), comparing answers, tables, free queues and stored blocks
 after every step; the radix design is run against its model
-(``tests/models/radix_lifecycle.py``) and against the hash chain (same hits at unbounded
+(``tests/support/models/radix_lifecycle.py``) and against the hash chain (same hits at unbounded
 capacity). Bad input raises ``KvIndexError`` and changes nothing.
 """
 
@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import random
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +32,7 @@ import kvindex
 from models.radix_lifecycle import RadixLifecycleModel
 from models.vllm_lifecycle import LifecycleError, Status, VllmLifecycleModel
 
-GOLDEN = Path(__file__).parent / "data" / "vllm_golden" / "vllm_lifecycle.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "vllm_golden" / "vllm_lifecycle.json"
 SCENARIOS = json.loads(GOLDEN.read_text())["scenarios"]
 
 
@@ -747,12 +746,8 @@ TestRustVsModelMachine.settings = settings(max_examples=150, stateful_step_count
 
 def test_bench_lifecycle_runs_small() -> None:
     """The lifecycle benchmark's measurements run end to end (tiny sizes, figures unchecked)."""
-    bench_dir = Path(__file__).resolve().parents[1] / "benches"
-    sys.path.insert(0, str(bench_dir))
-    try:
-        import bench_lifecycle
-    finally:
-        sys.path.remove(str(bench_dir))
+    import bench_lifecycle
+
     for design in ("xxh3_128", "radix"):
         assert bench_lifecycle.decode_steps(design, 20, 4) > 0
         assert bench_lifecycle.async_steps(design, 20) > 0

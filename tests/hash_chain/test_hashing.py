@@ -31,7 +31,7 @@ from hypothesis import strategies as st
 import kvindex
 
 # vLLM 0.33.0 golden vectors, copied into the repository (provenance: tests/data/README.md).
-GOLDEN = Path(__file__).resolve().parent / "data" / "vllm_golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "vllm_golden"
 _GOLDEN_DATA = json.loads((GOLDEN / "vllm_block_hashes.json").read_text(encoding="utf-8"))
 CASES = _GOLDEN_DATA["cases"]
 ALGO_MAP = {

@@ -1,4 +1,4 @@
-"""The engine lifecycle of ``tests/models/vllm_lifecycle.py`` on a token-level radix tree.
+"""The engine lifecycle of ``tests/support/models/vllm_lifecycle.py`` on a token-level radix tree.
 
 Same scheduler-facing protocol (``admit`` / ``schedule`` / ``commit_tokens`` / ``preempt``
 / ``finish`` / ``lookup``), same request bookkeeping (drafts, async placeholders and
@@ -16,7 +16,7 @@ caches (when the chunk is scheduled, up to ``min(num_computed + num_new, num_tok
 so lookahead slots, unverified drafts and unknown ids stay out), instead of at the next
 scheduling round. With that timing, equal page and block sizes and unbounded capacity,
 both designs hold exactly the same set of cacheable token prefixes after every call and
-every admission hits the same number of tokens (``tests/test_lifecycle_model.py``
+every admission hits the same number of tokens (``tests/request/test_lifecycle_model.py``
 checks it on random workloads).
 
 ``finish`` inserts nothing more: SGLang's ``cache_finished_req`` would also insert the

@@ -3,7 +3,7 @@
 It is the oracle for the engine-grade request lifecycle of kvindex's caches: chunked
 prefill, lookahead slots, speculative drafts with rejection, async scheduling
 (slots reserved for token ids not known yet), external hits with delayed caching,
-preemption and resume. ``tests/test_lifecycle_model.py`` replays vLLM 0.33's own
+preemption and resume. ``tests/request/test_lifecycle_model.py`` replays vLLM 0.33's own
 traces (``tests/data/vllm_golden/vllm_lifecycle.json``) through it and checks every
 answer, block table, free queue and KV event. Pure Python, written from the
 behaviour of vLLM's ``KVCacheManager`` / ``BlockPool`` / ``FreeKVCacheBlockQueue``

@@ -120,7 +120,7 @@ TOKEN_ENTRY_POINTS = {
 }
 
 
-# block_hashes is off the hot path: it takes lists and tuples too (tests/test_sequence_args.py).
+# block_hashes is off the hot path: it takes lists and tuples too (test_sequence_args.py).
 SEQUENCE_OK = {("list", "block_hashes"), ("tuple", "block_hashes")}
 
 

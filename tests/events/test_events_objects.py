@@ -6,7 +6,6 @@ from __future__ import annotations
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -185,12 +184,8 @@ def test_import_kvindex_does_not_import_zmq() -> None:
 
 def test_bench_events_runs_small() -> None:
     """The benchmark's two measurements run end to end (tiny sizes, figures unchecked)."""
-    bench_dir = Path(__file__).resolve().parents[1] / "benches"
-    sys.path.insert(0, str(bench_dir))
-    try:
-        import bench_events
-    finally:
-        sys.path.remove(str(bench_dir))
+    import bench_events
+
     enc = bench_events.encoding(2)
     assert enc["hashes_per_call"] == 512 * 16 and enc["rust_hashes_per_s"] > 0
     step = bench_events.step_overhead(2, 20)

@@ -3,7 +3,7 @@ preemptions, peaks and steps must stay byte-identical in ``--json`` whatever is 
 the simulator faster (parallel processes, a different exact matcher, vectorised scheduler
 bookkeeping).
 
-``data/simulate_pinned.json`` was written by the simulator before those changes, with the
+``tests/data/simulate_pinned.json`` was written by the simulator before those changes, with the
 arguments stored next to each case. When the simulator moved both designs onto one chunk
 semantics (vLLM's: a chunk's blocks are cacheable from the step that schedules them), the
 default cases ``trace150`` and ``chat150`` were recorded again; ``*_prefill`` and
@@ -26,7 +26,7 @@ import pytest
 
 from kvindex.__main__ import main as kvindex_main
 
-DATA = Path(__file__).resolve().parent / "data"
+DATA = Path(__file__).resolve().parents[1] / "data"
 PINNED: dict[str, Any] = json.loads((DATA / "simulate_pinned.json").read_text())
 HIT = ("requests", "prompt_tokens", "hit_tokens", "hit_rate")
 

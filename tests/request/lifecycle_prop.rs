@@ -4,7 +4,7 @@
 //! (a caller error) must change nothing a caller can observe: every request's table,
 //! counters and known tokens, the statistics, and the design's pool (the hash chain's
 //! free queue and cached hashes, the radix tree's dump and free pages). The exact answers
-//! are checked against vLLM's traces and the Python model by `tests/test_lifecycle_rust.py`;
+//! are checked against vLLM's traces and the Python model by `tests/request/test_lifecycle.py`;
 //! this test is about robustness (no panic, no half-applied call) under any input.
 //!
 //! Deterministic by default (fixed RNG seed, 128 cases); `PROPTEST_CASES` and

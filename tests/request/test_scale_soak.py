@@ -34,17 +34,14 @@ from __future__ import annotations
 
 import gc
 import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
-import kvindex
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benches"))
 import bench_scale
 import bench_soak
+import kvindex
 
 SOAK_OPS = 200_000
 HEAP_DRIFT_MAX = 128 * 1024

@@ -22,7 +22,7 @@ import pytest
 import kvindex
 from kvindex.events import EventEncoder, decode_batch
 
-GOLDEN = Path(__file__).resolve().parent / "data" / "vllm_golden" / "vllm_kv_events.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "vllm_golden" / "vllm_kv_events.json"
 DATA = json.loads(GOLDEN.read_text())
 ALGOS = {
     "sha256": "vllm_sha256",

@@ -1,4 +1,4 @@
-"""The lifecycle model (``tests/models/vllm_lifecycle.py``) against vLLM 0.33's own traces.
+"""The lifecycle model (``tests/support/models/vllm_lifecycle.py``) against vLLM 0.33's own traces.
 
 ``tests/data/vllm_golden/vllm_lifecycle.json`` holds what vLLM 0.33's ``KVCacheManager``
 answered to a scheduler using chunked prefill, lookahead slots, speculative drafts with
@@ -11,7 +11,7 @@ one-chunk calls. Further tests pin the parts the traces do not exercise (async
 placeholders, external hits with delayed caching, watermark, batch calls, caller errors,
 stats), check that ``admit`` + ``append`` + ``finish`` is ``HashChainModel`` call for
 call, run a hypothesis state machine over every call, and drive the radix-tree model
-(``tests/models/radix_lifecycle.py``) and this one with the same random workloads:
+(``tests/support/models/radix_lifecycle.py``) and this one with the same random workloads:
 identical hits and cached prefixes after every call.
 """
 
@@ -31,7 +31,7 @@ from models.hash_chain_model import HashChainModel
 from models.radix_lifecycle import RadixLifecycleModel
 from models.vllm_lifecycle import LifecycleError, Status, VllmLifecycleModel
 
-GOLDEN = Path(__file__).parent / "data" / "vllm_golden" / "vllm_lifecycle.json"
+GOLDEN = Path(__file__).resolve().parents[1] / "data" / "vllm_golden" / "vllm_lifecycle.json"
 _DATA = json.loads(GOLDEN.read_text())
 SCENARIOS = _DATA["scenarios"]
 

@@ -37,7 +37,7 @@ from kvindex.simulate.seeds import COLUMNS, EXAMPLES, run_example, run_seeds
 # The Mooncake synthetic trace (1.1 MB) is not in the repository: it sits in the shared
 # reference set beside the checkout. Only the tests of that trace skip without it; the
 # trace reader is also tested on small inline traces below.
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 needs_trace = pytest.mark.skipif(
     not TRACE.exists(), reason=f"Mooncake trace not present (not in the repository): {TRACE}"
 )
@@ -584,7 +584,7 @@ def test_parallel_replays_match_sequential_ones_and_raise_task_errors() -> None:
 def test_finished_leaves_not_shown_to_the_matcher_change_no_figure(
     source: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    data = Path(__file__).resolve().parent / "data" / "mooncake_synthetic_head150.jsonl"
+    data = Path(__file__).resolve().parents[1] / "data" / "mooncake_synthetic_head150.jsonl"
     wl = chat_workload(150, seed=6) if source == "chat" else read_mooncake_trace(data, limit=60)
     assert wl.outputs_only_in_followers
     caps = ("12k", "24k") if source == "chat" else ("60k", "inf")

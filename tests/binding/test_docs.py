@@ -11,7 +11,7 @@ import pytest
 
 import kvindex._core as core
 
-STUB = Path(__file__).resolve().parents[1] / "python" / "kvindex" / "_core.pyi"
+STUB = Path(__file__).resolve().parents[2] / "python" / "kvindex" / "_core.pyi"
 
 # The KV-event classes are plain records whose stubs document their fields; they are
 # compared by the wire-encoding tests that own them.
