@@ -315,6 +315,9 @@ class HashChainCache:
         """Makes the running request's full blocks hittable by other requests now
         (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
         hash chain caches full blocks as they fill, so only the id is checked).
+        With the lifecycle calls both designs make the same blocks hittable: those
+        of known ids up to the last step (a block a commit completes, from the next
+        ``schedule``), none of a ``delay_cache`` admission before ``finish_transfer``.
         """
     def free(self, request_id: int) -> None:
         """Finishes a request. The hash chain returns its blocks to the free queue in reverse
@@ -746,6 +749,9 @@ class RadixPrefixCache:
         """Makes the running request's full blocks hittable by other requests now
         (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
         hash chain caches full blocks as they fill, so only the id is checked).
+        With the lifecycle calls both designs make the same blocks hittable: those
+        of known ids up to the last step (a block a commit completes, from the next
+        ``schedule``), none of a ``delay_cache`` admission before ``finish_transfer``.
         """
     def free(self, request_id: int) -> None:
         """Finishes a request. The hash chain returns its blocks to the free queue in reverse

@@ -81,13 +81,17 @@ pub fn admitted<'py, B: TableEntry>(
 /// Draft token ids (an int32 or int64 array, or `None`) copied out as int64.
 ///
 /// # Errors
-/// As [`super::arrays::tokens`].
+/// As [`super::arrays::tokens`]; `InvalidArgumentError` for an id outside
+/// int32 (the caches' token rule, as for committed ids).
 pub fn drafts(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
+    use super::errors::IntoPyResult;
+    use crate::core::hash::Token;
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
     // SAFETY: the view is copied out at once; no Python code runs meanwhile.
     #[allow(unsafe_code)]
     let arr = unsafe { super::arrays::tokens(obj, "draft_tokens") }?;
-    Ok(super::arrays::with_tokens!(arr, s => s.iter().map(|&t| crate::core::hash::Token::get(t)).collect()))
+    super::arrays::with_tokens!(arr, s => Token::check_ids(s)).py()?;
+    Ok(super::arrays::with_tokens!(arr, s => s.iter().map(|&t| t.get()).collect()))
 }
 
 /// An optional int64 array argument, copied out.
@@ -158,17 +162,17 @@ macro_rules! lifecycle_methods {
                 slf: &Bound<'py, Self>,
                 request_id: &Bound<'py, PyAny>,
                 tokens: &Bound<'py, PyAny>,
-                chunk: Option<i64>,
-                lookahead: i64,
-                must_fit: bool,
-                external_prefix: i64,
-                delay_cache: bool,
-                reserved_blocks: i64,
-                watermark_blocks: i64,
-                cache_salt: Option<String>,
+                #[pyo3(from_py_with = $crate::py::args::named::chunk)] chunk: Option<i64>,
+                #[pyo3(from_py_with = $crate::py::args::named::lookahead)] lookahead: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::must_fit)] must_fit: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::external_prefix)] external_prefix: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::delay_cache)] delay_cache: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::reserved_blocks)] reserved_blocks: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::watermark_blocks)] watermark_blocks: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::cache_salt)] cache_salt: Option<String>,
                 lora: Option<&Bound<'py, PyAny>>,
                 mm_items: Option<&Bound<'py, PyAny>>,
-                skip_reading: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::skip_reading)] skip_reading: bool,
             ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -193,13 +197,13 @@ macro_rules! lifecycle_methods {
             fn resume<'py>(
                 slf: &Bound<'py, Self>,
                 request_id: &Bound<'py, PyAny>,
-                chunk: Option<i64>,
-                lookahead: i64,
-                must_fit: bool,
-                external_prefix: i64,
-                delay_cache: bool,
-                reserved_blocks: i64,
-                watermark_blocks: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::chunk)] chunk: Option<i64>,
+                #[pyo3(from_py_with = $crate::py::args::named::lookahead)] lookahead: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::must_fit)] must_fit: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::external_prefix)] external_prefix: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::delay_cache)] delay_cache: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::reserved_blocks)] reserved_blocks: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::watermark_blocks)] watermark_blocks: i64,
             ) -> PyResult<Option<Bound<'py, pyo3::types::PyTuple>>> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -222,10 +226,10 @@ macro_rules! lifecycle_methods {
             fn schedule<'py>(
                 slf: &Bound<'py, Self>,
                 request_id: &Bound<'py, PyAny>,
-                num_new_tokens: i64,
-                lookahead: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::num_new_tokens)] num_new_tokens: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::lookahead)] lookahead: i64,
                 draft_tokens: Option<&Bound<'py, PyAny>>,
-                reserved_blocks: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::reserved_blocks)] reserved_blocks: i64,
             ) -> PyResult<Option<Bound<'py, numpy::PyArray1<i32>>>> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -253,7 +257,7 @@ macro_rules! lifecycle_methods {
                 slf: &Bound<'py, Self>,
                 request_ids: &Bound<'py, PyAny>,
                 num_new_tokens: &Bound<'py, PyAny>,
-                lookahead: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::lookahead)] lookahead: i64,
                 draft_tokens: Option<&Bound<'py, PyAny>>,
                 draft_offsets: Option<&Bound<'py, PyAny>>,
             ) -> PyResult<Bound<'py, pyo3::types::PyTuple>> {
@@ -292,7 +296,7 @@ macro_rules! lifecycle_methods {
                 slf: &Bound<'_, Self>,
                 request_id: &Bound<'_, PyAny>,
                 tokens: &Bound<'_, PyAny>,
-                num_rejected: i64,
+                #[pyo3(from_py_with = $crate::py::args::named::num_rejected)] num_rejected: i64,
             ) -> PyResult<()> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);

@@ -423,7 +423,7 @@ macro_rules! request_cache_class {
                 #[pyo3(from_py_with = $crate::py::args::named::cache_salt)] cache_salt: Option<String>,
                 lora: Option<&Bound<'py, PyAny>>,
                 mm_items: Option<&Bound<'py, PyAny>>,
-                skip_reading: bool,
+                #[pyo3(from_py_with = $crate::py::args::named::skip_reading)] skip_reading: bool,
             ) -> PyResult<Option<$crate::py::common::Admission>> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);
@@ -515,6 +515,9 @@ macro_rules! request_cache_class {
             /// Makes the running request's full blocks hittable by other requests now
             /// (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
             /// hash chain caches full blocks as they fill, so only the id is checked).
+            /// With the lifecycle calls both designs make the same blocks hittable: those
+            /// of known ids up to the last step (a block a commit completes, from the next
+            /// ``schedule``), none of a ``delay_cache`` admission before ``finish_transfer``.
             fn checkpoint(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
                 use $crate::py::errors::IntoPyResult;
                 let id = $crate::core::ids::RequestId($crate::py::args::u64_arg(request_id, "request_id")?);

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from kvindex import _checks
 from kvindex._core import ClusterIndex
 from kvindex.events import _options as _opt
 from kvindex.events._batch import (
@@ -50,7 +51,7 @@ from kvindex.events._batch import (
     seq_bytes,
 )
 from kvindex.events._zmq import attach, zmq
-from kvindex.exceptions import DTypeError, InvalidArgumentError, KvIndexError
+from kvindex.exceptions import ClosedError, DTypeError, InvalidArgumentError, KvIndexError
 
 logger = logging.getLogger("kvindex.cluster")
 
@@ -281,14 +282,18 @@ class ClusterListener:
         slot. With ``snapshot_endpoint`` the worker is rebuilt from its publisher's
         snapshot first (resyncing until then); ``resume`` (``(hashes, next_seq)``, e.g.
         from a peer's :func:`index_snapshot`) starts it from that state instead. Raises
-        ``InvalidArgumentError`` for a malformed endpoint (nothing changed)."""
-        name = _opt.text("name", name)
+        ``InvalidArgumentError`` for a malformed endpoint, ``DTypeError`` /
+        ``InvalidArgumentError`` for a bad name, ``dp_rank`` or ``resume`` (nothing
+        changed), and ``ClosedError`` after :meth:`close`."""
+        if self._stop.is_set():
+            raise ClosedError("ClusterListener is closed")
+        name = _checks.text("name", name)
+        dp_rank = _checks.count("dp_rank", dp_rank, low=-(2**63), high=2**63 - 1)
         endpoint = _opt.text("endpoint", endpoint)
         if replay_endpoint is not None:
             replay_endpoint = _opt.text("replay_endpoint", replay_endpoint)
         if snapshot_endpoint is not None:
             snapshot_endpoint = _opt.text("snapshot_endpoint", snapshot_endpoint)
-        dp_rank = _opt.count("dp_rank", dp_rank, low=0, high=2**31 - 1)
         if resume is not None:
             if not isinstance(resume, tuple) or len(resume) != 2:
                 raise DTypeError("resume must be a (hashes, next_seq) tuple")
@@ -296,22 +301,35 @@ class ClusterListener:
             nxt = _opt.count("resume next_seq", resume[1], low=0, high=2**63 - 1)
             resume = (hashes, nxt)
         t = _opt.topic_bytes(topic)
-        if self._stop.is_set():
-            raise InvalidArgumentError("ClusterListener is closed")
         reply = _Reply()
         args = (name, dp_rank, endpoint, replay_endpoint, snapshot_endpoint, t, resume, reply)
         self._commands.put(("add", args))
-        if not reply.done.wait(5.0):
-            raise InvalidArgumentError("ClusterListener's thread did not answer (closed?)")
-        if reply.error is not None:
-            raise reply.error
+        self._answer(reply)
         return reply.slot
 
     def remove_worker(self, slot: int) -> None:
-        """Unsubscribes a worker and removes it (and its blocks) from the index."""
+        """Unsubscribes a worker and removes it (and its blocks) from the index. Raises
+        ``InvalidArgumentError`` for a slot without a worker, ``DTypeError`` for a slot
+        that is not an int, and ``ClosedError`` after :meth:`close` (at once)."""
+        if self._stop.is_set():
+            raise ClosedError("ClusterListener is closed")
+        slot = _checks.count("slot", slot, low=0, high=2**32 - 1)
         reply = _Reply()
         self._commands.put(("remove", (slot, reply)))
-        reply.done.wait(5.0)
+        self._answer(reply)
+
+    def _answer(self, reply: _Reply) -> None:
+        """Waits for the receive thread's answer to a command; raises its error, or
+        ``ClosedError`` once the thread has stopped without answering (closed
+        meanwhile)."""
+        deadline = time.monotonic() + 5.0
+        while not reply.done.wait(0.05):
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                if reply.done.is_set():
+                    break
+                raise ClosedError("ClusterListener's receive thread did not answer (closed?)")
+        if reply.error is not None:
+            raise reply.error
 
     def close(self, timeout: float = 2.0) -> None:
         """Stops the thread and closes the sockets. Idempotent."""
@@ -399,8 +417,8 @@ class ClusterListener:
                     sock.close(linger=0)
         try:
             self.index.remove_worker(slot)
-        except (ValueError, TypeError, OverflowError) as exc:
-            logger.warning("kvindex.cluster: remove_worker(%r): %s", slot, exc)
+        except KvIndexError as exc:
+            reply.error = exc
         reply.done.set()
 
     def _commands_pending(self, poller: Any) -> None:
@@ -467,7 +485,7 @@ class ClusterListener:
                 except queue.Empty:
                     break
                 reply = arg[-1]
-                reply.error = InvalidArgumentError("ClusterListener is closed")
+                reply.error = ClosedError("ClusterListener is closed")
                 reply.done.set()
 
     def _handle(self, s: _Stream, kind: str, frames: list[bytes]) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvindex._core import AllBlocksCleared, BlockRemoved, BlockStored, decode_event_batch
+from kvindex.exceptions import DTypeError, InvalidArgumentError
 
 Event = BlockStored | BlockRemoved | AllBlocksCleared
 """One KV event."""
@@ -19,8 +20,16 @@ END_SEQ: bytes = (-1).to_bytes(8, "big", signed=True)
 
 
 def seq_bytes(seq: int) -> bytes:
-    """The 8-byte big-endian sequence frame of ``seq``."""
-    return seq.to_bytes(8, "big", signed=True)
+    """The 8-byte big-endian sequence frame of ``seq`` (an int in ``-2**63..2**63``;
+    ``InvalidArgumentError`` beyond, ``DTypeError`` for a bool or a non-int)."""
+    if seq.__class__ is bool:
+        raise DTypeError("seq must be an int, got bool")
+    try:
+        return seq.to_bytes(8, "big", signed=True)
+    except OverflowError:
+        raise InvalidArgumentError(f"seq must be in -2**63..2**63, got {seq}") from None
+    except AttributeError:
+        raise DTypeError(f"seq must be an int, got {type(seq).__name__}") from None
 
 
 @dataclass(frozen=True, slots=True)

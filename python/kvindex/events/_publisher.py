@@ -34,7 +34,7 @@ from kvindex._core import (
 from kvindex.events._batch import END_SEQ, EPOCH_BYTES, HEARTBEAT, SNAPSHOT, Event, seq_bytes
 from kvindex.events._endpoints import offset_endpoint, should_bind
 from kvindex.events._zmq import attach, zmq
-from kvindex.exceptions import DTypeError, InvalidArgumentError, KvIndexError
+from kvindex.exceptions import ClosedError, DTypeError, InvalidArgumentError, KvIndexError
 
 from . import _options as _opt
 
@@ -236,7 +236,9 @@ class EventPublisher:
     ) -> int | None:
         """Drains ``cache``'s buffered events into one batch stamped ``ts`` (default:
         ``time.time()``) and queues it. Returns its sequence number, or None when the
-        cache had no events (nothing is sent)."""
+        cache had no events (nothing is sent). After :meth:`close` raises ``ClosedError``
+        with the cache's events left in place."""
+        self._check_open()
         payload = self._encoder.encode(cache, time.time() if ts is None else _opt.timestamp(ts))
         if payload is None:
             return None
@@ -244,6 +246,7 @@ class EventPublisher:
 
     def publish_events(self, events: list[Event], ts: float | None = None) -> int:
         """Queues a batch of event objects as they are. Returns its sequence number."""
+        self._check_open()
         return self.publish_payload(
             self._encoder.encode_events(events, time.time() if ts is None else _opt.timestamp(ts))
         )
@@ -251,9 +254,8 @@ class EventPublisher:
     def publish_payload(self, payload: bytes) -> int:
         """Queues an encoded batch. Returns its sequence number (spent even when the batch
         is dropped because the queue is full). ``payload`` must be bytes-like
-        (``DTypeError`` otherwise, nothing queued)."""
-        if self._closed:
-            raise RuntimeError("EventPublisher is closed")
+        (``DTypeError`` otherwise, nothing queued); ``ClosedError`` after :meth:`close`."""
+        self._check_open()
         if not isinstance(payload, (bytes, bytearray, memoryview)):
             raise DTypeError(f"payload must be bytes, got {type(payload).__name__}")
         payload = bytes(payload)
@@ -271,6 +273,10 @@ class EventPublisher:
             self._queue.put((seq, payload))
             self._stats["published"] += 1
         return seq
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ClosedError(f"EventPublisher on {self.endpoint!r} is closed")
 
     @staticmethod
     def _new_mirror(block_size: int, next_seq: int) -> ClusterIndex:

@@ -21,7 +21,7 @@ from kvindex.events._batch import (
     seq_bytes,
 )
 from kvindex.events._zmq import attach, zmq
-from kvindex.exceptions import KvIndexError
+from kvindex.exceptions import ClosedError, KvIndexError
 
 from . import _options as _opt
 
@@ -116,7 +116,10 @@ class EventSubscriber:
     def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[KVEventBatch]:
         """Waits up to ``timeout`` seconds for the first message, then takes every message
         already there (at most ``max_messages``). Returns the decoded batches in order.
-        ``timeout`` is >= 0 (``inf`` waits without a bound)."""
+        ``timeout`` is >= 0 (``inf`` waits without a bound). After :meth:`close` raises
+        ``ClosedError``."""
+        if self._ctx.closed:
+            raise ClosedError("EventSubscriber is closed")
         wait = _opt.seconds("timeout", timeout)
         max_messages = _opt.count("max_messages", max_messages, low=0, high=2**62)
         out: list[KVEventBatch] = []

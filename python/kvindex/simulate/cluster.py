@@ -62,6 +62,7 @@ from kvindex._core import ClusterIndex, HashChainCache, RadixPrefixCache
 from kvindex.cluster import POLICIES, Decision, Router
 from kvindex.protocol import DESIGNS
 from kvindex.simulate.cluster_report import ClusterResult, cluster_report, faults_report
+from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.faults import FaultProxy, Faults, parse_faults
 from kvindex.simulate.options import parse_designs, parse_ints
 from kvindex.simulate.workloads import Workload, chat_workload
@@ -193,14 +194,20 @@ def simulate_cluster(
     """Runs ``workload`` on ``workers`` engines of ``design`` (``algo``: the hash chain's
     hash; ``policy``: the radix tree's eviction) routed by ``route``; with ``faults``
     through a fault-injecting proxy, ``recovery`` saying whether snapshots and heartbeats
-    are on; see the module docstring."""
+    are on; see the module docstring. Raises ``SimulationError`` for an unknown route or
+    design, a running limit or step budget below 1 (no request could ever be admitted),
+    or a pool that cannot hold a request."""
     if route not in POLICIES:
-        raise ValueError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
+        raise SimulationError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
     if design not in DESIGNS:
-        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+        raise SimulationError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    if max_running < 1:
+        raise SimulationError(f"max_running must be >= 1, got {max_running}")
+    if max_batched_tokens < 1:
+        raise SimulationError(f"max_batched_tokens must be >= 1, got {max_batched_tokens}")
     need = max(-(-(r.prompt_len + r.output_len) // block_size) for r in workload.requests)
     if need > blocks:
-        raise ValueError(f"a request needs {need} blocks; the pool has {blocks}")
+        raise SimulationError(f"a request needs {need} blocks; the pool has {blocks}")
     t_start = time.perf_counter()
     res = ClusterResult(route, workers, design, block_size)
     events = route != "approx"
@@ -342,8 +349,12 @@ def _loop(
     routed: list[np.ndarray] = []
     routed_before = 0
     while finished < len(reqs):
-        if not arrivals and all(not e.running and not e.waiting for e in engines):
-            raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
+        if all(not e.running and not e.waiting for e in engines):
+            if not arrivals:
+                raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
+            # Every engine is idle: the steps until the next arrival change nothing (no
+            # decode, no admission, no event), so time jumps to it.
+            step = max(step, arrivals[0][0])
         if arrivals and arrivals[0][0] <= step:
             _sync(engines, index, listener, sync_s)
         while arrivals and arrivals[0][0] <= step:
