@@ -22,8 +22,8 @@ import pytest
 
 from kvindex import ClosedError, DTypeError, InvalidArgumentError, KvIndexError
 from kvindex.cluster import ClusterIndex, ClusterListener, Decision, Router
-from kvindex.cluster.simulate import simulate_cluster
 from kvindex.events import EventEncoder, EventPublisher
+from kvindex.simulate.cluster import simulate_cluster
 from kvindex.simulate.errors import SimulationError
 from kvindex.simulate.workloads import chat_workload
 
