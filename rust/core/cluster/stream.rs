@@ -194,9 +194,20 @@ impl Worker {
     /// continues from `seq`.
     pub(super) fn give_up(&mut self, seq: u64) {
         if seq > self.next_seq {
-            self.stats.lost += seq - self.next_seq;
+            // Saturates: a sequence number near 2**64 must not overflow the counter.
+            self.stats.lost = self.stats.lost.saturating_add(seq - self.next_seq);
             self.status = Status::Degraded;
             self.next_seq = seq;
         }
+    }
+
+    /// The worker's state was replaced by a snapshot: its stream continues
+    /// at `next_seq` and it is known exactly. The recent-batch ring is
+    /// emptied (the snapshot says nothing about the payloads before
+    /// `next_seq`); the counters are kept.
+    pub(super) fn restored(&mut self, next_seq: u64) {
+        self.next_seq = next_seq;
+        self.status = Status::Live;
+        self.recent.fill((u64::MAX, 0));
     }
 }
