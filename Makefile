@@ -5,7 +5,8 @@
 #   make dev   — the developer loop: debug build into .venv (maturin develop), the same checks
 #                on it, no release wheel, no fuzzing
 #   make soak  — longer randomised runs: proptest and hypothesis with random seeds and more
-#                cases, every fuzz target for longer; each prints the seed that reproduces it
+#                cases, every fuzz target for longer, the cluster fault injection for minutes;
+#                each prints the seed that reproduces it
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 PY ?= python3
@@ -144,6 +145,8 @@ bench: install
 SOAK_ROUNDS ?= 10
 SOAK_CASES ?= 2000
 SOAK_FUZZ_SECONDS ?= 600
+# Seconds per traffic phase of the cluster fault injection (six phases).
+SOAK_FAULT_SECONDS ?= 60
 soak: install
 	for i in $$(seq 1 $(SOAK_ROUNDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
@@ -152,4 +155,8 @@ soak: install
 	    || { echo "replay: PROPTEST_RNG_SEED=$$seed PROPTEST_CASES=$(SOAK_CASES) cargo test"; exit 1; }; \
 	done
 	HYPOTHESIS_PROFILE=soak $(VPY) -m pytest tests -q -p no:cacheprovider
+	seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+	  echo "fault injection: KVINDEX_FAULT_SEED=$$seed KVINDEX_FAULT_SOAK_S=$(SOAK_FAULT_SECONDS)"; \
+	  KVINDEX_FAULT_SEED=$$seed KVINDEX_FAULT_SOAK_S=$(SOAK_FAULT_SECONDS) \
+	    $(VPY) -m pytest tests/cluster/test_fault_injection.py -q -s -p no:cacheprovider
 	$(MAKE) fuzz-smoke FUZZ_SECONDS=$(SOAK_FUZZ_SECONDS) FUZZ_SEED=0

@@ -34,6 +34,7 @@ from kvindex._core import (
 from kvindex.exceptions import (
     BlockInUseError,
     CapacityError,
+    ClosedError,
     DTypeError,
     DuplicateRequestError,
     InvalidArgumentError,
@@ -54,6 +55,7 @@ __all__ = [
     "AllBlocksCleared",
     "BlockInUseError",
     "CapacityError",
+    "ClosedError",
     "BlockRemoved",
     "BlockStored",
     "DTypeError",

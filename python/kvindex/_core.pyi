@@ -331,6 +331,9 @@ class PrefixCache:
         """Makes the running request's full blocks hittable by other requests now
         (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
         hash chain caches full blocks as they fill, so only the id is checked).
+        With the lifecycle calls both designs make the same blocks hittable: those
+        of known ids up to the last step (a block a commit completes, from the next
+        ``schedule``), none of a ``delay_cache`` admission before ``finish_transfer``.
         """
     def free(self, request_id: int) -> None:
         """Finishes a request. The hash chain returns its blocks to the free queue in reverse
@@ -878,6 +881,12 @@ class ClusterIndex:
         incarnation and counters."""
     def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
         """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
+    def snapshot_worker(self, worker: int) -> tuple[npt.NDArray[np.uint64], int]:
+        """One worker's state: every block hash it holds, once per announcement, sorted
+        (uint64), and the sequence number its stream continues from."""
+    def restore_worker(self, worker: int, hashes: _Hashes, next_seq: int) -> None:
+        """Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
+        one more reference), its stream continues at `next_seq`, status live."""
     def check_invariants(self) -> None:
         """Raises `InvariantViolation` if the index is inconsistent."""
 

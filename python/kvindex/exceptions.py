@@ -10,6 +10,7 @@ from __future__ import annotations
 __all__ = [
     "BlockInUseError",
     "CapacityError",
+    "ClosedError",
     "DTypeError",
     "DuplicateRequestError",
     "InvalidArgumentError",
@@ -72,6 +73,11 @@ class RequestTooLargeError(CapacityError):
     ``admit`` returns ``None`` for "not now" (blocks are held or cached and may free up);
     this error says "never", so a scheduler can reject the request instead of waiting.
     """
+
+
+class ClosedError(KvIndexError, RuntimeError):
+    """A call on an event publisher, subscriber or cluster listener after its ``close()``
+    (``close()`` itself may be called again)."""
 
 
 class InvariantViolation(AssertionError):

@@ -81,6 +81,12 @@ pub struct RadixState {
     node: NodeId,
     /// Leading tokens whose pages are the tree's (the path to `node`).
     cached: usize,
+    /// Leading tokens the request has made cacheable: its known ids up to
+    /// the positions of its last step (admission, `schedule`, today's
+    /// `append`), as the hash chain caches them. A commit does not move it
+    /// (the hash chain caches the blocks a commit completes at the next
+    /// step), nor does an admission waiting for its external KV.
+    visible: usize,
 }
 
 /// A checked admission: the prompt, its namespace and what the probe saw.
@@ -218,6 +224,7 @@ impl RadixDesign {
     /// now; see [`RadixPrefixCache::checkpoint`].
     #[inline]
     fn checkpoint(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        let upto = upto.min(req.ext.visible);
         // Most steps complete no page: no call, no division then.
         if upto.min(req.tokens.len()) >= req.ext.cached + self.page_size {
             self.checkpoint_pages(req, upto);
@@ -368,7 +375,7 @@ impl PrefixDesign for RadixDesign {
         self.pool.incref(&pages);
         self.ensure_free(need);
         self.pool.alloc(need, &mut pages);
-        let ext = RadixState { ns: ns.map(Into::into), node: m.node, cached: m.len };
+        let ext = RadixState { ns: ns.map(Into::into), node: m.node, cached: m.len, visible: m.len };
         Admitted { tokens, blocks: pages, ext, hit_tokens: m.len }
     }
 
@@ -379,9 +386,11 @@ impl PrefixDesign for RadixDesign {
     }
 
     /// Today's calls: nothing enters the tree while a request runs (unless
-    /// checkpointed).
+    /// checkpointed); every known id is computed, so all of them may be.
     #[inline]
-    fn appended(&mut self, _req: &mut RecordOf<Self>, _had_full: usize) {}
+    fn appended(&mut self, req: &mut RecordOf<Self>, _had_full: usize) {
+        req.ext.visible = req.tokens.len();
+    }
 
     #[inline]
     fn tokens_added(&mut self, _req: &mut RecordOf<Self>) {}
@@ -391,6 +400,7 @@ impl PrefixDesign for RadixDesign {
     /// request's duplicates switch to the tree's pages, its lock moves down.
     #[inline]
     fn cache_to(&mut self, req: &mut RecordOf<Self>, upto: usize) {
+        req.ext.visible = req.ext.visible.max(upto);
         self.checkpoint(req, upto);
     }
 
@@ -408,6 +418,7 @@ impl PrefixDesign for RadixDesign {
         req.blocks.clear();
         req.ext.node = NodeId::ROOT;
         req.ext.cached = 0;
+        req.ext.visible = 0;
     }
 
     /// Drops the whole tree (its pages return to the pool, in id order).
@@ -538,6 +549,11 @@ impl RadixPrefixCache {
     /// `cache_unfinished_req`): later requests can hit them while it runs.
     /// The request's pages that duplicate the tree's are swapped for the
     /// tree's (and freed), and its lock moves to the new last node.
+    /// Only the pages the hash chain would have cached by now are inserted:
+    /// of the positions up to the request's last step, those whose ids were
+    /// known then (a page a commit completes waits for the next `schedule`,
+    /// as vLLM caches it), and nothing of a `delay_cache` admission before
+    /// `finish_transfer` (its external pages hold no KV yet).
     /// O(sequence + pages).
     ///
     /// # Errors

@@ -321,4 +321,52 @@ pub mod named {
     pub fn priority(o: &Bound<'_, PyAny>) -> PyResult<i64> {
         super::i64_arg(o, "priority")
     }
+
+    /// Defines int64 converters named for their parameter (the engine
+    /// lifecycle's counts; their range is checked where they are used).
+    macro_rules! i64_params {
+        ($($name:ident),*) => {$(
+            #[doc = concat!("`", stringify!($name), "` (an int64).")]
+            ///
+            /// # Errors
+            /// As [`super::i64_arg`].
+            pub fn $name(o: &Bound<'_, PyAny>) -> PyResult<i64> {
+                super::i64_arg(o, stringify!($name))
+            }
+        )*};
+    }
+    i64_params!(lookahead, external_prefix, reserved_blocks, watermark_blocks, num_new_tokens, num_rejected);
+    opt_i64_params!(chunk);
+
+    /// Defines bool converters named for their parameter.
+    macro_rules! flag_params {
+        ($($name:ident),*) => {$(
+            #[doc = concat!("`", stringify!($name), "` (a bool).")]
+            ///
+            /// # Errors
+            /// As [`super::flag`].
+            pub fn $name(o: &Bound<'_, PyAny>) -> PyResult<bool> {
+                super::flag(o, stringify!($name))
+            }
+        )*};
+    }
+    flag_params!(must_fit, delay_cache, skip_reading, array_tagged, skip_empty);
+}
+
+/// A bool flag: a `bool` (or numpy bool); anything else, an int or a str
+/// included, raises `DTypeError` (`"no"` is not false).
+///
+/// # Errors
+/// As above.
+pub fn flag(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<bool> {
+    if let Ok(b) = obj.cast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    if describe(obj) == "bool" {
+        // numpy.bool_ (its type is named `bool` too)
+        if let Ok(v) = obj.is_truthy() {
+            return Ok(v);
+        }
+    }
+    Err(dtype(format!("{what} must be a bool, got {}", describe(obj))))
 }

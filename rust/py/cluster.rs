@@ -98,6 +98,43 @@ impl PyClusterIndex {
     }
 }
 
+/// Converters of the scalar arguments, under the binding's one rule
+/// ([`super::args`]): `bool` and floats are `DTypeError`, an int outside int64
+/// (an 8-byte sequence number >= 2**63 included) `InvalidArgumentError`.
+mod param {
+    use pyo3::prelude::*;
+
+    use super::super::args;
+    use super::super::errors::invalid;
+
+    pub fn worker(o: &Bound<'_, PyAny>) -> PyResult<i64> {
+        args::i64_arg(o, "worker")
+    }
+    pub fn seq(o: &Bound<'_, PyAny>) -> PyResult<i64> {
+        args::i64_arg(o, "seq")
+    }
+    pub fn opt_seq(o: &Bound<'_, PyAny>) -> PyResult<Option<i64>> {
+        args::opt_i64_arg(Some(o), "seq")
+    }
+    pub fn dp_rank(o: &Bound<'_, PyAny>) -> PyResult<i64> {
+        args::i64_arg(o, "dp_rank")
+    }
+    pub fn name(o: &Bound<'_, PyAny>) -> PyResult<String> {
+        args::text(o, "name").map(str::to_owned)
+    }
+    pub fn start(o: &Bound<'_, PyAny>) -> PyResult<usize> {
+        args::usize_arg(o, "start", usize::MAX)
+    }
+    /// A finite weight >= 0.
+    pub fn overlap_weight(o: &Bound<'_, PyAny>) -> PyResult<f64> {
+        let w = args::f64_arg(o, "overlap_weight")?;
+        if !(w.is_finite() && w >= 0.0) {
+            return Err(invalid(format!("overlap_weight must be finite and >= 0, got {w}")));
+        }
+        Ok(w)
+    }
+}
+
 fn worker_id(worker: i64) -> PyResult<WorkerId> {
     u32::try_from(worker)
         .map(WorkerId)
@@ -136,9 +173,16 @@ fn overlaps_array<'py>(py: Python<'py>, v: &[u32]) -> PyResult<Bound<'py, PyArra
 #[pymethods]
 impl PyClusterIndex {
     #[new]
-    #[pyo3(signature = (block_size, *, algo = "xxh3_128", seed = None))]
-    fn new(block_size: i64, algo: &str, seed: Option<String>) -> PyResult<Self> {
-        let hasher = QueryHasher::new(algo, seed.as_deref()).py()?;
+    #[pyo3(
+        signature = (block_size, *, algo = "xxh3_128".to_owned(), seed = None),
+        text_signature = "(block_size, *, algo='xxh3_128', seed=None)"
+    )]
+    fn new(
+        #[pyo3(from_py_with = super::args::named::event_block_size)] block_size: i64,
+        #[pyo3(from_py_with = super::args::named::algo)] algo: String,
+        #[pyo3(from_py_with = super::args::named::seed)] seed: Option<String>,
+    ) -> PyResult<Self> {
+        let hasher = QueryHasher::new(&algo, seed.as_deref()).py()?;
         let inner = core::ClusterIndex::new(block_size).py()?;
         Ok(PyClusterIndex {
             inner: RwLock::new(inner),
@@ -205,12 +249,16 @@ impl PyClusterIndex {
 
     /// Adds a worker (one event stream); returns its slot. Resyncing until its first batch.
     #[pyo3(signature = (name, dp_rank = 0))]
-    fn add_worker(&self, name: &str, dp_rank: i64) -> PyResult<u32> {
-        Ok(self.write().add_worker(name, dp_rank).py()?.0)
+    fn add_worker(
+        &self,
+        #[pyo3(from_py_with = param::name)] name: String,
+        #[pyo3(from_py_with = param::dp_rank)] dp_rank: i64,
+    ) -> PyResult<u32> {
+        Ok(self.write().add_worker(&name, dp_rank).py()?.0)
     }
 
     /// Removes a worker and its blocks; its slot may be reused.
-    fn remove_worker(&self, worker: i64) -> PyResult<()> {
+    fn remove_worker(&self, #[pyo3(from_py_with = param::worker)] worker: i64) -> PyResult<()> {
         self.write().remove_worker(worker_id(worker)?).py()
     }
 
@@ -220,10 +268,13 @@ impl PyClusterIndex {
     fn apply(
         &self,
         py: Python<'_>,
-        worker: i64,
-        seq: Option<i64>,
-        payload: &Bound<'_, PyBytes>,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+        #[pyo3(from_py_with = param::opt_seq)] seq: Option<i64>,
+        payload: &Bound<'_, PyAny>,
     ) -> PyResult<(String, i64)> {
+        let Ok(payload) = payload.cast::<PyBytes>() else {
+            return Err(dtype(format!("payload must be bytes, got {}", payload.get_type().name()?)));
+        };
         let seq = seq.map(seq_number).transpose()?;
         let Ok(w) = worker_id(worker) else {
             return Ok(("unknown_worker".to_owned(), -1));
@@ -243,18 +294,30 @@ impl PyClusterIndex {
     }
 
     /// Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`.
-    fn give_up(&self, worker: i64, seq: i64) -> PyResult<()> {
+    fn give_up(
+        &self,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+        #[pyo3(from_py_with = param::seq)] seq: i64,
+    ) -> PyResult<()> {
         self.write().give_up(worker_id(worker)?, seq_number(seq)?).py()
     }
 
     /// Records `hashes` (uint64) as held by `worker`, without a stream.
-    fn store_hashes(&self, worker: i64, hashes: &Bound<'_, PyAny>) -> PyResult<()> {
+    fn store_hashes(
+        &self,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+        hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<()> {
         let h = u64_array(hashes, "hashes")?;
         self.write().store_hashes(worker_id(worker)?, &h).py()
     }
 
     /// Drops one reference of `worker` to each of `hashes`; returns how many were not held.
-    fn remove_hashes(&self, worker: i64, hashes: &Bound<'_, PyAny>) -> PyResult<u64> {
+    fn remove_hashes(
+        &self,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+        hashes: &Bound<'_, PyAny>,
+    ) -> PyResult<u64> {
         let h = u64_array(hashes, "hashes")?;
         self.write().remove_hashes(worker_id(worker)?, &h).py()
     }
@@ -265,7 +328,7 @@ impl PyClusterIndex {
         &self,
         py: Python<'py>,
         tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
+        #[pyo3(from_py_with = super::args::named::cache_salt)] cache_salt: Option<String>,
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<u64>>> {
@@ -284,7 +347,7 @@ impl PyClusterIndex {
         &self,
         py: Python<'py>,
         tokens: &Bound<'py, PyAny>,
-        cache_salt: Option<String>,
+        #[pyo3(from_py_with = super::args::named::cache_salt)] cache_salt: Option<String>,
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyArray1<i32>>> {
@@ -313,9 +376,9 @@ impl PyClusterIndex {
         &self,
         tokens: &Bound<'_, PyAny>,
         load: &Bound<'_, PyAny>,
-        overlap_weight: f64,
-        start: usize,
-        cache_salt: Option<String>,
+        #[pyo3(from_py_with = param::overlap_weight)] overlap_weight: f64,
+        #[pyo3(from_py_with = param::start)] start: usize,
+        #[pyo3(from_py_with = super::args::named::cache_salt)] cache_salt: Option<String>,
         lora: Option<&Bound<'_, PyAny>>,
         mm_items: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<(i64, u32, usize)> {
@@ -364,7 +427,7 @@ impl PyClusterIndex {
     }
 
     /// One slot's status: `"live"`, `"resyncing"`, `"degraded"` or `""` (no worker).
-    fn status(&self, worker: i64) -> &'static str {
+    fn status(&self, #[pyo3(from_py_with = param::worker)] worker: i64) -> &'static str {
         let ix = self.read();
         worker_id(worker).ok().and_then(|w| ix.worker(w)).map_or("", |w| w.status.name())
     }
@@ -382,7 +445,11 @@ impl PyClusterIndex {
 
     /// One worker's name, dp rank, status, block count, next sequence number,
     /// incarnation and counters.
-    fn worker_info<'py>(&self, py: Python<'py>, worker: i64) -> PyResult<Bound<'py, PyDict>> {
+    fn worker_info<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+    ) -> PyResult<Bound<'py, PyDict>> {
         let ix = self.read();
         let w =
             ix.worker(worker_id(worker)?).ok_or_else(|| invalid(format!("no worker in slot {worker}")))?;
@@ -413,10 +480,34 @@ impl PyClusterIndex {
     }
 
     /// Every block hash `worker` holds, sorted (uint64). O(blocks in the index).
-    fn worker_blocks<'py>(&self, py: Python<'py>, worker: i64) -> PyResult<Bound<'py, PyArray1<u64>>> {
+    fn worker_blocks<'py>(
+        &self,
+        py: Python<'py>,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+    ) -> PyResult<Bound<'py, PyArray1<u64>>> {
         let mut v = self.read().worker_blocks(worker_id(worker)?);
         v.sort_unstable();
         Ok(PyArray1::from_vec(py, v))
+    }
+
+    /// One worker's state: every block hash it holds, once per announcement, sorted
+    /// (uint64), and the sequence number its stream continues from.
+    fn snapshot_worker<'py>(
+        &self,
+        py: Python<'py>,
+        worker: i64,
+    ) -> PyResult<(Bound<'py, PyArray1<u64>>, u64)> {
+        let (h, next) = self.read().snapshot_worker(worker_id(worker)?).py()?;
+        Ok((PyArray1::from_vec(py, h), next))
+    }
+
+    /// Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
+    /// one more reference), its stream continues at `next_seq`, status live.
+    fn restore_worker(&self, worker: i64, hashes: &Bound<'_, PyAny>, next_seq: i64) -> PyResult<()> {
+        let h = u64_array(hashes, "hashes")?;
+        let w = worker_id(worker)?;
+        let next = seq_number(next_seq)?;
+        self.write().restore_worker(w, &h, next).py()
     }
 
     /// Raises `InvariantViolation` if the index is inconsistent.

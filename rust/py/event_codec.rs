@@ -3,13 +3,12 @@
 //! [`decode_event_batch`] turns a payload back into event objects
 //! ([`super::events`]).
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
 use super::args::named;
 use super::cache::PyPrefixCache;
-use super::errors::invalid;
+use super::errors::{dtype, invalid};
 use super::events::{wire_from_py, wire_to_py};
 use super::radix::PyRadixTree;
 use crate::core::events::KvEvent;
@@ -35,7 +34,7 @@ fn drain(cache: &Bound<'_, PyAny>) -> PyResult<Vec<KvEvent>> {
     if let Ok(c) = cache.cast::<PyRadixTree>() {
         return Ok(c.try_borrow_mut()?.drain_events());
     }
-    Err(PyTypeError::new_err(format!(
+    Err(dtype(format!(
         "expected HashChainCache, RadixPrefixCache or RadixCache, not {}",
         cache.get_type().name()?
     )))
@@ -53,7 +52,7 @@ impl EventEncoder {
         #[pyo3(from_py_with = named::medium)] medium: Option<String>,
         #[pyo3(from_py_with = named::group_idx)] group_idx: Option<i64>,
         #[pyo3(from_py_with = named::kv_cache_spec_kind)] kv_cache_spec_kind: Option<String>,
-        array_tagged: bool,
+        #[pyo3(from_py_with = named::array_tagged)] array_tagged: bool,
     ) -> Self {
         EventEncoder {
             meta: CacheMeta { medium, group_idx, kv_cache_spec_kind },
@@ -90,7 +89,7 @@ impl EventEncoder {
         &self,
         cache: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = named::ts)] ts: f64,
-        skip_empty: bool,
+        #[pyo3(from_py_with = named::skip_empty)] skip_empty: bool,
     ) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let events = drain(cache)?;
         if skip_empty && events.is_empty() {
@@ -108,7 +107,8 @@ impl EventEncoder {
         events: &Bound<'py, PyAny>,
         #[pyo3(from_py_with = named::ts)] ts: f64,
     ) -> PyResult<Bound<'py, PyBytes>> {
-        let evs = events.try_iter()?.map(|e| wire_from_py(&e?)).collect::<PyResult<Vec<_>>>()?;
+        let it = events.try_iter().map_err(|_| dtype("events must be an iterable of event objects"))?;
+        let evs = it.map(|e| wire_from_py(&e?)).collect::<PyResult<Vec<_>>>()?;
         let mut out = Vec::with_capacity(64 + evs.len() * 256);
         encode_batch(&mut out, ts, &evs, self.dp_rank, self.tagging);
         Ok(PyBytes::new(events.py(), &out))
@@ -138,9 +138,13 @@ type DecodedBatch<'py> = (f64, Bound<'py, PyList>, Option<i64>, Vec<String>);
 #[pyo3(signature = (payload, *, block_size = None))]
 pub fn decode_event_batch<'py>(
     py: Python<'py>,
-    payload: &[u8],
+    payload: &Bound<'py, PyAny>,
     #[pyo3(from_py_with = named::block_size_opt)] block_size: Option<i64>,
 ) -> PyResult<DecodedBatch<'py>> {
+    let Ok(payload) = payload.cast::<PyBytes>() else {
+        return Err(dtype(format!("payload must be bytes, got {}", payload.get_type().name()?)));
+    };
+    let payload = payload.as_bytes();
     let b =
         decode_batch(payload, block_size).map_err(|e| invalid(format!("malformed KV event batch: {e}")))?;
     let out = PyList::empty(py);

@@ -5,12 +5,11 @@
 //! cache class, so the caches and the codec both depend on it and on nothing
 //! that depends on them.
 
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyBytes, PyDict, PyFloat, PyList, PyString, PyTuple};
 
 use super::args::named;
-use super::errors::invalid;
+use super::errors::{dtype, invalid};
 use crate::core::events::KvEvent;
 use crate::core::wire::event::{CacheMeta, Removed, Stored, WireEvent};
 use crate::core::wire::msgpack::{Value, MAX_DEPTH};
@@ -80,13 +79,16 @@ fn value_from_py(obj: &Bound<'_, PyAny>, depth: usize) -> PyResult<Value> {
         }
         return Ok(Value::Array(a));
     }
-    Err(PyTypeError::new_err(format!(
+    Err(dtype(format!(
         "event field values must be None, bool, int, float, str, bytes, tuple, list or dict, not {}",
         obj.get_type().name()?
     )))
 }
 
 fn hash_from_py(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
+    if !super::args::is_int_like(obj) {
+        return Err(dtype(format!("a block hash must be an int, got {}", obj.get_type().name()?)));
+    }
     if let Ok(u) = obj.extract::<u64>() {
         return Ok(u);
     }
@@ -98,7 +100,8 @@ fn hash_from_py(obj: &Bound<'_, PyAny>) -> PyResult<u64> {
 }
 
 fn hashes_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Vec<u64>> {
-    obj.try_iter()?.map(|x| hash_from_py(&x?)).collect()
+    let it = obj.try_iter().map_err(|_| dtype("block_hashes must be a sequence of ints"))?;
+    it.map(|x| hash_from_py(&x?)).collect()
 }
 
 fn extra_from_py(obj: &Bound<'_, PyAny>) -> PyResult<Vec<Option<Vec<Value>>>> {
@@ -463,7 +466,7 @@ pub fn wire_from_py(obj: &Bound<'_, PyAny>) -> PyResult<WireEvent> {
     if obj.cast::<AllBlocksCleared>().is_ok() {
         return Ok(WireEvent::Cleared);
     }
-    Err(PyTypeError::new_err(format!(
+    Err(dtype(format!(
         "expected BlockStored, BlockRemoved or AllBlocksCleared, not {}",
         obj.get_type().name()?
     )))

@@ -76,13 +76,17 @@ pub fn admitted<'py, B: TableEntry>(
 /// Draft token ids (an int32 or int64 array, or `None`) copied out as int64.
 ///
 /// # Errors
-/// As [`Tokens`].
+/// As [`Tokens`]; `InvalidArgumentError` for an id outside int32 (the
+/// caches' token rule, as for committed ids).
 pub fn drafts(obj: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<i64>> {
+    use super::errors::IntoPyResult;
+    use crate::core::hash::Token;
     let Some(obj) = obj.filter(|o| !o.is_none()) else { return Ok(Vec::new()) };
     with_views(
         Tokens(obj, "draft_tokens"),
-        |t| with_tokens!(t, s => s.iter().map(|&t| crate::core::hash::Token::get(t)).collect()),
-    )
+        |t| with_tokens!(t, s => Token::check_ids(s).map(|()| s.iter().map(|&t| t.get()).collect())),
+    )?
+    .py()
 }
 
 /// `(num_scheduled, block_ids, block_offsets)` of a batch step.

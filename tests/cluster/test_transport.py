@@ -427,8 +427,9 @@ def test_malformed_endpoints_are_invalid_argument_errors(bad: str) -> None:
 
 def test_joining_mid_stream_is_not_a_gap(caplog: pytest.LogCaptureFixture) -> None:
     """A subscriber that joins after batches went out (mid-stream, or ZMQ's slow joiner
-    dropping the first batches) fetches the start through replay: the identical state,
-    counted as a late join, no gap warning."""
+    dropping the first batches) fetches the start through replay, asked for as soon as
+    it is added (a late join when a live batch came first): the identical state, no gap
+    warning."""
     raw = RawPublisher()
     payloads = random_payloads(9, 4)
     try:
@@ -446,8 +447,9 @@ def test_joining_mid_stream_is_not_a_gap(caplog: pytest.LogCaptureFixture) -> No
             assert lst.index.worker_blocks(slot).tolist() == reference(payloads)
             assert lst.index.status(slot) == "live"
             st = lst.stats
-            assert st["late_joins"] == 1 and st["gaps"] == 0 and st["repaired"] == 3
+            assert st["late_joins"] <= 1 and st["gaps"] == 0 and st["repaired"] in (3, 4)
             assert not [r for r in caplog.records if r.levelname == "WARNING"]
-            assert any("joined at batch 3" in r.getMessage() for r in caplog.records)
+            joined = any("joined at batch 3" in r.getMessage() for r in caplog.records)
+            assert joined == (st["late_joins"] == 1)
     finally:
         raw.close()

@@ -8,6 +8,8 @@
 - :class:`Router` — picks a worker per request: ``kv`` (Dynamo's cost shape:
   blocks left to prefill + decode load), ``random``, ``round_robin``,
   ``least_loaded`` and ``approx`` (no events: remembers its own decisions for a TTL).
+- :func:`index_snapshot` — every live worker's state, to start a router replica's
+  listener from a peer's index (``ClusterListener.add_worker(resume=...)``).
 
 The listener needs pyzmq (``pip install 'kvindex[events]'``); the index and router do not.
 """
@@ -18,11 +20,12 @@ from typing import TYPE_CHECKING
 
 from kvindex._core import ClusterIndex
 from kvindex.cluster._router import POLICIES, Decision, Router
+from kvindex.cluster._snapshot import index_snapshot
 
 if TYPE_CHECKING:
     from kvindex.cluster._listener import ClusterListener
 
-__all__ = ["POLICIES", "ClusterIndex", "ClusterListener", "Decision", "Router"]
+__all__ = ["POLICIES", "ClusterIndex", "ClusterListener", "Decision", "Router", "index_snapshot"]
 
 
 def __getattr__(name: str) -> object:

@@ -7,6 +7,9 @@
   fetches missed batches through replay; bad input is counted and skipped.
 - :func:`decode_batch` / :class:`EventEncoder` — the payload codec on its own
   (map-tagged events as vLLM 0.33 sends them, or the older array-tagged form).
+- Opt-in recovery extension (``WIRE.md`` beside this file: frames and guarantees):
+  a snapshot endpoint answering with the stream's state and the sequence number to
+  resume from, a publisher epoch per start, heartbeats on an idle stream.
 
 Needs pyzmq (``pip install 'kvindex[events]'``); ``import kvindex`` does not import it.
 """

@@ -12,9 +12,16 @@ import math
 import time
 from typing import Any
 
-from kvindex.events._batch import END_SEQ, KVEventBatch, decode_batch, seq_bytes
+from kvindex.events._batch import (
+    END_SEQ,
+    KVEventBatch,
+    decode_batch,
+    read_heartbeat,
+    read_seq,
+    seq_bytes,
+)
 from kvindex.events._zmq import attach, zmq
-from kvindex.exceptions import KvIndexError
+from kvindex.exceptions import ClosedError, KvIndexError
 
 from . import _options as _opt
 
@@ -33,7 +40,12 @@ class EventSubscriber:
     a batch with a ``BlockStored`` of another block size is skipped.
 
     :meth:`poll` returns the batches in sequence order, replayed ones marked
-    ``replayed=True``. :attr:`stats` counts everything else.
+    ``replayed=True``. :attr:`stats` counts everything else. Sequence numbers are
+    ``0..2**63-1``; a frame with a larger one is a bad frame. A publisher's heartbeat
+    (``WIRE.md``) is counted; it tells a quiet stream's last batches missed (fetched as a
+    gap's), and a new :attr:`epoch` behind the last sequence number a restart. A replay
+    answer that comes after ``replay_timeout`` is skipped where it falls outside the gap
+    being fetched, and its end marker does not end a later fetch.
     """
 
     def __init__(
@@ -72,6 +84,10 @@ class EventSubscriber:
             self._ctx.destroy(linger=0)
             raise
         self.last_seq: int | None = None
+        self.epoch: bytes | None = None
+        # End markers still due for replay requests that timed out: the next ones
+        # received belong to those, not to the request in flight.
+        self._stale_ends = 0
         self._stats = {
             "received": 0,
             "delivered": 0,
@@ -83,6 +99,8 @@ class EventSubscriber:
             "replayed": 0,
             "lost": 0,
             "restarts": 0,
+            "heartbeats": 0,
+            "errors": 0,
         }
 
     @property
@@ -91,13 +109,17 @@ class EventSubscriber:
         included), ``bad_frames`` (wrong frame count or sequence frame), ``bad_payloads``
         (undecodable or wrong block size), ``skipped_events`` (unknown types), ``gaps``,
         ``missed`` (sequence numbers skipped), ``replayed`` (recovered through replay),
-        ``lost`` (missed and not recovered), ``restarts``."""
+        ``lost`` (missed and not recovered), ``restarts``, ``heartbeats``, ``errors``
+        (a socket error while fetching replay: logged, the messages read kept)."""
         return dict(self._stats)
 
     def poll(self, timeout: float = 0.0, max_messages: int = 10_000) -> list[KVEventBatch]:
         """Waits up to ``timeout`` seconds for the first message, then takes every message
         already there (at most ``max_messages``). Returns the decoded batches in order.
-        ``timeout`` is >= 0 (``inf`` waits without a bound)."""
+        ``timeout`` is >= 0 (``inf`` waits without a bound). After :meth:`close` raises
+        ``ClosedError``."""
+        if self._ctx.closed:
+            raise ClosedError("EventSubscriber is closed")
         wait = _opt.seconds("timeout", timeout)
         max_messages = _opt.count("max_messages", max_messages, low=0, high=2**62)
         out: list[KVEventBatch] = []
@@ -109,11 +131,18 @@ class EventSubscriber:
             except zmq.Again:
                 break
             self._stats["received"] += 1
-            self._handle(frames, out)
+            try:
+                self._handle(frames, out)
+            except zmq.ZMQError as exc:  # the replay socket failed: keep what was read
+                self._bad("errors", f"replay failed: {exc}")
         self._stats["delivered"] += len(out)
         return out
 
     def _handle(self, frames: list[bytes], out: list[KVEventBatch]) -> None:
+        hb = read_heartbeat(frames)
+        if hb is not None:
+            self._heartbeat(*hb, frames[0], out)
+            return
         if len(frames) != 3:
             self._bad(
                 "bad_frames", f"message of {len(frames)} frames (expected 3: topic, seq, payload)"
@@ -123,7 +152,10 @@ class EventSubscriber:
         if len(seq_frame) != 8:
             self._bad("bad_frames", f"sequence frame of {len(seq_frame)} bytes (expected 8)")
             return
-        seq = int.from_bytes(seq_frame, "big")
+        seq = read_seq(seq_frame)
+        if seq is None:
+            self._bad("bad_frames", f"sequence number {seq_frame.hex()} above 2**63-1")
+            return
         last = self.last_seq
         if last is not None and seq <= last:
             self._stats["restarts"] += 1
@@ -141,6 +173,28 @@ class EventSubscriber:
         batch = self._decode(payload, seq, topic, replayed=False)
         if batch is not None:
             out.append(batch)
+
+    def _heartbeat(
+        self, epoch: bytes, next_seq: int, topic: bytes, out: list[KVEventBatch]
+    ) -> None:
+        self._stats["heartbeats"] += 1
+        last = self.last_seq
+        if self.epoch is not None and epoch != self.epoch and last is not None and next_seq <= last:
+            # A new start whose stream is behind what was seen: its batches are fetched.
+            self._stats["restarts"] += 1
+            logger.warning("kvindex.events: new publisher epoch: publisher restarted")
+            last = self.last_seq = -1
+        self.epoch = epoch
+        if last is None or next_seq <= last + 1:
+            return
+        # The stream's last batches never arrived: a gap like any other.
+        missed = next_seq - last - 1
+        self._stats["gaps"] += 1
+        self._stats["missed"] += missed
+        logger.warning("kvindex.events: heartbeat: batches %d..%d missed", last + 1, next_seq - 1)
+        got = self._fetch_replay(last + 1, next_seq, topic, out)
+        self._stats["lost"] += missed - got
+        self.last_seq = next_seq - 1
 
     def _decode(
         self, payload: bytes, seq: int, topic: bytes, *, replayed: bool
@@ -180,6 +234,7 @@ class EventSubscriber:
             ms = None if math.isinf(left) else min(int(left * 1000) + 1, _opt.POLL_MS_MAX)
             if left <= 0 or not sock.poll(ms):
                 logger.warning("kvindex.events: replay from %d timed out", start)
+                self._stale_ends += 1
                 return got
             frames = sock.recv_multipart()
             # [b"", seq, payload], or [b"", topic, seq, payload] from a publisher that
@@ -192,11 +247,14 @@ class EventSubscriber:
                 self._bad("bad_frames", f"replay answer of {len(frames)} frames")
                 continue
             if seq_frame == END_SEQ:
+                if self._stale_ends:
+                    self._stale_ends -= 1  # the end of an answer that came too late
+                    continue
                 return got
-            if len(seq_frame) != 8:
-                self._bad("bad_frames", f"replay sequence frame of {len(seq_frame)} bytes")
+            seq = read_seq(seq_frame)
+            if seq is None:
+                self._bad("bad_frames", f"replay sequence frame {seq_frame.hex()}")
                 continue
-            seq = int.from_bytes(seq_frame, "big")
             if seq < want or seq >= stop:
                 continue  # before the gap (already seen) or after it (live stream has it)
             batch = self._decode(payload, seq, topic, replayed=True)

@@ -244,6 +244,14 @@ def add_arguments(
         metavar="N",
         help="pool blocks per engine (default 2048)",
     )
+    opt(
+        c,
+        "--faults",
+        metavar="SPEC",
+        help="inject faults between the engines and the index (drop=P,corrupt=P,duplicate=P,"
+        "inject=P,replay=ok|late|never|garbage, or 'default') and run each event-fed "
+        "policy with recovery (snapshots, heartbeats) and without",
+    )
 
 
 def _warn(args: argparse.Namespace, message: str) -> None:
@@ -268,6 +276,15 @@ def check_args(args: argparse.Namespace) -> None:
             raise SimulationError("--cluster replays the chat workload or a --trace, not seeds")
         if args.cluster < 1:
             raise SimulationError(f"--cluster must be >= 1, got {args.cluster}")
+    if getattr(args, "faults", None) is not None:
+        if args.cluster is None:
+            raise SimulationError("--faults needs --cluster")
+        from kvindex.simulate.faults import parse_faults
+
+        try:
+            parse_faults(str(args.faults))
+        except ValueError as e:
+            raise SimulationError(str(e)) from None
     if args.json is not None:
         check_output_path("--json", args.json)
     if args.plot is not None:

@@ -32,6 +32,14 @@ difference): the set of block hashes each engine holds (a hash-chain engine's ca
 blocks' hashes, a radix engine's ``cached_page_hashes``) equals the index's
 ``worker_blocks``, and for the step's newly routed prompts the leading blocks the index
 says each engine holds equal what the engine's ``lookup`` hits.
+
+With ``faults`` (``--faults``), every engine's stream and replay pass through a
+:class:`~kvindex.simulate.faults.FaultProxy` that drops, garbles, duplicates and injects
+messages and delays, swallows or garbles replay answers; each routing policy runs twice,
+with recovery (snapshot endpoints and heartbeats) and without (replay only, vLLM 0.33's
+protocol). Every 10 steps the index is compared with each engine's cache: the report
+gives the share of engine samples on which they differ and the mean number of blocks
+they differ by, beside the hit rate.
 """
 
 from __future__ import annotations
@@ -48,11 +56,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from kvindex._core import ClusterIndex, HashChainCache, RadixPrefixCache
 from kvindex.cluster import POLICIES, Decision, Router
 from kvindex.protocol import DESIGNS
-from kvindex.simulate.cluster_report import ClusterResult, cluster_report
+from kvindex.simulate.cluster_report import ClusterResult, cluster_report, faults_report
+from kvindex.simulate.errors import SimulationError
+from kvindex.simulate.faults import FaultProxy, Faults, parse_faults
 from kvindex.simulate.options import parse_designs, parse_ints
 from kvindex.simulate.workloads import Workload, chat_workload
 
@@ -72,9 +83,20 @@ class _Req:
     done: int = 0  # output tokens computed
 
 
+# Steps between two comparisons of the index with the engines' caches (with faults).
+_STALE_EVERY = 10
+
+
 class _Engine:
     def __init__(
-        self, i: int, blocks: int, bs: int, cache_kw: dict[str, Any], tmp: str, publish: bool
+        self,
+        i: int,
+        blocks: int,
+        bs: int,
+        cache_kw: dict[str, Any],
+        tmp: str,
+        publish: bool,
+        recovery: bool = False,
     ) -> None:
         self.cache: Any
         self.radix = "algo" not in cache_kw
@@ -88,9 +110,22 @@ class _Engine:
         if publish:
             from kvindex.events import EventPublisher
 
+            extra: dict[str, Any] = {}
+            if recovery:
+                extra = {
+                    "snapshot_endpoint": f"ipc://{tmp}/engine{i}-snap",
+                    "heartbeat_interval": 0.05,
+                    "block_size": bs,
+                }
             self.pub = EventPublisher(
-                f"ipc://{tmp}/engine{i}", replay_endpoint=f"ipc://{tmp}/engine{i}-replay"
+                f"ipc://{tmp}/engine{i}", replay_endpoint=f"ipc://{tmp}/engine{i}-replay", **extra
             )
+
+    def held(self) -> npt.NDArray[np.uint64]:
+        """The block hashes this engine's cache holds, sorted."""
+        if self.radix:
+            return np.unique(self.cache.cached_page_hashes())
+        return np.array(_cache_blocks(self.cache), dtype=np.uint64)
 
 
 def _check_index(
@@ -153,37 +188,62 @@ def simulate_cluster(
     seed: int = 0,
     check: bool = False,
     progress: Callable[[int], None] | None = None,
+    faults: Faults | None = None,
+    recovery: bool = True,
 ) -> ClusterResult:
     """Runs ``workload`` on ``workers`` engines of ``design`` (``algo``: the hash chain's
-    hash; ``policy``: the radix tree's eviction) routed by ``route``; see the module
-    docstring."""
+    hash; ``policy``: the radix tree's eviction) routed by ``route``; with ``faults``
+    through a fault-injecting proxy, ``recovery`` saying whether snapshots and heartbeats
+    are on; see the module docstring. Raises ``SimulationError`` for an unknown route or
+    design, a running limit or step budget below 1 (no request could ever be admitted),
+    or a pool that cannot hold a request."""
     if route not in POLICIES:
-        raise ValueError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
+        raise SimulationError(f"unknown route {route!r}; expected one of {', '.join(POLICIES)}")
     if design not in DESIGNS:
-        raise ValueError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+        raise SimulationError(f"unknown design {design!r}; expected one of {', '.join(DESIGNS)}")
+    if max_running < 1:
+        raise SimulationError(f"max_running must be >= 1, got {max_running}")
+    if max_batched_tokens < 1:
+        raise SimulationError(f"max_batched_tokens must be >= 1, got {max_batched_tokens}")
     need = max(-(-(r.prompt_len + r.output_len) // block_size) for r in workload.requests)
     if need > blocks:
-        raise ValueError(f"a request needs {need} blocks; the pool has {blocks}")
+        raise SimulationError(f"a request needs {need} blocks; the pool has {blocks}")
     t_start = time.perf_counter()
     res = ClusterResult(route, workers, design, block_size)
     events = route != "approx"
+    faulty = faults is not None and events
+    recover = faulty and recovery
     cache_kw: dict[str, Any] = {"algo": algo} if design == "hash_chain" else {"policy": policy}
     index = ClusterIndex(block_size, algo=algo if design == "hash_chain" else RADIX_ALGO)
     with tempfile.TemporaryDirectory(prefix="kvindex-cluster-") as tmp:
-        engines = [_Engine(i, blocks, block_size, cache_kw, tmp, events) for i in range(workers)]
+        engines = [
+            _Engine(i, blocks, block_size, cache_kw, tmp, events, recover) for i in range(workers)
+        ]
         listener: Any = None
+        proxy: FaultProxy | None = None
         warm: dict[str, int] = {}
         if events:
             from kvindex.cluster import ClusterListener
 
-            listener = ClusterListener(index, replay_timeout=2.0)
+            listener = ClusterListener(index, replay_timeout=0.2 if faulty else 2.0)
+            if faulty:
+                proxy = FaultProxy(tmp, seed)
             for i, e in enumerate(engines):
+                ep, rep = e.pub.endpoint, e.pub.replay_endpoint
+                if proxy is not None:
+                    proxy.attach(f"engine{i}", ep, rep)
+                    ep, rep = proxy.endpoints(f"engine{i}")
                 listener.add_worker(
-                    f"engine{i}", e.pub.endpoint, replay_endpoint=e.pub.replay_endpoint
+                    f"engine{i}",
+                    ep,
+                    replay_endpoint=rep,
+                    snapshot_endpoint=e.pub.snapshot_endpoint,
                 )
             _warm_up(engines, index)
             _sync(engines, index, listener)
             warm = listener.stats
+            if proxy is not None:
+                proxy.set_all(faults)
         else:
             for i in range(workers):
                 index.add_worker(f"engine{i}")
@@ -200,10 +260,26 @@ def simulate_cluster(
                 max_batched_tokens,
                 check,
                 progress,
+                faulty,
             )
         finally:
+            if proxy is not None:
+                ps = proxy.stats
+                res.extra["injected"] = {
+                    "dropped": ps.dropped,
+                    "corrupted": ps.corrupted,
+                    "duplicated": ps.duplicated,
+                    "bad_messages": ps.injected,
+                    "replay_faults": ps.replay_faults,
+                }
+                res.extra["recovery"] = recover
             if listener is not None:
                 listener.close()
+                if faulty:
+                    st_all = listener.stats
+                    res.extra["snapshots"] = st_all["snapshots"] - warm.get("snapshots", 0)
+                    res.extra["bad_frames"] = st_all["bad_frames"]
+                    res.extra["degraded_at_end"] = index.statuses().count("degraded")
                 st = {k: v - warm.get(k, 0) for k, v in listener.stats.items()}
                 res.repaired, res.lost, res.batches = st["repaired"], st["given_up"], st["applied"]
                 for slot in range(workers):
@@ -213,6 +289,8 @@ def simulate_cluster(
             for e in engines:
                 if e.pub is not None:
                     e.pub.close()
+            if proxy is not None:
+                proxy.close()
     res.wall_s = time.perf_counter() - t_start
     return res
 
@@ -231,11 +309,12 @@ def _warm_up(engines: list[_Engine], index: ClusterIndex) -> None:
             time.sleep(0.002)
 
 
-def _sync(engines: list[_Engine], index: ClusterIndex, listener: Any) -> None:
-    """Waits (bounded) until the index has every batch the engines published."""
+def _sync(engines: list[_Engine], index: ClusterIndex, listener: Any, wait: float = 5.0) -> None:
+    """Waits (at most ``wait`` seconds) until the index has every batch the engines
+    published."""
     if listener is None:
         return
-    deadline = time.monotonic() + 5.0
+    deadline = time.monotonic() + wait
     for slot, e in enumerate(engines):
         want = e.pub.next_seq
         while index.worker_info(slot)["next_seq"] < want:
@@ -255,8 +334,12 @@ def _loop(
     budget_per_step: int,
     check: bool,
     progress: Callable[[int], None] | None,
+    faulty: bool = False,
 ) -> None:
     reqs = workload.requests
+    # With faults a batch may never arrive (lost, or a stream cut off): wait less.
+    sync_s = 0.05 if faulty else 5.0
+    samples = differ = diff_blocks = 0
     followers, arrivals = workload.arrival_queue()
     finished = 0
     step = 0
@@ -266,10 +349,14 @@ def _loop(
     routed: list[np.ndarray] = []
     routed_before = 0
     while finished < len(reqs):
-        if not arrivals and all(not e.running and not e.waiting for e in engines):
-            raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
+        if all(not e.running and not e.waiting for e in engines):
+            if not arrivals:
+                raise RuntimeError("cluster simulation stalled")  # pragma: no cover - a bug
+            # Every engine is idle: the steps until the next arrival change nothing (no
+            # decode, no admission, no event), so time jumps to it.
+            step = max(step, arrivals[0][0])
         if arrivals and arrivals[0][0] <= step:
-            _sync(engines, index, listener)
+            _sync(engines, index, listener, sync_s)
         while arrivals and arrivals[0][0] <= step:
             _, rid = heapq.heappop(arrivals)
             rq = _Req(rid, workload.prompt(rid), workload.output(rid), step)
@@ -338,6 +425,13 @@ def _loop(
                 e.running.append(q)
             if e.pub is not None:
                 e.pub.publish(c, ts=float(step))
+        if faulty and step % _STALE_EVERY == 0:
+            _sync(engines, index, listener, sync_s)
+            for slot, e in enumerate(engines):
+                off = int(np.setxor1d(index.worker_blocks(slot), e.held()).size)
+                samples += 1
+                differ += off > 0
+                diff_blocks += off
         if check and listener is not None:
             _sync(engines, index, listener)
             _check_index(step, engines, index, routed, len(routed) - routed_before)
@@ -354,6 +448,9 @@ def _loop(
     res.imbalance_queued = queue_ratio / step
     res.mean_queue_delay = delays / max(res.requests, 1)
     res.route_ns_per_decision = route_ns / max(res.requests, 1)
+    if faulty:
+        res.extra["stale_share"] = differ / max(samples, 1)
+        res.extra["stale_blocks"] = diff_blocks / max(samples, 1)
 
 
 def run_cluster(args: argparse.Namespace) -> int:
@@ -392,13 +489,21 @@ def run_cluster(args: argparse.Namespace) -> int:
         "policy": getattr(args, "policy", None) or "lru",
         "seed": seed,
     }
+    faults = parse_faults(str(args.faults)) if getattr(args, "faults", None) else None
     from kvindex.simulate.progress import Progress
 
-    plan = [(d, bs, r, workers) for d, bs in designs for r in [*routes, "global"]]
+    # With faults each event-fed policy runs with recovery and without.
+    modes = [True, False] if faults is not None else [True]
+    plan = [
+        (d, bs, r, workers, m)
+        for d, bs in designs
+        for r in [*routes, "global"]
+        for m in (modes if r not in ("global", "approx") else [True])
+    ]
     bar = Progress(len(plan) * len(workload), enabled=not args.quiet and sys.stderr.isatty())
     results: list[ClusterResult] = []
     try:
-        for design, bs, r, w in plan:
+        for design, bs, r, w, recovery in plan:
             bar.set_label(f"{design}@{bs} {r} x{w if r != 'global' else 1}")
             run_kw = dict(kw, design=design, block_size=bs)
             if r == "global":
@@ -408,17 +513,34 @@ def run_cluster(args: argparse.Namespace) -> int:
                 res = simulate_cluster(workload, 1, "round_robin", progress=bar.advance, **run_kw)
                 res.route = "global"
             else:
-                res = simulate_cluster(workload, w, r, progress=bar.advance, **run_kw)
+                res = simulate_cluster(
+                    workload,
+                    w,
+                    r,
+                    progress=bar.advance,
+                    faults=faults,
+                    recovery=recovery,
+                    **run_kw,
+                )
+                if faults is not None and r != "approx":
+                    res.route = f"{r}{'+' if recovery else '-'}recovery"
             results.append(res)
     finally:
         bar.close()
     print(cluster_report(results, workers, kw))
+    if faults is not None:
+        print()
+        print(faults_report(results, faults))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
                 {
                     "workload": workload.summary(),
-                    "settings": {**kw, "designs": [list(d) for d in designs]},
+                    "settings": {
+                        **kw,
+                        "designs": [list(d) for d in designs],
+                        "faults": None if faults is None else vars(faults),
+                    },
                     "runs": [r.as_dict() for r in results],
                 },
                 f,

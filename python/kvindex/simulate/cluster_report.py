@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["ClusterResult", "cluster_report"]
+__all__ = ["ClusterResult", "cluster_report", "faults_report"]
 
 
 @dataclass
@@ -66,16 +66,46 @@ def _table(
         f"{what}: cluster of {workers} engines, {kw['blocks']} blocks of {bs} tokens each "
         f"(global: one engine with {workers}x pool, running limit and budget)"
     )
+    w = max(14, *(len(r.route) for r in results))
     cols = (
-        "route          hit rate  prefill tok  run max/mean  queue max/mean  delay  "
+        f"{'route':{w}s} hit rate  prefill tok  run max/mean  queue max/mean  delay  "
         "ns/event  us/route  repaired  lost  wall s"
     )
     rows = [head, cols]
     for r in results:
         rows.append(
-            f"{r.route:14s} {r.hit_rate:8.3f}  {r.prefill_tokens:11d}  "
+            f"{r.route:{w}s} {r.hit_rate:8.3f}  {r.prefill_tokens:11d}  "
             f"{r.imbalance_running:12.2f}  "
             f"{r.imbalance_queued:14.2f}  {r.mean_queue_delay:5.1f}  {r.index_ns_per_event:8.0f}  "
             f"{r.route_ns_per_decision / 1000:8.1f}  {r.repaired:8d}  {r.lost:4d}  {r.wall_s:6.1f}"
+        )
+    return "\n".join(rows)
+
+
+def faults_report(results: list[ClusterResult], faults: Any) -> str:
+    """Routing quality under injected faults, with and without recovery: hit rate, the
+    share of (engine, sample) pairs on which the index differed from the engine's cache
+    and the mean blocks they differed by, snapshots restored, batches given up, workers
+    degraded at the end, and what the proxy injected."""
+    head = f"faults: {', '.join(f'{k}={v}' for k, v in vars(faults).items())}"
+    w = max(18, *(len(r.route) for r in results))
+    cols = (
+        f"design@bs      {'route':{w}s} hit rate  index wrong  blocks off  snapshots  "
+        "lost  degraded  injected (drop/corrupt/dup/bad/replay)"
+    )
+    rows = [head, cols]
+    for r in results:
+        if "stale_share" not in r.extra:
+            continue
+        inj = r.extra.get("injected", {})
+        injected = "/".join(
+            str(inj.get(k, 0))
+            for k in ("dropped", "corrupted", "duplicated", "bad_messages", "replay_faults")
+        )
+        rows.append(
+            f"{r.design + '@' + str(r.block_size):14s} {r.route:{w}s} {r.hit_rate:8.3f}  "
+            f"{r.extra['stale_share']:11.3f}  {r.extra['stale_blocks']:10.1f}  "
+            f"{r.extra.get('snapshots', 0):9d}  {r.lost:4d}  {r.extra.get('degraded_at_end', 0):8d}"
+            f"  {injected}"
         )
     return "\n".join(rows)

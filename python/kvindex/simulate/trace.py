@@ -135,6 +135,8 @@ def read_mooncake_trace(
             rec = json.loads(line)
         except json.JSONDecodeError as e:
             raise TraceFormatError(f"{where}: invalid JSON: {e.msg} (column {e.colno})") from None
+        except RecursionError:
+            raise TraceFormatError(f"{where}: invalid JSON: nested too deeply") from None
         if not isinstance(rec, dict):
             raise TraceFormatError(f"{where}: expected a JSON object, got {type(rec).__name__}")
         if "timestamp" not in rec:

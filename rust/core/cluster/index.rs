@@ -160,14 +160,14 @@ impl ClusterIndex {
         Ok(())
     }
 
-    fn require(&self, w: WorkerId) -> KvResult<()> {
+    pub(super) fn require(&self, w: WorkerId) -> KvResult<()> {
         if self.worker(w).is_none() {
             return Err(KvError::invalid(format!("no worker in slot {}", w.0)));
         }
         Ok(())
     }
 
-    fn wk(&mut self, w: WorkerId) -> &mut Worker {
+    pub(super) fn wk(&mut self, w: WorkerId) -> &mut Worker {
         match self.workers.get_mut(w.0 as usize) {
             Some(Some(x)) => x,
             // Callers check presence first.
@@ -381,7 +381,7 @@ impl ClusterIndex {
     }
 
     /// Drops every block of `w`. O(blocks in the index + extra references).
-    fn clear_worker(&mut self, w: WorkerId) {
+    pub(super) fn clear_worker(&mut self, w: WorkerId) {
         let id = w.0;
         let ClusterIndex { blocks, sets, free_sets, extra, .. } = self;
         if self.workers[id as usize].as_ref().is_some_and(|x| x.blocks == 0) {

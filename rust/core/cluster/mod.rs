@@ -12,6 +12,7 @@
 //! | [`stream`] | the per-worker stream protocol: sequence numbers, duplicates, gaps, restarts, trust |
 //! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
+//! | [`snapshot`] | a worker's state exported and restored (bootstrap, router replicas) |
 //!
 //! # Layout
 //! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
@@ -73,6 +74,7 @@ pub mod index;
 pub mod ops;
 pub mod query;
 pub mod route;
+pub mod snapshot;
 pub mod stream;
 pub mod table;
 

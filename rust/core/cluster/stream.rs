@@ -168,7 +168,7 @@ impl Worker {
         self.stats.malformed += 1;
         self.status = Status::Degraded;
         if let Some(seq) = seq {
-            self.next_seq = seq + 1;
+            self.next_seq = seq.saturating_add(1);
         }
     }
 
@@ -179,7 +179,7 @@ impl Worker {
             #[allow(clippy::cast_possible_truncation)]
             let slot = (seq % RECENT as u64) as usize;
             self.recent[slot] = (seq, digest);
-            self.next_seq = seq + 1;
+            self.next_seq = seq.saturating_add(1);
             if self.status == Status::Resyncing {
                 self.status = Status::Live;
             }
@@ -194,9 +194,20 @@ impl Worker {
     /// continues from `seq`.
     pub(super) fn give_up(&mut self, seq: u64) {
         if seq > self.next_seq {
-            self.stats.lost += seq - self.next_seq;
+            // Saturates: a sequence number near 2**64 must not overflow the counter.
+            self.stats.lost = self.stats.lost.saturating_add(seq - self.next_seq);
             self.status = Status::Degraded;
             self.next_seq = seq;
         }
+    }
+
+    /// The worker's state was replaced by a snapshot: its stream continues
+    /// at `next_seq` and it is known exactly. The recent-batch ring is
+    /// emptied (the snapshot says nothing about the payloads before
+    /// `next_seq`); the counters are kept.
+    pub(super) fn restored(&mut self, next_seq: u64) {
+        self.next_seq = next_seq;
+        self.status = Status::Live;
+        self.recent.fill((u64::MAX, 0));
     }
 }

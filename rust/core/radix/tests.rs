@@ -658,6 +658,33 @@ mod request_cache {
     }
 
     #[test]
+    fn checkpoint_inserts_only_what_the_hash_chain_has_cached() {
+        use crate::core::request::StepOpts;
+        let spec = KeySpec::default();
+        let p: Vec<i32> = (0..9).collect();
+        // A delay_cache admission: its external pages hold no KV until finish_transfer.
+        let mut c = cache(32, 2);
+        let wait = StepOpts { external_prefix: 8, delay_cache: true, ..StepOpts::default() };
+        c.admit_chunk(RequestId(1), &p, &spec, false, &wait).expect("ok").expect("fits");
+        c.checkpoint(RequestId(1)).expect("ok");
+        ok(&c);
+        assert_eq!(c.lookup(&p, &spec).expect("ok"), 0, "nothing hittable before the transfer");
+        c.finish_transfer(RequestId(1)).expect("waiting");
+        assert_eq!(c.lookup(&p, &spec).expect("ok"), 8);
+        ok(&c);
+        // A page a commit completes is cached at the next schedule (vLLM), not at once.
+        let mut c = cache(32, 2);
+        c.admit_chunk(RequestId(2), &p[..5], &spec, false, &StepOpts::default()).expect("ok").expect("fits");
+        assert!(c.schedule(RequestId(2), 1, &[], 0, 0).expect("ok").is_some(), "ahead of its id");
+        c.commit_tokens(RequestId(2), &[5i32], 0).expect("fills the placeholder");
+        c.checkpoint(RequestId(2)).expect("ok");
+        assert_eq!(c.lookup(&p[..7], &spec).expect("ok"), 4);
+        c.schedule(RequestId(2), 1, &[], 0, 0).expect("ok");
+        assert_eq!(c.lookup(&p[..7], &spec).expect("ok"), 6);
+        ok(&c);
+    }
+
+    #[test]
     fn checkpoint_shares_running_prompt() {
         let mut c = cache(32, 2);
         let spec = KeySpec::default();

@@ -487,13 +487,16 @@ impl<D: PrefixDesign> PrefixCache<D> {
     /// cached at the request's next `schedule`. O(ids).
     ///
     /// # Errors
-    /// `UnknownRequest`; `InvalidArgument` for a request not running, more
-    /// rejections than drafts, ids not led by the accepted drafts, or more
-    /// sampled ids than reserved placeholders. Nothing changes.
+    /// `InvalidArgument` for an id outside the design's token rule (checked
+    /// first); `UnknownRequest`; `InvalidArgument` for a request not running,
+    /// more rejections than drafts, ids not led by the accepted drafts, or
+    /// more sampled ids than reserved placeholders. Nothing changes.
     pub fn commit_tokens<T: Token>(&mut self, id: RequestId, ids: &[T], num_rejected: usize) -> KvResult<()>
     where
         D: Reads<T>,
     {
+        // The caches' token rule, checked first as admission checks it.
+        D::check_tokens(ids)?;
         let slot = self.slot(id)?;
         Self::check_commit_at(self.req(slot), ids, num_rejected)?;
         self.apply_commit(slot, ids, num_rejected);
@@ -539,6 +542,7 @@ impl<D: PrefixDesign> PrefixCache<D> {
     where
         D: Reads<T>,
     {
+        D::check_tokens(tokens)?;
         if num_rejected.is_none() {
             if let Ok(ranges) = batch_ranges(ids.len(), tokens.len(), offsets) {
                 if self.commit_plain(ids, tokens, ranges) {

@@ -117,7 +117,7 @@ impl PyPrefixCache {
         #[pyo3(from_py_with = args::named::cache_salt)] cache_salt: Option<String>,
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
-        skip_reading: bool,
+        #[pyo3(from_py_with = args::named::skip_reading)] skip_reading: bool,
     ) -> PyResult<Option<Admission>> {
         let id = rid(request_id)?;
         let spec = keys::spec(cache_salt, lora, mm_items)?;
@@ -187,6 +187,9 @@ impl PyPrefixCache {
     /// Makes the running request's full blocks hittable by other requests now
     /// (the radix cache inserts them, as SGLang ``cache_unfinished_req``; the
     /// hash chain caches full blocks as they fill, so only the id is checked).
+    /// With the lifecycle calls both designs make the same blocks hittable: those
+    /// of known ids up to the last step (a block a commit completes, from the next
+    /// ``schedule``), none of a ``delay_cache`` admission before ``finish_transfer``.
     fn checkpoint(slf: &Bound<'_, Self>, request_id: &Bound<'_, PyAny>) -> PyResult<()> {
         let id = rid(request_id)?;
         slf.try_borrow_mut()?.inner.checkpoint(id).py()

@@ -40,17 +40,17 @@ impl PyPrefixCache {
         slf: &Bound<'py, Self>,
         request_id: &Bound<'py, PyAny>,
         tokens: &Bound<'py, PyAny>,
-        chunk: Option<i64>,
-        lookahead: i64,
-        must_fit: bool,
-        external_prefix: i64,
-        delay_cache: bool,
-        reserved_blocks: i64,
-        watermark_blocks: i64,
-        cache_salt: Option<String>,
+        #[pyo3(from_py_with = args::named::chunk)] chunk: Option<i64>,
+        #[pyo3(from_py_with = args::named::lookahead)] lookahead: i64,
+        #[pyo3(from_py_with = args::named::must_fit)] must_fit: bool,
+        #[pyo3(from_py_with = args::named::external_prefix)] external_prefix: i64,
+        #[pyo3(from_py_with = args::named::delay_cache)] delay_cache: bool,
+        #[pyo3(from_py_with = args::named::reserved_blocks)] reserved_blocks: i64,
+        #[pyo3(from_py_with = args::named::watermark_blocks)] watermark_blocks: i64,
+        #[pyo3(from_py_with = args::named::cache_salt)] cache_salt: Option<String>,
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
-        skip_reading: bool,
+        #[pyo3(from_py_with = args::named::skip_reading)] skip_reading: bool,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let id = rid(request_id)?;
         let o = lc::opts(
@@ -85,13 +85,13 @@ impl PyPrefixCache {
     fn resume<'py>(
         slf: &Bound<'py, Self>,
         request_id: &Bound<'py, PyAny>,
-        chunk: Option<i64>,
-        lookahead: i64,
-        must_fit: bool,
-        external_prefix: i64,
-        delay_cache: bool,
-        reserved_blocks: i64,
-        watermark_blocks: i64,
+        #[pyo3(from_py_with = args::named::chunk)] chunk: Option<i64>,
+        #[pyo3(from_py_with = args::named::lookahead)] lookahead: i64,
+        #[pyo3(from_py_with = args::named::must_fit)] must_fit: bool,
+        #[pyo3(from_py_with = args::named::external_prefix)] external_prefix: i64,
+        #[pyo3(from_py_with = args::named::delay_cache)] delay_cache: bool,
+        #[pyo3(from_py_with = args::named::reserved_blocks)] reserved_blocks: i64,
+        #[pyo3(from_py_with = args::named::watermark_blocks)] watermark_blocks: i64,
     ) -> PyResult<Option<Bound<'py, PyTuple>>> {
         let id = rid(request_id)?;
         let o = lc::opts(
@@ -122,10 +122,10 @@ impl PyPrefixCache {
     fn schedule<'py>(
         slf: &Bound<'py, Self>,
         request_id: &Bound<'py, PyAny>,
-        num_new_tokens: i64,
-        lookahead: i64,
+        #[pyo3(from_py_with = args::named::num_new_tokens)] num_new_tokens: i64,
+        #[pyo3(from_py_with = args::named::lookahead)] lookahead: i64,
         draft_tokens: Option<&Bound<'py, PyAny>>,
-        reserved_blocks: i64,
+        #[pyo3(from_py_with = args::named::reserved_blocks)] reserved_blocks: i64,
     ) -> PyResult<Option<Bound<'py, PyArray1<i32>>>> {
         let id = rid(request_id)?;
         let n = lc::positive(num_new_tokens, "num_new_tokens")?;
@@ -153,7 +153,7 @@ impl PyPrefixCache {
         slf: &Bound<'py, Self>,
         request_ids: &Bound<'py, PyAny>,
         num_new_tokens: &Bound<'py, PyAny>,
-        lookahead: i64,
+        #[pyo3(from_py_with = args::named::lookahead)] lookahead: i64,
         draft_tokens: Option<&Bound<'py, PyAny>>,
         draft_offsets: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<Bound<'py, PyTuple>> {
@@ -191,7 +191,7 @@ impl PyPrefixCache {
         slf: &Bound<'_, Self>,
         request_id: &Bound<'_, PyAny>,
         tokens: &Bound<'_, PyAny>,
-        num_rejected: i64,
+        #[pyo3(from_py_with = args::named::num_rejected)] num_rejected: i64,
     ) -> PyResult<()> {
         let id = rid(request_id)?;
         let rej = lc::count(num_rejected, "num_rejected")?;
