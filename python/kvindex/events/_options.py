@@ -8,10 +8,12 @@ a refused constructor leaks nothing and a refused call changes nothing.
 from __future__ import annotations
 
 import math
-import operator
 from typing import Any
 
+from kvindex._checks import integer, text
 from kvindex.exceptions import DTypeError, InvalidArgumentError
+
+__all__ = ["INT_OPTION_MAX", "POLL_MS_MAX", "count", "seconds", "text", "timestamp", "topic_bytes"]
 
 # ZMQ socket options (high-water marks) are C ints.
 INT_OPTION_MAX = 2**31 - 1
@@ -21,23 +23,10 @@ POLL_MS_MAX = 2**31 - 1
 
 def count(name: str, value: Any, *, low: int, high: int) -> int:
     """An ``int`` (not a bool) in ``low..=high``."""
-    if isinstance(value, bool) or not hasattr(type(value), "__index__"):
-        raise DTypeError(f"{name} must be an int, got {type(value).__name__}")
-    n = operator.index(value)
+    n = integer(name, value)
     if not low <= n <= high:
         raise InvalidArgumentError(f"{name} must be in {low}..={high}, got {n}")
     return n
-
-
-def text(name: str, value: Any) -> str:
-    """A ``str`` that encodes as UTF-8 (no lone surrogates)."""
-    if not isinstance(value, str):
-        raise DTypeError(f"{name} must be a str, got {type(value).__name__}")
-    try:
-        value.encode()
-    except UnicodeEncodeError:
-        raise InvalidArgumentError(f"{name} must be valid Unicode (no lone surrogates)") from None
-    return value
 
 
 def topic_bytes(value: Any) -> bytes:
