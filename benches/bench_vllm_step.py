@@ -23,7 +23,7 @@ Measured, after ``--warmup`` steps: the step time of each side (median and mean 
 ``--steps`` steps with timing wrappers, wrapper cost subtracted), and the prompt hashing
 cost of both hashers on the same prompts (first hashing of each arriving prompt).
 
-    PYTHONPATH=python /work/venvs/vllm/bin/python benches/bench_vllm_step.py \\
+    .vllm-env/venv/bin/python benches/bench_vllm_step.py \\
         --running 1024 [--async] [--kvindex-side stock]
 
 ``--kvindex-side stock`` runs vLLM's manager on both sides (the harness on its own).
