@@ -595,6 +595,7 @@ class RadixTree:
         max_events: int = 100000,
         sliding_window: int | None = None,
         mamba: bool = False,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
     ) -> Self: ...
     @property
     def page_size(self) -> int:
@@ -732,6 +733,7 @@ class RadixPrefixCache(PrefixCache):
         slru_threshold: int = 2,
         enable_events: bool = False,
         max_events: int = 100000,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
     ) -> Self: ...
     @property
     def policy(self) -> str:

@@ -71,7 +71,11 @@ fn slots_i32(t: TokenArray<'_>) -> PyResult<Cow<'_, [i32]>> {
 ///
 /// # Errors
 /// `CapacityError` when the array cannot be allocated.
-pub(super) fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bound<'py, PyArray1<i32>>> {
+pub(super) fn slot_array<'py>(
+    py: Python<'py>,
+    pages: &[PageId],
+    ps: usize,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let len = pages.len().checked_mul(ps).ok_or_else(|| capacity("slot array too large"))?;
     arrays::filled_i32(py, len, |dst| pages_to_slots(pages, ps, dst))
 }
@@ -96,7 +100,11 @@ fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
 
 /// The Python handle of a core handle: `tag << 64 | handle` (the root is 0),
 /// built with two C-API calls from the tree's cached `base = tag << 64`.
-pub(super) fn encode_handle<'py>(py: Python<'py>, base: &Py<PyInt>, h: NodeHandle) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn encode_handle<'py>(
+    py: Python<'py>,
+    base: &Py<PyInt>,
+    h: NodeHandle,
+) -> PyResult<Bound<'py, PyAny>> {
     if h.0 == 0 {
         return Ok(0u64.into_pyobject(py)?.into_any());
     }
@@ -257,8 +265,8 @@ fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
 impl PyRadixTree {
     #[new]
     #[pyo3(
-        signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, sliding_window = None, mamba = false),
-        text_signature = "(page_size=1, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, sliding_window=None, mamba=False)"
+        signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, sliding_window = None, mamba = false, groups = None),
+        text_signature = "(page_size=1, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, sliding_window=None, mamba=False, groups=None)"
     )]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -270,12 +278,23 @@ impl PyRadixTree {
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
         sliding_window: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = mamba_flag)] mamba: bool,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let policy = parse_policy(&policy, slru_threshold)?;
-        let comps = Components {
-            swa_window: args::opt_usize_arg(sliding_window, "sliding_window", 1 << 40)?,
-            mamba,
-        };
+        let mut comps =
+            Components { swa_window: args::opt_usize_arg(sliding_window, "sliding_window", 1 << 40)?, mamba };
+        if let Some(g) = groups.filter(|g| !g.is_none()) {
+            let (bs, from_layout, _) = super::radix_hybrid::layout_components(g)?;
+            if comps.any() {
+                return Err(invalid("give either groups or sliding_window / mamba, not both"));
+            }
+            if bs != page_size {
+                return Err(invalid(format!(
+                    "page_size ({page_size}) must be the groups' block size ({bs})"
+                )));
+            }
+            comps = from_layout;
+        }
         let mut inner = RadixTree::with_components(page_size, policy, enable_events, comps).py()?;
         inner.events_mut().set_capacity(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
@@ -401,7 +420,15 @@ impl PyRadixTree {
             me.pages.clear();
             let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
                 me.inner
-                    .insert_hybrid(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut me.pages, &hi)
+                    .insert_hybrid(
+                        &toks[..full],
+                        &pages,
+                        namespace,
+                        priority,
+                        tail_page.as_slice(),
+                        &mut me.pages,
+                        &hi,
+                    )
                     .py()
                     .map(|prefix| (prefix, tail_page, toks.len() - full))
             });
@@ -562,8 +589,8 @@ fn radix<'a>(base: &'a PyRef<'_, PyPrefixCache>) -> PyResult<&'a RadixPrefixCach
 impl PyRadixPrefixCache {
     #[new]
     #[pyo3(
-        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
-        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000)"
+        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, groups = None),
+        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, groups=None)"
     )]
     fn new(
         #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
@@ -572,8 +599,24 @@ impl PyRadixPrefixCache {
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let policy = parse_policy(&policy, slru_threshold)?;
+        if let Some(g) = groups.filter(|g| !g.is_none()) {
+            let (bs, comps, names) = super::radix_hybrid::layout_components(g)?;
+            if bs != block_size {
+                return Err(invalid(format!(
+                    "block_size ({block_size}) must be the groups' block size ({bs})"
+                )));
+            }
+            if comps.any() {
+                return Err(invalid(format!(
+                    "RadixPrefixCache cannot serve the layout {names} yet: its sliding-window / Mamba \
+                     components are served by the radix tree (RadixTree(groups=...)), not yet by \
+                     the request-level cache's page pools (full-attention layouts only)"
+                )));
+            }
+        }
         let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         Ok(PyClassInitializer::from(PyPrefixCache::new(AnyCache::Radix(inner)))

@@ -166,7 +166,9 @@ ops = st.lists(
             st.lists(st.integers(0, 2), min_size=1, max_size=14),
             st.sampled_from([0.0, 0.25, 0.5, 0.75, 1.0]),
         ),
-        st.tuples(st.just("match"), st.lists(st.integers(0, 2), min_size=1, max_size=14), st.booleans()),
+        st.tuples(
+            st.just("match"), st.lists(st.integers(0, 2), min_size=1, max_size=14), st.booleans()
+        ),
         st.tuples(st.just("unlock"), st.integers(0, 50), st.just(0)),
         st.tuples(st.just("evict"), st.integers(0, 2), st.integers(1, 8)),
         st.tuples(st.just("reset"), st.just(0), st.just(0)),
@@ -184,7 +186,9 @@ ops = st.lists(
     suppress_health_check=[HealthCheck.too_slow],
 )
 @given(stream=ops)
-def test_hybrid_tree_matches_the_model(ps: int, window: int | None, mamba: bool, stream: list[Any]) -> None:
+def test_hybrid_tree_matches_the_model(
+    ps: int, window: int | None, mamba: bool, stream: list[Any]
+) -> None:
     d = Driver(ps, window, mamba)
     for op, a, b in stream:
         if op == "insert":
@@ -229,12 +233,20 @@ def test_swa_tombstones_gate_matches_only_inside_the_window() -> None:
 
 def test_mamba_hits_end_at_the_deepest_state() -> None:
     t = kvindex.RadixTree(1, mamba=True)
-    t.insert(np.array([1, 2, 3, 4], dtype=np.int32), np.arange(10, 14, dtype=np.int32), mamba_state=7)
-    t.insert(np.array([1, 2, 3, 4, 5, 6], dtype=np.int32), np.arange(20, 26, dtype=np.int32), mamba_state=8)
+    t.insert(
+        np.array([1, 2, 3, 4], dtype=np.int32), np.arange(10, 14, dtype=np.int32), mamba_state=7
+    )
+    t.insert(
+        np.array([1, 2, 3, 4, 5, 6], dtype=np.int32),
+        np.arange(20, 26, dtype=np.int32),
+        mamba_state=8,
+    )
     m = t.match_prefix(np.array([1, 2, 3, 4, 5], dtype=np.int32))
     assert m.hit_len == 4 and t.node_components(m.node)[2] == 7
     assert t.match_prefix(np.array([1, 2, 9], dtype=np.int32)).hit_len == 0
-    r = t.insert(np.array([1, 2, 3, 4], dtype=np.int32), np.arange(10, 14, dtype=np.int32), mamba_state=9)
+    r = t.insert(
+        np.array([1, 2, 3, 4], dtype=np.int32), np.arange(10, 14, dtype=np.int32), mamba_state=9
+    )
     assert r.prefix_len == 4 and t.take_component_frees()[3] is True  # the caller frees state 9
     t.check_invariants()
 
@@ -260,3 +272,48 @@ def test_bad_component_arguments_raise_and_change_nothing() -> None:
     t.check_invariants()
     assert t.sliding_window == 4 and t.mamba is True
     assert kvindex.RadixTree(1).sliding_window is None
+
+
+GPT_OSS = [("full_attention", 16, 0, ""), ("sliding_window", 16, 128, "")]
+QWEN3_NEXT = [("full_attention", 16, 0, ""), ("mamba", 16, 0, "align")]
+
+
+def test_group_layouts_build_hybrid_trees() -> None:
+    t = kvindex.RadixTree(16, groups=GPT_OSS)
+    assert (t.sliding_window, t.mamba) == (128, False)
+    t = kvindex.RadixTree(16, groups=QWEN3_NEXT)
+    assert (t.sliding_window, t.mamba) == (None, True)
+    assert kvindex.RadixTree(16, groups=[("full_attention", 16, 0, "")]).sliding_window is None
+    with pytest.raises(kvindex.InvalidArgumentError, match="block size"):
+        kvindex.RadixTree(1, groups=GPT_OSS)
+    with pytest.raises(kvindex.InvalidArgumentError, match="not both"):
+        kvindex.RadixTree(16, groups=GPT_OSS, mamba=True)
+
+
+@pytest.mark.parametrize(
+    ("groups", "why"),
+    [
+        ([("full_attention", 16, 0, ""), ("chunked_local_attention", 16, 64, "")], "chunked local"),
+        ([("full_attention", 16, 0, ""), ("sliding_window", 32, 128, "")], "different block sizes"),
+        ([("sliding_window", 16, 128, "")], "no full-attention group"),
+        ([("full_attention", 16, 0, ""), ("mamba", 16, 0, "none")], "align"),
+        ([("full_attention", 16, 0)], "kind_name, block_size"),
+    ],
+)
+def test_layouts_the_radix_design_cannot_serve_are_named(groups: Any, why: str) -> None:
+    with pytest.raises(kvindex.InvalidArgumentError, match=why):
+        kvindex.RadixTree(16, groups=groups)
+    with pytest.raises(kvindex.InvalidArgumentError, match=why):
+        kvindex.make_cache("radix", 64, 16, groups=groups)
+
+
+def test_make_cache_radix_takes_a_layout() -> None:
+    c = kvindex.make_cache(
+        "radix", 64, 16, groups=[("full_attention", 16, 0, ""), ("mla_attention", 16, 0, "")]
+    )
+    assert c.block_size == 16
+    for groups in (GPT_OSS, QWEN3_NEXT):
+        with pytest.raises(
+            kvindex.InvalidArgumentError, match=r"cannot serve the layout \[full_attention"
+        ):
+            kvindex.make_cache("radix", 64, 16, groups=groups)

@@ -79,6 +79,91 @@ pub struct Components {
 }
 
 impl Components {
+    /// The components that serve a group layout, with the tree's page size:
+    /// full attention and MLA groups are the full KV every node holds, one
+    /// sliding-window group is the SWA component (its window is SGLang's
+    /// retained window), a Mamba group the Mamba component. SGLang's tree has
+    /// one page size, and one component per kind.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the layout for what the radix design cannot
+    /// serve: no full-attention group, groups of different block sizes,
+    /// chunked local attention, several sliding windows or Mamba groups,
+    /// or caching turned off.
+    pub fn from_layout(layout: &crate::core::groups::spec::GroupLayout) -> KvResult<(usize, Components)> {
+        use crate::core::groups::spec::GroupKind;
+        let groups = layout.groups();
+        let names: Vec<String> = groups
+            .iter()
+            .map(|g| match g.kind.sliding_window() {
+                Some(w) => format!("{}(window={w}, block_size={})", g.kind.kind_name(), g.block_size),
+                None => format!("{}(block_size={})", g.kind.kind_name(), g.block_size),
+            })
+            .collect();
+        let refuse = |why: &str| {
+            KvError::invalid(format!(
+                "the radix design cannot serve the layout [{}]: {why}",
+                names.join(", ")
+            ))
+        };
+        if !layout.enable_caching() {
+            return Err(refuse("prefix caching is off (the radix tree is a prefix cache)"));
+        }
+        let Some(first) = groups.first() else { return Err(refuse("it has no groups")) };
+        if groups.iter().any(|g| g.block_size != first.block_size) {
+            return Err(refuse("its groups have different block sizes (the radix tree has one page size)"));
+        }
+        if !groups.iter().any(|g| g.kind.is_full()) {
+            return Err(refuse("it has no full-attention group (every radix node holds full KV)"));
+        }
+        let mut comps = Components::default();
+        let mut mambas = 0;
+        for g in groups {
+            match g.kind {
+                GroupKind::FullAttention | GroupKind::Mla => {}
+                GroupKind::SlidingWindow { window } => {
+                    if comps.swa_window.is_some_and(|w| w != window) {
+                        return Err(refuse("it has sliding windows of different sizes (one SWA component)"));
+                    }
+                    comps.swa_window = Some(window);
+                }
+                GroupKind::ChunkedLocal { .. } => {
+                    return Err(refuse("chunked local attention has no radix component (SGLang has none)"));
+                }
+                GroupKind::Mamba { .. } => {
+                    mambas += 1;
+                    comps.mamba = true;
+                }
+            }
+        }
+        if mambas > 1 {
+            return Err(refuse("it has several Mamba groups (one Mamba state per node)"));
+        }
+        if comps.swa_window == Some(0) {
+            return Err(refuse("its sliding window is 0"));
+        }
+        Ok((first.block_size, comps))
+    }
+
+    /// A layout as error messages name it: `[kind(window=.., block_size=..), ...]`.
+    #[must_use]
+    pub fn describe(layout: &crate::core::groups::spec::GroupLayout) -> String {
+        let names: Vec<String> = layout
+            .groups()
+            .iter()
+            .map(|g| match g.kind {
+                crate::core::groups::spec::GroupKind::SlidingWindow { window } => {
+                    format!("{}(window={window}, block_size={})", g.kind.kind_name(), g.block_size)
+                }
+                crate::core::groups::spec::GroupKind::ChunkedLocal { chunk } => {
+                    format!("{}(chunk={chunk}, block_size={})", g.kind.kind_name(), g.block_size)
+                }
+                _ => format!("{}(block_size={})", g.kind.kind_name(), g.block_size),
+            })
+            .collect();
+        format!("[{}]", names.join(", "))
+    }
+
     /// Whether there is any component beside full attention.
     #[must_use]
     pub fn any(self) -> bool {

@@ -277,3 +277,32 @@ fn random_operations_keep_invariants_and_conserve() {
         }
     }
 }
+
+#[test]
+fn layouts_map_onto_components_or_are_refused_by_name() {
+    use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions, MambaMode};
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let g = |kind, block_size| GroupSpec { kind, block_size };
+    let lay = |v: Vec<GroupSpec>| GroupLayout::new(v, opt).expect("valid layout");
+    let full = GroupKind::FullAttention;
+    let swa = GroupKind::SlidingWindow { window: 128 };
+    let mamba = GroupKind::Mamba { mode: MambaMode::Align };
+    assert_eq!(Components::from_layout(&lay(vec![g(full, 16)])).expect("full"), (16, Components::default()));
+    assert_eq!(
+        Components::from_layout(&lay(vec![g(full, 16), g(swa, 16)])).expect("gpt-oss"),
+        (16, Components { swa_window: Some(128), mamba: false })
+    );
+    assert_eq!(
+        Components::from_layout(&lay(vec![g(full, 16), g(mamba, 16)])).expect("qwen3-next"),
+        (16, Components { swa_window: None, mamba: true })
+    );
+    for (v, why) in [
+        (vec![g(full, 16), g(swa, 32)], "different block sizes"),
+        (vec![g(swa, 16)], "no full-attention group"),
+        (vec![g(full, 16), g(GroupKind::ChunkedLocal { chunk: 64 }, 16)], "chunked local"),
+        (vec![g(full, 16), g(swa, 16), g(GroupKind::SlidingWindow { window: 64 }, 16)], "sliding windows"),
+    ] {
+        let e = Components::from_layout(&lay(v)).expect_err("refused");
+        assert!(e.msg.contains(why) && e.msg.contains("block_size=16"), "{}", e.msg);
+    }
+}

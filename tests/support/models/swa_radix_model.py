@@ -61,7 +61,9 @@ class HybridNode(ModelNode):
 class HybridRadixModel(RadixModel):
     """:class:`RadixModel` with an SWA window and/or Mamba states (lru policy)."""
 
-    def __init__(self, page_size: int = 1, sliding_window: int | None = None, mamba: bool = False) -> None:
+    def __init__(
+        self, page_size: int = 1, sliding_window: int | None = None, mamba: bool = False
+    ) -> None:
         self.window = sliding_window or 0
         self.has_mamba = mamba
         self._uuid = 1
@@ -199,7 +201,9 @@ class HybridRadixModel(RadixModel):
         best = self._best(nodes)  # type: ignore[arg-type]
         return sum(m for _, m in path[:best])
 
-    def match_prefix(self, tokens: Any, namespace: str | None = None) -> tuple[int, array[int], ModelNode]:
+    def match_prefix(
+        self, tokens: Any, namespace: str | None = None
+    ) -> tuple[int, array[int], ModelNode]:
         q = self._aligned(tokens)
         if not q:
             return 0, array("q"), self.root
