@@ -698,7 +698,11 @@ class RadixTree:
         self,
     ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], list[int], bool]:
         """Drains the component frees of the operations since the last call:
-        ``(swa_slots, full_only_slots, mamba_states, mamba_exist)``."""
+        ``(swa_slots, full_only_slots, mamba_states, mamba_exist)``. ``swa_slots``: slots
+        whose SWA KV was freed; ``full_only_slots``: slots to free without their SWA KV
+        (a revived tombstone's old slots, or the caller's whose SWA a locked tombstone
+        adopted); ``mamba_exist``: an insert ended on a node that already had a state
+        (the caller frees its own)."""
     def node_components(self, node: int) -> tuple[bool, int, int | None, int]:
         """``(swa_live, swa_lock_ref, mamba_state, mamba_lock_ref)`` of a node."""
     def component_lru(self, component: str) -> list[int]:
