@@ -129,6 +129,23 @@ class Driver:
             self.kv.lock(node)
             self.model.lock(mnode)
             self.locks.append((node, mnode))
+            if len(self.locks) == 1 and self.model.window:
+                self.window_lock_is_minimal(mnode)
+
+    def window_lock_is_minimal(self, mnode: Any) -> None:
+        """One lock pins the SWA of the shortest node suffix covering the window, no more."""
+        lens, live, cur = [], [], mnode
+        while cur is not self.model.root:
+            lens.append(len(cur.key))
+            live.append(cur.swa_live)
+            cur = cur.parent
+        covered, k = 0, 0
+        while k < len(lens) and covered < self.model.window:
+            covered += lens[k]
+            k += 1
+        assert covered - lens[k - 1] < self.model.window
+        pinned = sum(ln for ln, lv in zip(lens[:k], live[:k], strict=True) if lv)
+        assert self.kv.swa_protected_size == pinned
 
     def unlock(self, i: int) -> None:
         if not self.locks:
