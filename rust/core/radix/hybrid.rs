@@ -60,7 +60,7 @@
 //! # Costs
 //! Match: O(walked nodes) validators + O(window nodes) LRU moves. Lock and
 //! unlock: O(depth) + O(window nodes). SWA / Mamba eviction: O(skipped
-//! locked nodes + removed nodes). Memory: 32 bytes + receipts per node.
+//! locked nodes + removed nodes). Memory: 56 bytes per node (+ 8 per extra own lock).
 
 use rustc_hash::FxHashSet;
 
@@ -315,6 +315,40 @@ impl Lru {
     }
 }
 
+/// The SWA boundary of each own lock of a node (0: the lock reached the
+/// root), last in first out: the latest inline (a node rarely holds two own
+/// locks), earlier ones in a vector allocated only then.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Receipts {
+    len: u32,
+    last: u64,
+    earlier: Vec<u64>,
+}
+
+impl Receipts {
+    fn push(&mut self, r: u64) {
+        if self.len > 0 {
+            self.earlier.push(self.last);
+        }
+        self.last = r;
+        self.len += 1;
+    }
+
+    fn pop(&mut self) -> Option<u64> {
+        if self.len == 0 {
+            return None;
+        }
+        self.len -= 1;
+        let r = self.last;
+        self.last = if self.len > 0 { self.earlier.pop().expect("earlier receipts") } else { 0 };
+        Some(r)
+    }
+
+    pub(super) fn len(&self) -> usize {
+        self.len as usize
+    }
+}
+
 /// The components of one node.
 #[derive(Clone, Debug, Default)]
 pub(super) struct Comp {
@@ -323,7 +357,7 @@ pub(super) struct Comp {
     /// Boundary id of the SWA lock segments that end here (0: none).
     pub(super) swa_uuid: u64,
     /// The SWA boundary of each own lock of this node (0: reached the root).
-    pub(super) receipts: Vec<u64>,
+    pub(super) receipts: Receipts,
     pub(super) mamba: Option<u32>,
     pub(super) mamba_lock: u32,
 }
@@ -713,6 +747,18 @@ impl RadixTree {
         Ok(())
     }
 
+    /// Whether the insert path (`self.path`, after its splits) holds an SWA
+    /// tombstone ending past `swa_evicted` (else there is nothing to revive:
+    /// the common case, O(depth)).
+    pub(super) fn hy_tombstone_past(&self, swa_evicted: usize) -> bool {
+        let Some(h) = self.hy.as_ref().filter(|h| h.swa()) else { return false };
+        let mut end = 0;
+        self.path.iter().any(|&(c, l)| {
+            end += l;
+            !h.comps[c.idx()].swa_live && end > swa_evicted
+        })
+    }
+
     /// Insert hook for the walked prefix (after its splits): revives the SWA
     /// tombstones the caller's pages cover past `swa_evicted`. `path` holds
     /// the matched nodes; `values` the caller's pages; `to_free` (from
@@ -912,7 +958,7 @@ impl RadixTree {
         ensure_inv!(h.comps.len() >= self.nodes.len(), "component table shorter than the arena");
         let root = &h.comps[0];
         ensure_inv!(
-            !root.swa_live && root.mamba.is_none() && root.swa_lock == 0 && root.receipts.is_empty(),
+            !root.swa_live && root.mamba.is_none() && root.swa_lock == 0 && root.receipts.len() == 0,
             "the root holds component data"
         );
         for (i, n) in self.nodes.iter().enumerate().skip(1) {

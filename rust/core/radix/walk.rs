@@ -383,9 +383,12 @@ impl RadixTree {
             }
             return Ok(prefix);
         }
-        let mut matched: Vec<NodeId> = self.path.iter().map(|p| p.0).collect();
-        self.hy_insert_prefix(&mut matched, values, hi.swa_evicted, to_free, dup_start, tick);
-        let node = matched.last().copied().unwrap_or(NodeId::ROOT);
+        let mut node = self.path.last().map_or(NodeId::ROOT, |p| p.0);
+        if self.hy_tombstone_past(hi.swa_evicted) {
+            let mut matched: Vec<NodeId> = self.path.iter().map(|p| p.0).collect();
+            self.hy_insert_prefix(&mut matched, values, hi.swa_evicted, to_free, dup_start, tick);
+            node = matched.last().copied().unwrap_or(NodeId::ROOT);
+        }
         if prefix < tokens.len() {
             let leaf = self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
             self.hy_insert_end(leaf, true, prefix, hi, tick);
