@@ -17,8 +17,9 @@ Presets (:data:`PRESETS`) are computed from the models' published configs with v
   backend's kernel block whose page holds one Mamba state
   (``Platform._align_hybrid_block_size``: ``16 * ceil(state_bytes / (16 * token_bytes))``),
   and in ``mamba_cache_mode="align"`` the Mamba group's block size is that block size;
-- with ``mamba_cache_mode="none"`` (vLLM's default) Mamba states are never cached, so no
-  prefix of such a model can hit.
+- with ``mamba_cache_mode="none"`` (vLLM's default without prefix caching, and what
+  releases before the align mode did) Mamba states are never cached, so no prefix of such
+  a model can hit; vLLM 0.33 switches to ``"align"`` when prefix caching is on.
 
 A custom layout is a small JSON document (:func:`load_layout`, :func:`parse_layout`)::
 
@@ -28,8 +29,8 @@ A custom layout is a small JSON document (:func:`load_layout`, :func:`parse_layo
                  "layers": 12}]}
 
 Optional per group: ``token_bytes`` (bytes per token per layer; for ``mamba``, bytes per
-state per layer) and ``mamba_cache_mode`` (``mamba`` only: ``"none"``, ``"align"`` or
-``"all"``). Every malformed document raises :class:`~kvindex.InvalidArgumentError`
+state per layer) and ``mamba_cache_mode`` (``mamba`` only: ``"none"`` or ``"align"``;
+default ``"align"``, what vLLM 0.33 sets when prefix caching is on). Every malformed document raises :class:`~kvindex.InvalidArgumentError`
 naming the field.
 
 Costs: building or validating a layout is O(groups); presets are built at import.
@@ -48,8 +49,8 @@ from kvindex.exceptions import InvalidArgumentError
 
 #: Spec kinds, spelled as vLLM 0.33's ``kv_cache_spec_kind`` event field spells them.
 KINDS = ("full_attention", "mla_attention", "sliding_window", "chunked_local_attention", "mamba")
-#: vLLM's ``mamba_cache_mode`` values.
-MAMBA_CACHE_MODES = ("none", "align", "all")
+#: vLLM 0.33's ``mamba_cache_mode`` values (it sets ``"align"`` when prefix caching is on).
+MAMBA_CACHE_MODES = ("none", "align")
 _MAX_BLOCK = 1 << 20
 
 
@@ -106,7 +107,7 @@ class Layout:
         return out
 
     def with_mamba_cache_mode(self, mode: str) -> Layout:
-        """This layout with every Mamba group in ``mode`` (``"none"``, ``"align"``, ``"all"``)."""
+        """This layout with every Mamba group in ``mode`` (``"none"`` or ``"align"``)."""
         if mode not in MAMBA_CACHE_MODES:
             raise InvalidArgumentError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}")
         groups = tuple(replace(g, mamba_cache_mode=mode) if g.kind == "mamba" else g for g in self.groups)
@@ -144,7 +145,7 @@ def _group(raw: Any, where: str) -> Group:
             raise InvalidArgumentError(f"{where}.{key} does not apply to kind {kind!r}")
     if need is not None and need not in raw and need != "mamba_cache_mode":
         raise InvalidArgumentError(f"{where}.{need} is required for kind {kind!r}")
-    mode = raw.get("mamba_cache_mode", "none" if kind == "mamba" else None)
+    mode = raw.get("mamba_cache_mode", "align" if kind == "mamba" else None)
     if mode is not None and mode not in MAMBA_CACHE_MODES:
         raise InvalidArgumentError(f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}")
     return Group(
@@ -278,7 +279,7 @@ def _presets() -> dict[str, Layout]:
         "num_key_value_heads=2, head_dim=256, linear_num_key_heads=16, linear_num_value_heads=32, "
         "linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4; "
         f"attention block {bs} = 16 * ceil({state} / (16 * {tb})) beside the bf16 state; "
-        'mamba_cache_mode="align" (vLLM\'s default "none" caches no state: use with_mamba_cache_mode)',
+        'mamba_cache_mode="align" (what vLLM 0.33 sets with prefix caching on)',
     )
     # DeepSeek-V3.2 (deepseek-ai/DeepSeek-V3.2-Exp): num_hidden_layers=61, kv_lora_rank=512,
     # qk_rope_head_dim=64 (a 576-wide latent per token), index_head_dim=128 (the indexer's

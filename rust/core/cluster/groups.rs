@@ -26,10 +26,15 @@
 //! Keys of different groups collide only if two hashes differ by exactly
 //! `g * GROUP_MIX` (xor), probability 2^-64 per pair for hashes that are digests.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
+use super::index::ClusterIndex;
 use super::ops::MAX_GROUPS;
 use crate::core::error::{KvError, KvResult};
+use crate::core::groups::coordinator::{coarse_hash_index, longest_hit};
+use crate::core::groups::rule::BlockLookup;
+use crate::core::groups::spec::GroupLayout;
 
 /// The odd constant group indices are spread by (2^64 / golden ratio).
 const GROUP_MIX: u64 = 0x9E37_79B9_7F4A_7C15;
@@ -45,57 +50,52 @@ pub fn group_key(h: u64, g: u32) -> u64 {
     }
 }
 
-/// A worker's declared KV cache groups: each group's block size in tokens.
+/// A worker's declared KV cache groups (the core's [`GroupLayout`]) and
+/// each group's block size as its events must carry it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ClusterLayout {
+    layout: GroupLayout,
     block_sizes: Vec<i64>,
 }
 
 impl ClusterLayout {
-    /// A layout of groups of `block_sizes` tokens, for an index of blocks of
-    /// `index_block_size` tokens.
+    /// The layout of an engine whose groups are `layout`, for an index of
+    /// blocks of `index_block_size` tokens.
     ///
     /// # Errors
-    /// `InvalidArgument` for no groups, more than [`MAX_GROUPS`], a block size
-    /// not a positive multiple of `index_block_size`, or one whose gcd is not
-    /// `index_block_size` (the index would hash at another granularity than
-    /// the engine's `hash_block_size`).
-    pub fn new(block_sizes: Vec<i64>, index_block_size: i64) -> KvResult<Self> {
-        if block_sizes.is_empty() || block_sizes.len() > MAX_GROUPS as usize {
+    /// `InvalidArgument` for more than [`MAX_GROUPS`] groups, or a layout whose
+    /// hash block size is not `index_block_size` (the index would hash the
+    /// prompt at another granularity than the engine's `hash_block_size`).
+    pub fn new(layout: GroupLayout, index_block_size: i64) -> KvResult<Self> {
+        if layout.len() > MAX_GROUPS as usize {
             return Err(KvError::invalid(format!(
-                "a layout has 1..={MAX_GROUPS} groups, got {}",
-                block_sizes.len()
+                "a layout has at most {MAX_GROUPS} groups, got {}",
+                layout.len()
             )));
         }
-        let mut g = 0i64;
-        for (i, &b) in block_sizes.iter().enumerate() {
-            if b <= 0 || b > 1 << 30 || b % index_block_size != 0 {
-                return Err(KvError::invalid(format!(
-                    "group {i}: block_size {b} is not a positive multiple of the index's block_size {index_block_size}"
-                )));
-            }
-            g = gcd(g, b);
-        }
-        if g != index_block_size {
+        if i64::try_from(layout.hash_block_size()).ok() != Some(index_block_size) {
             return Err(KvError::invalid(format!(
-                "the layout's hash block size (the gcd of its block sizes) is {g}, but the index hashes blocks of {index_block_size} tokens"
+                "the layout's hash block size is {} tokens, but the index hashes blocks of {index_block_size}: \
+                 make the index with block_size={}",
+                layout.hash_block_size(),
+                layout.hash_block_size()
             )));
         }
-        Ok(ClusterLayout { block_sizes })
+        let block_sizes =
+            layout.groups().iter().map(|g| i64::try_from(g.block_size).unwrap_or(i64::MAX)).collect();
+        Ok(ClusterLayout { layout, block_sizes })
+    }
+
+    /// The core layout.
+    #[must_use]
+    pub fn layout(&self) -> &GroupLayout {
+        &self.layout
     }
 
     /// Each group's block size in tokens.
     #[must_use]
     pub fn block_sizes(&self) -> &[i64] {
         &self.block_sizes
-    }
-}
-
-fn gcd(a: i64, b: i64) -> i64 {
-    if b == 0 {
-        a
-    } else {
-        gcd(b, a % b)
     }
 }
 
@@ -154,24 +154,253 @@ impl WorkerGroups {
     }
 }
 
+/// How a worker's score was computed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Basis {
+    /// No worker in the slot (score 0).
+    Empty,
+    /// Its declared layout: the hybrid hit its engine would give.
+    Layout,
+    /// No layout declared: the leading blocks it holds in `group` (the group
+    /// its events named full attention, else 0); `hybrid_events` when its
+    /// events named other kinds too, so the score ignores groups that would
+    /// shorten the engine's hit.
+    FullOnly {
+        /// The group read.
+        group: u32,
+        /// Whether events named non-full groups.
+        hybrid_events: bool,
+    },
+}
+
+impl Basis {
+    /// A short name: `""`, `"layout"`, `"full_only"` or `"full_only_hybrid_events"`.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Basis::Empty => "",
+            Basis::Layout => "layout",
+            Basis::FullOnly { hybrid_events: false, .. } => "full_only",
+            Basis::FullOnly { hybrid_events: true, .. } => "full_only_hybrid_events",
+        }
+    }
+}
+
+/// Reused buffers of [`ClusterIndex::scores`].
+#[derive(Debug, Default)]
+pub struct ScoreScratch {
+    /// Per (group, fine block): the block-map value, looked up once per query
+    /// and shared by every worker.
+    probes: Vec<Cell<Option<u32>>>,
+    outs: Vec<Vec<Option<()>>>,
+    walk: Vec<u32>,
+}
+
+/// One worker's lookup into one spec set of its layout.
+struct SetLookup<'a> {
+    ix: &'a ClusterIndex,
+    hashes: &'a [u64],
+    probes: &'a [Cell<Option<u32>>],
+    groups: &'a [usize],
+    scale: usize,
+    w: u32,
+}
+
+impl SetLookup<'_> {
+    fn value(&self, g: usize, fine: usize) -> u32 {
+        let cell = &self.probes[g * self.hashes.len() + fine];
+        if let Some(v) = cell.get() {
+            return v;
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        let v = self.ix.value(group_key(self.hashes[fine], g as u32));
+        cell.set(Some(v));
+        v
+    }
+}
+
+impl BlockLookup for SetLookup<'_> {
+    type Block = ();
+    fn get(&mut self, i: usize) -> Option<()> {
+        let fine = coarse_hash_index(i, self.scale);
+        if fine >= self.hashes.len() {
+            return None;
+        }
+        self.groups.iter().all(|&g| self.ix.value_holds(self.value(g, fine), self.w)).then_some(())
+    }
+}
+
+impl ClusterIndex {
+    /// Per worker slot, the prompt blocks (of the index's block size) its
+    /// engine would reuse, into `out`, and how each was computed into `basis`
+    /// (both resized to [`Self::slots`]). `hashes` are the prompt's block
+    /// hashes at the index's block size (as [`super::query::QueryHasher::hashes`]
+    /// computes them) and `prompt_tokens` its length.
+    ///
+    /// A worker with a declared layout gets the core's hybrid fixed point
+    /// ([`longest_hit`]) over its groups, each spec set looking up that
+    /// worker's membership in every member group, bounded by
+    /// `prompt_tokens - 1` as vLLM bounds a hit; any other worker the leading
+    /// blocks it holds in its full-attention group ([`Basis::FullOnly`]).
+    ///
+    /// Costs: a full-only worker of group 0 shares one walk
+    /// ([`Self::overlaps`]); every other worker O(spec sets × blocks its
+    /// rules visit) membership checks, each block-map probe made once per
+    /// (group, block) and shared by all workers.
+    pub fn scores(
+        &self,
+        hashes: &[u64],
+        prompt_tokens: usize,
+        scratch: &mut ScoreScratch,
+        out: &mut Vec<u32>,
+        basis: &mut Vec<Basis>,
+    ) {
+        let n = self.slots();
+        basis.clear();
+        basis.resize(n, Basis::Empty);
+        let mut groups = 0usize;
+        let mut walk0 = false;
+        for (w, wk) in self.workers() {
+            let b = match wk.groups.layout() {
+                Some(l) => {
+                    groups = groups.max(l.layout().len());
+                    Basis::Layout
+                }
+                None => {
+                    let g = wk.groups.full_group();
+                    walk0 |= g == 0;
+                    groups = groups.max(g as usize + 1);
+                    Basis::FullOnly { group: g, hybrid_events: wk.groups.seen_other != 0 }
+                }
+            };
+            basis[w.0 as usize] = b;
+        }
+        if walk0 {
+            self.overlaps(hashes, &mut scratch.walk);
+        }
+        out.clear();
+        out.resize(n, 0);
+        scratch.probes.clear();
+        scratch.probes.resize(groups * hashes.len(), Cell::new(None));
+        #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+        let bs = self.block_size() as usize;
+        for (w, wk) in self.workers() {
+            let id = w.0;
+            out[id as usize] = match (basis[id as usize], wk.groups.layout()) {
+                (Basis::FullOnly { group: 0, .. }, _) => scratch.walk[id as usize],
+                (Basis::FullOnly { group, .. }, _) => {
+                    let gs = [group as usize];
+                    let mut l =
+                        SetLookup { ix: self, hashes, probes: &scratch.probes, groups: &gs, scale: 1, w: id };
+                    #[allow(clippy::cast_possible_truncation)]
+                    let held = (0..hashes.len()).take_while(|&i| l.get(i).is_some()).count() as u32;
+                    held
+                }
+                (_, Some(cl)) => {
+                    let layout = cl.layout();
+                    let sets = layout.spec_sets();
+                    let mut looks: Vec<SetLookup<'_>> = sets
+                        .iter()
+                        .map(|s| SetLookup {
+                            ix: self,
+                            hashes,
+                            probes: &scratch.probes,
+                            groups: &s.group_ids,
+                            scale: s.spec.block_size / bs,
+                            w: id,
+                        })
+                        .collect();
+                    scratch.outs.resize_with(sets.len().max(scratch.outs.len()), Vec::new);
+                    let hit = longest_hit(
+                        layout,
+                        &mut looks,
+                        prompt_tokens.saturating_sub(1),
+                        hashes.len(),
+                        &mut scratch.outs[..sets.len()],
+                    );
+                    #[allow(clippy::cast_possible_truncation)]
+                    let blocks = (hit.tokens / bs) as u32;
+                    blocks
+                }
+                (_, None) => 0,
+            };
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{group_key, ClusterLayout, WorkerGroups};
+    use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+
+    fn layout(sizes: &[usize]) -> GroupLayout {
+        let groups = sizes.iter().map(|&b| GroupSpec::full(b)).collect();
+        GroupLayout::new(groups, LayoutOptions { enable_caching: true, ..LayoutOptions::default() })
+            .expect("test setup")
+    }
 
     #[test]
     fn keys_and_layouts() {
         assert_eq!(group_key(5, 0), 5);
         assert_ne!(group_key(5, 1), 5);
         assert_ne!(group_key(5, 1), group_key(5, 2));
-        assert!(ClusterLayout::new(vec![16, 32], 16).is_ok());
-        assert!(ClusterLayout::new(vec![32, 64], 16).is_err()); // gcd 32
-        assert!(ClusterLayout::new(vec![16, 24], 16).is_err());
-        assert!(ClusterLayout::new(vec![], 16).is_err());
-        assert!(ClusterLayout::new(vec![16; 65], 16).is_err());
+        assert!(ClusterLayout::new(layout(&[16, 32]), 16).is_ok());
+        assert!(ClusterLayout::new(layout(&[32, 64]), 16).is_err()); // hashes at 32
+        assert_eq!(ClusterLayout::new(layout(&[16, 32]), 16).expect("valid").block_sizes(), &[16, 32]);
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 8 }, block_size: 16 };
+        let many = GroupLayout::new(vec![swa; 65], LayoutOptions::default()).expect("test setup");
+        assert!(ClusterLayout::new(many, 16).is_err());
         let mut w = WorkerGroups::default();
         assert_eq!(w.full_group(), 0);
         w.saw(0b100, 0b011);
         assert_eq!(w.full_group(), 2);
         assert!(w.block_sizes().is_empty());
+    }
+
+    /// Full attention + a sliding window of 8 tokens (blocks of 4): worker a
+    /// holds more full-attention blocks, but not the window's blocks where
+    /// its run ends; worker b holds fewer, with the window. Full-only scoring
+    /// prefers a; the engine (the hybrid hit) would reuse more on b.
+    #[test]
+    fn hybrid_scores_follow_the_engine() {
+        use super::{Basis, ScoreScratch};
+        use crate::core::cluster::ClusterIndex;
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 8 }, block_size: 4 };
+        let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+        let l = GroupLayout::new(vec![GroupSpec::full(4), swa], opt).expect("test setup");
+        let mut ix = ClusterIndex::new(4).expect("test setup");
+        let (a, b, c) = (
+            ix.add_worker("a", 0).expect("room"),
+            ix.add_worker("b", 0).expect("room"),
+            ix.add_worker("c", 0).expect("room"),
+        );
+        let hashes: Vec<u64> = (100..110).collect();
+        let key = |i: usize, g: u32| group_key(hashes[i], g);
+        ix.store_hashes(a, &(0..6).map(|i| key(i, 0)).collect::<Vec<_>>()).expect("present");
+        ix.store_hashes(a, &[key(0, 1), key(1, 1)]).expect("present");
+        ix.store_hashes(b, &(0..4).map(|i| key(i, 0)).collect::<Vec<_>>()).expect("present");
+        ix.store_hashes(b, &[key(2, 1), key(3, 1)]).expect("present");
+        ix.store_hashes(c, &(0..4).map(|i| key(i, 1)).collect::<Vec<_>>()).expect("present");
+        let (mut sc, mut out, mut basis) = (ScoreScratch::default(), Vec::new(), Vec::new());
+        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        assert_eq!(out, vec![6, 4, 0]);
+        assert_eq!(basis, vec![Basis::FullOnly { group: 0, hybrid_events: false }; 3]);
+        for w in [a, b, c] {
+            let cl = ClusterLayout::new(l.clone(), 4).expect("valid");
+            ix.set_worker_layout(w, Some(std::sync::Arc::new(cl))).expect("present");
+        }
+        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        // a: full run of 6 blocks; the window ending at 24 needs blocks 4, 5 of
+        // group 1 (absent), ... down to the run from block 0: blocks 0, 1 -> 8 tokens.
+        assert_eq!(out, vec![2, 4, 0]);
+        assert_eq!(basis, vec![Basis::Layout; 3]);
+        assert_eq!(Basis::Layout.name(), "layout");
+        // Events that named group 1 full attention make it the full-only group.
+        ix.set_worker_layout(c, None).expect("present");
+        ix.wk(c).groups.saw(0b10, 0b01);
+        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        assert_eq!(out[2], 4);
+        assert_eq!(basis[2], Basis::FullOnly { group: 1, hybrid_events: true });
+        ix.check_invariants().expect("ok");
     }
 }

@@ -504,6 +504,25 @@ impl ClusterIndex {
         }
     }
 
+    /// The block-map value of key `h` ([`MISSING`] when absent): the holder,
+    /// or a holder set's tag and slot.
+    #[inline]
+    pub(super) fn value(&self, h: u64) -> u32 {
+        self.blocks.get(h).unwrap_or(MISSING)
+    }
+
+    /// Whether the block-map value `v` ([`Self::value`]) names worker `w`.
+    #[inline]
+    pub(super) fn value_holds(&self, v: u32, w: u32) -> bool {
+        if v == MISSING {
+            false
+        } else if v & SET_TAG == 0 {
+            v == w
+        } else {
+            self.sets[(v & !SET_TAG) as usize].contains(w)
+        }
+    }
+
     /// Whether worker `w` holds block `h` (and how many announcements).
     #[must_use]
     pub fn refs(&self, h: u64, w: WorkerId) -> u32 {
