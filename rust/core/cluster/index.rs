@@ -275,6 +275,14 @@ impl ClusterIndex {
         (stored, removed, unknown, cleared_now)
     }
 
+    /// Whether a query must score by groups ([`Self::scores`]) rather than by
+    /// group 0's leading blocks ([`Self::overlaps`]): some worker declared a
+    /// layout, or its events named another group full attention. O(workers).
+    #[must_use]
+    pub fn needs_group_scores(&self) -> bool {
+        self.workers().any(|(_, w)| w.groups.layout().is_some() || w.groups.full_group() != 0)
+    }
+
     /// Declares worker `w`'s KV cache group layout (None: forgets it). From
     /// then on its `BlockStored` events must have their group's block size,
     /// and it is scored by the hit its engine would give over those groups.

@@ -1,0 +1,107 @@
+//! KV cache group layouts from Python, and `explain_layout` (the figures of
+//! `kvindex explain`, computed by [`crate::core::explain`]).
+//!
+//! A layout argument is a sequence of `(kind, block_size, size, mamba_mode)`
+//! tuples in group order: `kind` as vLLM's `kv_cache_spec_kind` spells it,
+//! `size` the sliding window or the attention chunk (0 otherwise),
+//! `mamba_mode` `"none"` / `"align"` for Mamba (`""` otherwise).
+
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList, PyTuple};
+
+use super::args;
+use super::errors::{dtype, IntoPyResult};
+use crate::core::explain::{min_cacheable_prompt, repeated_prompt};
+use crate::core::groups::rule::window_blocks;
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+
+/// Most groups a layout argument may hold.
+const MAX_GROUPS: usize = 64;
+
+/// A [`GroupLayout`] from a layout argument (module header).
+///
+/// # Errors
+/// `DTypeError` for a non-sequence or a malformed tuple; `InvalidArgumentError`
+/// for more than 64 groups or what [`GroupLayout::new`] rejects.
+pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bool) -> PyResult<GroupLayout> {
+    if !(groups.is_instance_of::<PyList>() || groups.is_instance_of::<PyTuple>()) {
+        return Err(dtype("groups must be a list or tuple of (kind, block_size, size, mamba_mode) tuples"));
+    }
+    let n = groups.len()?;
+    if n > MAX_GROUPS {
+        return Err(super::errors::invalid(format!("at most {MAX_GROUPS} groups, got {n}")));
+    }
+    let mut specs = Vec::with_capacity(n);
+    for (i, g) in groups.try_iter()?.enumerate() {
+        let g = g?;
+        let t = g.cast::<PyTuple>().map_err(|_| {
+            dtype(format!("groups[{i}] must be a (kind, block_size, size, mamba_mode) tuple"))
+        })?;
+        if t.len() != 4 {
+            return Err(dtype(format!("groups[{i}] must have 4 fields, got {}", t.len())));
+        }
+        let kind = t.get_item(0)?;
+        let kind = args::text(&kind, "kind")?.to_owned();
+        let bs = args::usize_arg(&t.get_item(1)?, "block_size", 1 << 30)?;
+        let size = args::usize_arg(&t.get_item(2)?, "size", 1 << 40)?;
+        let mode = t.get_item(3)?;
+        let mode = args::text(&mode, "mamba_mode")?.to_owned();
+        let kind = GroupKind::parse(&kind, size, &mode)
+            .map_err(|e| super::errors::invalid(format!("groups[{i}]: {e}")))?;
+        specs.push(GroupSpec { kind, block_size: bs });
+    }
+    GroupLayout::new(specs, LayoutOptions { enable_caching, use_eagle, ..LayoutOptions::default() }).py()
+}
+
+/// The figures of `kvindex explain` for `groups` (see the module header) and
+/// a prompt of `prompt_tokens` tokens seen twice (the first time prefilled in
+/// chunks of `chunk` tokens; None: at once). Keys: `hash_block_size`,
+/// `scheduler_block_size`, `alignment`, `sets` (per spec set: `kind`,
+/// `block_size`, `group_ids`, `window_blocks` for a sliding window, `hit`
+/// (its rule alone), `cached`, `nulls`, `reused` (blocks)), `hit` (tokens the
+/// repeat reuses) and `min_prompt` (the shortest prompt whose repeat hits,
+/// up to `limit` tokens (default 2**17), or None).
+#[pyfunction]
+#[pyo3(signature = (groups, prompt_tokens, *, chunk = None, use_eagle = None, limit = None))]
+pub fn explain_layout<'py>(
+    py: Python<'py>,
+    groups: &Bound<'py, PyAny>,
+    prompt_tokens: &Bound<'py, PyAny>,
+    chunk: Option<&Bound<'py, PyAny>>,
+    use_eagle: Option<&Bound<'py, PyAny>>,
+    limit: Option<&Bound<'py, PyAny>>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let n = args::usize_arg(prompt_tokens, "prompt_tokens", 1 << 26)?;
+    let chunk = args::opt_usize_arg(chunk, "chunk", 1 << 26)?;
+    if chunk == Some(0) {
+        return Err(super::errors::invalid("chunk must be positive"));
+    }
+    let eagle = use_eagle.map(|o| args::flag(o, "use_eagle")).transpose()?.unwrap_or(false);
+    let limit = args::opt_usize_arg(limit, "limit", 1 << 20)?.unwrap_or(1 << 17);
+    let layout = layout_arg(groups, true, eagle)?;
+    let (r, min) =
+        py.detach(|| (repeated_prompt(&layout, n, chunk), min_cacheable_prompt(&layout, chunk, limit)));
+    let d = PyDict::new(py);
+    d.set_item("hash_block_size", layout.hash_block_size())?;
+    d.set_item("scheduler_block_size", layout.scheduler_block_size())?;
+    d.set_item("alignment", layout.alignment())?;
+    let sets = PyList::empty(py);
+    for (k, s) in layout.spec_sets().iter().enumerate() {
+        let e = PyDict::new(py);
+        e.set_item("kind", s.spec.kind.kind_name())?;
+        e.set_item("block_size", s.spec.block_size)?;
+        e.set_item("group_ids", s.group_ids.clone())?;
+        if let GroupKind::SlidingWindow { window } = s.spec.kind {
+            e.set_item("window_blocks", window_blocks(window, s.spec.block_size, eagle))?;
+        }
+        e.set_item("hit", r.set_hits[k])?;
+        e.set_item("cached", r.set_cached[k])?;
+        e.set_item("nulls", r.set_nulls[k])?;
+        e.set_item("reused", r.set_reused[k])?;
+        sets.append(e)?;
+    }
+    d.set_item("sets", sets)?;
+    d.set_item("hit", r.hit)?;
+    d.set_item("min_prompt", min)?;
+    Ok(d)
+}
