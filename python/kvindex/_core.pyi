@@ -64,6 +64,7 @@ _BlockIds = npt.NDArray[np.int64] | npt.NDArray[np.int32] | list[int] | tuple[in
 _TokensOrSeq = _Tokens | list[int] | tuple[int, ...]
 _Hashes = npt.NDArray[np.uint64] | list[int] | tuple[int, ...]
 _Load = npt.NDArray[np.float64] | list[float] | tuple[float, ...]
+_GroupTuple = tuple[str, int, int, str]
 
 def block_hashes(
     tokens: _TokensOrSeq,
@@ -88,6 +89,17 @@ def block_hashes(
     ``"kvindex"`` (compact modes) or ``"vllm-none-hash"`` (vLLM modes).
     Releases the GIL for 4096 tokens or more.
     """
+
+def explain_layout(
+    groups: Sequence[_GroupTuple],
+    prompt_tokens: int,
+    *,
+    chunk: int | None = None,
+    use_eagle: bool | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """What a group layout hits for a prompt seen twice, by the core group rules
+    (``kvindex.explain`` formats it)."""
 
 def _force_panic_for_tests() -> None:
     """Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``)."""
@@ -855,6 +867,22 @@ class ClusterIndex:
         """Per worker slot: leading blocks of the prompt it holds (int32)."""
     def overlaps_for_hashes(self, hashes: _Hashes) -> npt.NDArray[np.int32]:
         """Per worker slot: leading `hashes` (uint64) it holds (int32)."""
+    def set_worker_layout(
+        self, worker: int, groups: Sequence[_GroupTuple] | None, *, use_eagle: bool | None = None
+    ) -> None:
+        """Declares `worker`'s KV cache groups (None: forgets them): `(kind, block_size,
+        size, mamba_mode)` tuples in group order; its events must then carry each group's
+        block size, and `scores`/`route` give it its engine's hybrid hit."""
+    def scores(
+        self,
+        tokens: _TokensOrSeq,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> tuple[npt.NDArray[np.int32], list[str]]:
+        """Per worker slot: the prompt's blocks its engine would reuse (int32), and how
+        each was scored (`"layout"`, `"full_only"`, `"full_only_hybrid_events"`, `""`)."""
     def route(
         self,
         tokens: _TokensOrSeq,

@@ -30,8 +30,8 @@ A custom layout is a small JSON document (:func:`load_layout`, :func:`parse_layo
 
 Optional per group: ``token_bytes`` (bytes per token per layer; for ``mamba``, bytes per
 state per layer) and ``mamba_cache_mode`` (``mamba`` only: ``"none"`` or ``"align"``;
-default ``"align"``, what vLLM 0.33 sets when prefix caching is on). Every malformed document raises :class:`~kvindex.InvalidArgumentError`
-naming the field.
+default ``"align"``, what vLLM 0.33 sets when prefix caching is on). Every malformed
+document raises :class:`~kvindex.InvalidArgumentError` naming the field.
 
 Costs: building or validating a layout is O(groups); presets are built at import.
 """
@@ -66,9 +66,22 @@ class Group:
     mamba_cache_mode: str | None = None
     token_bytes: int = 0
 
+    def core_tuple(self) -> tuple[str, int, int, str]:
+        """The group as the core takes it: ``(kind, block_size, window or chunk, mamba mode)``."""
+        return (
+            self.kind,
+            self.block_size,
+            self.window or self.chunk or 0,
+            self.mamba_cache_mode or "",
+        )
+
     def to_json(self) -> dict[str, Any]:
         """The group as the JSON layout format writes it (absent fields left out)."""
-        out: dict[str, Any] = {"kind": self.kind, "block_size": self.block_size, "layers": self.layers}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "block_size": self.block_size,
+            "layers": self.layers,
+        }
         for key in ("window", "chunk", "mamba_cache_mode"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -85,20 +98,6 @@ class Layout:
     groups: tuple[Group, ...]
     source: str = ""
 
-    @property
-    def hash_block_size(self) -> int:
-        """Tokens per block hash: the gcd of the group block sizes (vLLM's
-        ``hash_block_size``; the scheduler block size when a Mamba group is not in
-        ``"align"`` mode, as vLLM backs off then)."""
-        if any(g.kind == "mamba" and g.mamba_cache_mode != "align" for g in self.groups):
-            return self.scheduler_block_size
-        return math.gcd(*(g.block_size for g in self.groups))
-
-    @property
-    def scheduler_block_size(self) -> int:
-        """The lcm of the group block sizes (vLLM's scheduler block size)."""
-        return math.lcm(*(g.block_size for g in self.groups))
-
     def to_json(self) -> dict[str, Any]:
         """The layout as a JSON-ready dict (:func:`parse_layout` reads it back)."""
         out: dict[str, Any] = {"name": self.name, "groups": [g.to_json() for g in self.groups]}
@@ -109,8 +108,12 @@ class Layout:
     def with_mamba_cache_mode(self, mode: str) -> Layout:
         """This layout with every Mamba group in ``mode`` (``"none"`` or ``"align"``)."""
         if mode not in MAMBA_CACHE_MODES:
-            raise InvalidArgumentError(f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}")
-        groups = tuple(replace(g, mamba_cache_mode=mode) if g.kind == "mamba" else g for g in self.groups)
+            raise InvalidArgumentError(
+                f"mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}"
+            )
+        groups = tuple(
+            replace(g, mamba_cache_mode=mode) if g.kind == "mamba" else g for g in self.groups
+        )
         return replace(self, groups=groups)
 
 
@@ -124,7 +127,11 @@ def _int(d: Mapping[str, Any], key: str, where: str, *, lo: int = 1, hi: int = _
 
 
 _GROUP_KEYS = {"kind", "block_size", "layers", "window", "chunk", "mamba_cache_mode", "token_bytes"}
-_NEEDS = {"sliding_window": "window", "chunked_local_attention": "chunk", "mamba": "mamba_cache_mode"}
+_NEEDS = {
+    "sliding_window": "window",
+    "chunked_local_attention": "chunk",
+    "mamba": "mamba_cache_mode",
+}
 
 
 def _group(raw: Any, where: str) -> Group:
@@ -132,7 +139,9 @@ def _group(raw: Any, where: str) -> Group:
         raise InvalidArgumentError(f"{where} must be an object, got {type(raw).__name__}")
     unknown = sorted(set(raw) - _GROUP_KEYS)
     if unknown:
-        raise InvalidArgumentError(f"{where}: unknown field(s) {unknown}; known: {sorted(_GROUP_KEYS)}")
+        raise InvalidArgumentError(
+            f"{where}: unknown field(s) {unknown}; known: {sorted(_GROUP_KEYS)}"
+        )
     for key in ("kind", "block_size"):
         if key not in raw:
             raise InvalidArgumentError(f"{where}.{key} is required")
@@ -147,7 +156,9 @@ def _group(raw: Any, where: str) -> Group:
         raise InvalidArgumentError(f"{where}.{need} is required for kind {kind!r}")
     mode = raw.get("mamba_cache_mode", "align" if kind == "mamba" else None)
     if mode is not None and mode not in MAMBA_CACHE_MODES:
-        raise InvalidArgumentError(f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}")
+        raise InvalidArgumentError(
+            f"{where}.mamba_cache_mode must be one of {MAMBA_CACHE_MODES}, got {mode!r}"
+        )
     return Group(
         kind=kind,
         block_size=_int(raw, "block_size", where),
@@ -155,7 +166,9 @@ def _group(raw: Any, where: str) -> Group:
         window=_int(raw, "window", where, hi=1 << 30) if kind == "sliding_window" else None,
         chunk=_int(raw, "chunk", where, hi=1 << 30) if kind == "chunked_local_attention" else None,
         mamba_cache_mode=mode,
-        token_bytes=_int(raw, "token_bytes", where, lo=0, hi=1 << 40) if "token_bytes" in raw else 0,
+        token_bytes=_int(raw, "token_bytes", where, lo=0, hi=1 << 40)
+        if "token_bytes" in raw
+        else 0,
     )
 
 
@@ -167,7 +180,9 @@ def parse_layout(doc: Any) -> Layout:
         raise InvalidArgumentError(f"a layout must be a JSON object, got {type(doc).__name__}")
     unknown = sorted(set(doc) - {"name", "groups", "source"})
     if unknown:
-        raise InvalidArgumentError(f"layout: unknown field(s) {unknown}; known: ['groups', 'name', 'source']")
+        raise InvalidArgumentError(
+            f"layout: unknown field(s) {unknown}; known: ['groups', 'name', 'source']"
+        )
     groups = doc.get("groups")
     if not isinstance(groups, Sequence) or isinstance(groups, str | bytes) or not groups:
         raise InvalidArgumentError("layout.groups must be a non-empty list of groups")
@@ -177,7 +192,9 @@ def parse_layout(doc: Any) -> Layout:
     source = doc.get("source", "")
     if not isinstance(name, str) or not isinstance(source, str):
         raise InvalidArgumentError("layout.name and layout.source must be strings")
-    return Layout(name, tuple(_group(g, f"layout.groups[{i}]") for i, g in enumerate(groups)), source)
+    return Layout(
+        name, tuple(_group(g, f"layout.groups[{i}]") for i, g in enumerate(groups)), source
+    )
 
 
 def load_layout(spec: str | Path) -> Layout:
@@ -186,7 +203,9 @@ def load_layout(spec: str | Path) -> Layout:
         return PRESETS[spec]
     path = Path(spec)
     if not path.is_file():
-        raise InvalidArgumentError(f"{str(spec)!r} is neither a preset ({', '.join(PRESETS)}) nor a layout file")
+        raise InvalidArgumentError(
+            f"{str(spec)!r} is neither a preset ({', '.join(PRESETS)}) nor a layout file"
+        )
     try:
         doc = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -226,8 +245,14 @@ def _presets() -> dict[str, Layout]:
     tb = _attn_token_bytes(8, 64)
     p["gpt-oss"] = Layout(
         "gpt-oss",
-        _grouped([(Group("sliding_window", 16, window=128, token_bytes=tb), 18), (Group("full_attention", 16, token_bytes=tb), 18)]),
-        "openai/gpt-oss-120b config.json: num_hidden_layers=36, layer_types (sliding/full alternating), "
+        _grouped(
+            [
+                (Group("sliding_window", 16, window=128, token_bytes=tb), 18),
+                (Group("full_attention", 16, token_bytes=tb), 18),
+            ]
+        ),
+        "openai/gpt-oss-120b config.json: num_hidden_layers=36, "
+        "layer_types (sliding/full alternating), "
         "sliding_window=128, num_key_value_heads=8, head_dim=64; block_size 16",
     )
     # Gemma 3 27B (google/gemma-3-27b-it text_config): num_hidden_layers=62,
@@ -236,7 +261,12 @@ def _presets() -> dict[str, Layout]:
     tb = _attn_token_bytes(16, 128)
     p["gemma3"] = Layout(
         "gemma3",
-        _grouped([(Group("sliding_window", 16, window=1024, token_bytes=tb), 52), (Group("full_attention", 16, token_bytes=tb), 10)]),
+        _grouped(
+            [
+                (Group("sliding_window", 16, window=1024, token_bytes=tb), 52),
+                (Group("full_attention", 16, token_bytes=tb), 10),
+            ]
+        ),
         "google/gemma-3-27b-it text_config: num_hidden_layers=62, sliding_window=1024, "
         "sliding_window_pattern=6, num_key_value_heads=16, head_dim=128; block_size 16 (the 27B)",
     )
@@ -245,7 +275,12 @@ def _presets() -> dict[str, Layout]:
     tb = _attn_token_bytes(1, 256)
     p["gemma3-1b"] = Layout(
         "gemma3-1b",
-        _grouped([(Group("sliding_window", 16, window=512, token_bytes=tb), 22), (Group("full_attention", 16, token_bytes=tb), 4)]),
+        _grouped(
+            [
+                (Group("sliding_window", 16, window=512, token_bytes=tb), 22),
+                (Group("full_attention", 16, token_bytes=tb), 4),
+            ]
+        ),
         "google/gemma-3-1b-it: num_hidden_layers=26, sliding_window=512, sliding_window_pattern=6, "
         "num_key_value_heads=1, head_dim=256; block_size 16",
     )
@@ -255,8 +290,14 @@ def _presets() -> dict[str, Layout]:
     tb = _attn_token_bytes(8, 128)
     p["llama4"] = Layout(
         "llama4",
-        _grouped([(Group("chunked_local_attention", 16, chunk=8192, token_bytes=tb), 36), (Group("full_attention", 16, token_bytes=tb), 12)]),
-        "meta-llama/Llama-4-Scout-17B-16E text_config: num_hidden_layers=48, attention_chunk_size=8192, "
+        _grouped(
+            [
+                (Group("chunked_local_attention", 16, chunk=8192, token_bytes=tb), 36),
+                (Group("full_attention", 16, token_bytes=tb), 12),
+            ]
+        ),
+        "meta-llama/Llama-4-Scout-17B-16E text_config: num_hidden_layers=48, "
+        "attention_chunk_size=8192, "
         "no_rope_layers (3 chunked : 1 global), num_key_value_heads=8, head_dim=128; block_size 16",
     )
     # Qwen3-Next-80B-A3B (Qwen/Qwen3-Next-80B-A3B-Instruct): num_hidden_layers=48,
@@ -290,7 +331,8 @@ def _presets() -> dict[str, Layout]:
             Group("mla_attention", 64, layers=61, token_bytes=656),
             Group("mla_attention", 64, layers=61, token_bytes=132),
         ),
-        "deepseek-ai/DeepSeek-V3.2-Exp: num_hidden_layers=61, kv_lora_rank=512, qk_rope_head_dim=64 "
+        "deepseek-ai/DeepSeek-V3.2-Exp: num_hidden_layers=61, kv_lora_rank=512, "
+        "qk_rope_head_dim=64 "
         "(fp8_ds_mla: 656 bytes per token), index_head_dim=128 (indexer: 132 bytes per token); "
         "block_size 64; the indexer group caches the same tokens as the MLA group",
     )
@@ -300,4 +342,12 @@ def _presets() -> dict[str, Layout]:
 #: Built-in layouts by name.
 PRESETS: dict[str, Layout] = _presets()
 
-__all__ = ["KINDS", "MAMBA_CACHE_MODES", "PRESETS", "Group", "Layout", "load_layout", "parse_layout"]
+__all__ = [
+    "KINDS",
+    "MAMBA_CACHE_MODES",
+    "PRESETS",
+    "Group",
+    "Layout",
+    "load_layout",
+    "parse_layout",
+]
