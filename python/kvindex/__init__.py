@@ -45,6 +45,7 @@ from kvindex.exceptions import (
     StaleHandleError,
     UnknownRequestError,
 )
+from kvindex._explain import explain
 from kvindex.protocol import PrefixCache, make_cache
 from kvindex.sizing import kv_bytes_per_token, kv_pool_size
 
@@ -76,6 +77,7 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "block_hashes",
+    "explain",
     "kv_bytes_per_token",
     "kv_pool_size",
     "make_cache",

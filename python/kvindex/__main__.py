@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints the hash-chain worked examples of the vLLM design notes, as "
         "computed by the library.",
     )
-    from kvindex.explain import build_parser as explain_parser
+    from kvindex._explain import build_parser as explain_parser
 
     explain_parser(
         sub.add_parser(
@@ -78,7 +78,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if args.cmd == "explain":
-        from kvindex.explain import run as run_explain
+        from kvindex._explain import run as run_explain
 
         return run_explain(args)
     if args.cmd == "demo":

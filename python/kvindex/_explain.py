@@ -1,4 +1,5 @@
-"""``kvindex explain``: what a model's KV cache groups can hit, and why not.
+"""``kvindex explain`` / :func:`kvindex.explain`: what a model's KV cache groups can hit,
+and why not.
 
 :func:`explain` takes a group layout (a preset name of :mod:`kvindex.layouts`, a JSON
 layout file, or a :class:`~kvindex.layouts.Layout`) and a prompt length, or a Mooncake
