@@ -31,6 +31,7 @@ from kvindex._core import (
     block_hashes,
     none_hash,
 )
+from kvindex._explain import explain
 from kvindex.exceptions import (
     BlockInUseError,
     CapacityError,
@@ -45,7 +46,6 @@ from kvindex.exceptions import (
     StaleHandleError,
     UnknownRequestError,
 )
-from kvindex._explain import explain
 from kvindex.protocol import PrefixCache, make_cache
 from kvindex.sizing import kv_bytes_per_token, kv_pool_size
 
