@@ -101,6 +101,35 @@ def explain_layout(
     """What a group layout hits for a prompt seen twice, by the core group rules
     (``kvindex.explain`` formats it)."""
 
+@final
+class _GroupReplay:
+    """A stream of requests through one engine's cache under a group layout, nothing
+    evicted (``kvindex simulate --model``): each request hits what earlier ones left
+    cached, by the core's hybrid fixed point, then leaves its own blocks cached.
+    ``groups`` as ``explain_layout`` takes them."""
+
+    def __new__(cls, groups: Sequence[_GroupTuple]) -> Self: ...
+    @property
+    def hash_block_size(self) -> int:
+        """Tokens per block hash (the gcd of the block sizes)."""
+    @property
+    def sets(self) -> list[tuple[str, int, list[int]]]:
+        """Per spec set: `(kind, block_size, group_ids)`."""
+    @property
+    def cached_blocks(self) -> list[int]:
+        """Per spec set: blocks cached."""
+    def request(
+        self,
+        hashes: npt.NDArray[np.uint64],
+        prompt_tokens: int,
+        total_tokens: int,
+        chunk: int | None = None,
+    ) -> tuple[int, list[int]]:
+        """Runs one request: a prompt of `prompt_tokens` tokens ending with `total_tokens`
+        (prompt and output); `hashes` (uint64) are the block hashes of all its tokens at
+        the hash block size; the prompt is prefilled in chunks of `chunk` tokens (None:
+        at once). Returns `(hit tokens, per spec set: the tokens its rule alone reuses)`."""
+
 def _force_panic_for_tests() -> None:
     """Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``)."""
 

@@ -6,12 +6,15 @@
 //! `size` the sliding window or the attention chunk (0 otherwise),
 //! `mamba_mode` `"none"` / `"align"` for Mamba (`""` otherwise).
 
+use std::sync::Mutex;
+
+use numpy::{PyArray1, PyArrayMethods};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList, PyTuple};
 
 use super::args;
 use super::errors::{dtype, IntoPyResult};
-use crate::core::explain::{min_cacheable_prompt, repeated_prompt};
+use crate::core::explain::{min_cacheable_prompt, repeated_prompt, Replay};
 use crate::core::groups::rule::window_blocks;
 use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
 
@@ -104,4 +107,88 @@ pub fn explain_layout<'py>(
     d.set_item("hit", r.hit)?;
     d.set_item("min_prompt", min)?;
     Ok(d)
+}
+
+/// A stream of requests through one engine's cache under a group layout, nothing
+/// evicted (``kvindex simulate --model``): each request hits what earlier ones left
+/// cached, by the core's hybrid fixed point, then leaves its own blocks cached.
+/// ``groups`` as ``explain_layout`` takes them.
+#[pyclass(module = "kvindex._core", name = "_GroupReplay")]
+pub struct PyGroupReplay {
+    inner: Mutex<Replay>,
+}
+
+#[pymethods]
+impl PyGroupReplay {
+    #[new]
+    fn new(groups: &Bound<'_, PyAny>) -> PyResult<Self> {
+        Ok(PyGroupReplay { inner: Mutex::new(Replay::new(layout_arg(groups, true, false)?)) })
+    }
+
+    /// Tokens per block hash (the gcd of the block sizes).
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.lock().layout().hash_block_size()
+    }
+
+    /// Per spec set: `(kind, block_size, group_ids)`.
+    #[getter]
+    fn sets(&self) -> Vec<(&'static str, usize, Vec<usize>)> {
+        let r = self.lock();
+        r.layout()
+            .spec_sets()
+            .iter()
+            .map(|s| (s.spec.kind.kind_name(), s.spec.block_size, s.group_ids.clone()))
+            .collect()
+    }
+
+    /// Per spec set: blocks cached.
+    #[getter]
+    fn cached_blocks(&self) -> Vec<usize> {
+        self.lock().cached_blocks()
+    }
+
+    /// Runs one request: a prompt of `prompt_tokens` tokens ending with `total_tokens`
+    /// (prompt and output); `hashes` (uint64) are the block hashes of all its tokens at
+    /// the hash block size; the prompt is prefilled in chunks of `chunk` tokens (None:
+    /// at once). Returns `(hit tokens, per spec set: the tokens its rule alone reuses)`.
+    #[pyo3(signature = (hashes, prompt_tokens, total_tokens, chunk = None))]
+    fn request(
+        &self,
+        hashes: &Bound<'_, PyAny>,
+        prompt_tokens: &Bound<'_, PyAny>,
+        total_tokens: &Bound<'_, PyAny>,
+        chunk: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<(usize, Vec<usize>)> {
+        let n = args::usize_arg(prompt_tokens, "prompt_tokens", 1 << 30)?;
+        let total = args::usize_arg(total_tokens, "total_tokens", 1 << 30)?;
+        if total < n {
+            return Err(super::errors::invalid(format!("total_tokens {total} < prompt_tokens {n}")));
+        }
+        let chunk = args::opt_usize_arg(chunk, "chunk", 1 << 30)?;
+        if chunk == Some(0) {
+            return Err(super::errors::invalid("chunk must be positive"));
+        }
+        let arr = hashes
+            .cast::<PyArray1<u64>>()
+            .map_err(|_| dtype("hashes must be a 1-D numpy array of dtype uint64"))?
+            .try_readonly()
+            .map_err(|_| super::errors::invalid("hashes is being written elsewhere"))?;
+        let h = arr.as_slice().map_err(|_| dtype("hashes must be C-contiguous"))?;
+        let hb = self.lock().layout().hash_block_size();
+        if h.len() != total / hb {
+            return Err(super::errors::invalid(format!(
+                "{} hashes for {total} tokens in blocks of {hb}",
+                h.len()
+            )));
+        }
+        let r = self.lock().request(h, n, total, chunk);
+        Ok((r.hit, r.set_hits))
+    }
+}
+
+impl PyGroupReplay {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Replay> {
+        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
 }
