@@ -106,9 +106,12 @@ class _GroupReplay:
     """A stream of requests through one engine's cache under a group layout, nothing
     evicted (``kvindex simulate --model``): each request hits what earlier ones left
     cached, by the core's hybrid fixed point, then leaves its own blocks cached.
-    ``groups`` as ``explain_layout`` takes them."""
+    ``groups`` as ``explain_layout`` takes them; with ``enable_caching=False`` (what a
+    Mamba group in ``"none"`` mode leaves) nothing hits."""
 
-    def __new__(cls, groups: Sequence[_GroupTuple]) -> Self: ...
+    def __new__(
+        cls, groups: Sequence[_GroupTuple], *, enable_caching: bool | None = None
+    ) -> Self: ...
     @property
     def hash_block_size(self) -> int:
         """Tokens per block hash (the gcd of the block sizes)."""

@@ -112,7 +112,8 @@ pub fn explain_layout<'py>(
 /// A stream of requests through one engine's cache under a group layout, nothing
 /// evicted (``kvindex simulate --model``): each request hits what earlier ones left
 /// cached, by the core's hybrid fixed point, then leaves its own blocks cached.
-/// ``groups`` as ``explain_layout`` takes them.
+/// ``groups`` as ``explain_layout`` takes them; with ``enable_caching=False`` (what a
+/// Mamba group in ``"none"`` mode leaves) nothing hits.
 #[pyclass(module = "kvindex._core", name = "_GroupReplay")]
 pub struct PyGroupReplay {
     inner: Mutex<Replay>,
@@ -121,8 +122,10 @@ pub struct PyGroupReplay {
 #[pymethods]
 impl PyGroupReplay {
     #[new]
-    fn new(groups: &Bound<'_, PyAny>) -> PyResult<Self> {
-        Ok(PyGroupReplay { inner: Mutex::new(Replay::new(layout_arg(groups, true, false)?)) })
+    #[pyo3(signature = (groups, *, enable_caching = None))]
+    fn new(groups: &Bound<'_, PyAny>, enable_caching: Option<&Bound<'_, PyAny>>) -> PyResult<Self> {
+        let on = enable_caching.map(|o| args::flag(o, "enable_caching")).transpose()?.unwrap_or(true);
+        Ok(PyGroupReplay { inner: Mutex::new(Replay::new(layout_arg(groups, on, false)?)) })
     }
 
     /// Tokens per block hash (the gcd of the block sizes).
