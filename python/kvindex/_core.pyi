@@ -98,8 +98,14 @@ def explain_layout(
     use_eagle: bool | None = None,
     limit: int | None = None,
 ) -> dict[str, Any]:
-    """What a group layout hits for a prompt seen twice, by the core group rules
-    (``kvindex.explain`` formats it)."""
+    """The figures of `kvindex explain` for `groups` (see the module header) and
+    a prompt of `prompt_tokens` tokens seen twice (the first time prefilled in
+    chunks of `chunk` tokens; None: at once). Keys: `hash_block_size`,
+    `scheduler_block_size`, `alignment`, `sets` (per spec set: `kind`,
+    `block_size`, `group_ids`, `window_blocks` for a sliding window, `hit`
+    (its rule alone), `cached`, `nulls`, `reused` (blocks)), `hit` (tokens the
+    repeat reuses) and `min_prompt` (the shortest prompt whose repeat hits,
+    up to `limit` tokens (default 2**17), or None)."""
 
 @final
 class _GroupReplay:
@@ -902,9 +908,12 @@ class ClusterIndex:
     def set_worker_layout(
         self, worker: int, groups: Sequence[_GroupTuple] | None, *, use_eagle: bool | None = None
     ) -> None:
-        """Declares `worker`'s KV cache groups (None: forgets them): `(kind, block_size,
-        size, mamba_mode)` tuples in group order; its events must then carry each group's
-        block size, and `scores`/`route` give it its engine's hybrid hit."""
+        """Declares `worker`'s KV cache groups (None: forgets them): a list of
+        `(kind, block_size, size, mamba_mode)` tuples in group order (`kind` as events
+        spell `kv_cache_spec_kind`; `size` the window or chunk, else 0; `mamba_mode`
+        "none"/"align" for Mamba, else ""). Its events must then carry each group's
+        block size, and `scores`/`route` give it the hit its engine would give over
+        those groups. The layout's hash block size (the gcd) must be the index's."""
     def scores(
         self,
         tokens: _TokensOrSeq,
@@ -914,7 +923,10 @@ class ClusterIndex:
         mm_items: _MmItems = None,
     ) -> tuple[npt.NDArray[np.int32], list[str]]:
         """Per worker slot: the prompt's blocks its engine would reuse (int32), and how
-        each was scored (`"layout"`, `"full_only"`, `"full_only_hybrid_events"`, `""`)."""
+        each was scored: `"layout"` (its declared groups' hybrid hit, bounded at
+        `len(tokens) - 1` as vLLM bounds a hit), `"full_only"` (no layout: the leading
+        blocks of its full-attention group), `"full_only_hybrid_events"` (the same, but
+        its events named other groups, whose rules the score ignores) or `""` (no worker)."""
     def route(
         self,
         tokens: _TokensOrSeq,
