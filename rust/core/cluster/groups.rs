@@ -194,6 +194,10 @@ pub struct ScoreScratch {
     probes: Vec<Cell<Option<u32>>>,
     outs: Vec<Vec<Option<()>>>,
     walk: Vec<u32>,
+    /// Shared walks of full-attention sets: (group, scale, per-slot run in the
+    /// set's blocks).
+    runs: Vec<(usize, usize, Vec<u32>)>,
+    keys: Vec<u64>,
 }
 
 /// One worker's lookup into one spec set of its layout.
@@ -204,6 +208,10 @@ struct SetLookup<'a> {
     groups: &'a [usize],
     scale: usize,
     w: u32,
+    /// The worker's leading run of this set's blocks, when a shared walk
+    /// computed it (sets of one group): blocks below it are held and the
+    /// block at it is not; blocks past it are probed.
+    run: Option<usize>,
 }
 
 impl SetLookup<'_> {
@@ -225,6 +233,11 @@ impl BlockLookup for SetLookup<'_> {
         let fine = coarse_hash_index(i, self.scale);
         if fine >= self.hashes.len() {
             return None;
+        }
+        match self.run {
+            Some(r) if i < r => return Some(()),
+            Some(r) if i == r => return None,
+            _ => {}
         }
         self.groups.iter().all(|&g| self.ix.value_holds(self.value(g, fine), self.w)).then_some(())
     }
@@ -284,14 +297,46 @@ impl ClusterIndex {
         scratch.probes.resize(groups * hashes.len(), Cell::new(None));
         #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
         let bs = self.block_size() as usize;
+        // One walk per distinct one-group set (all workers at once, stopping where
+        // none holds the next block): the leading runs answer most lookups of every
+        // rule (full attention's all of them) without a per-worker probe.
+        scratch.runs.clear();
+        for (_, wk) in self.workers() {
+            let Some(cl) = wk.groups.layout() else { continue };
+            for set in cl.layout().spec_sets() {
+                if set.group_ids.len() != 1 {
+                    continue;
+                }
+                let (g, scale) = (set.group_ids[0], set.spec.block_size / bs);
+                if scratch.runs.iter().any(|r| r.0 == g && r.1 == scale) {
+                    continue;
+                }
+                scratch.keys.clear();
+                #[allow(clippy::cast_possible_truncation)]
+                scratch.keys.extend(
+                    (0..hashes.len() / scale)
+                        .map(|i| group_key(hashes[coarse_hash_index(i, scale)], g as u32)),
+                );
+                let mut run = Vec::new();
+                self.overlaps(&scratch.keys, &mut run);
+                scratch.runs.push((g, scale, run));
+            }
+        }
         for (w, wk) in self.workers() {
             let id = w.0;
             out[id as usize] = match (basis[id as usize], wk.groups.layout()) {
                 (Basis::FullOnly { group: 0, .. }, _) => scratch.walk[id as usize],
                 (Basis::FullOnly { group, .. }, _) => {
                     let gs = [group as usize];
-                    let mut l =
-                        SetLookup { ix: self, hashes, probes: &scratch.probes, groups: &gs, scale: 1, w: id };
+                    let mut l = SetLookup {
+                        ix: self,
+                        hashes,
+                        probes: &scratch.probes,
+                        groups: &gs,
+                        scale: 1,
+                        w: id,
+                        run: None,
+                    };
                     #[allow(clippy::cast_possible_truncation)]
                     let held = (0..hashes.len()).take_while(|&i| l.get(i).is_some()).count() as u32;
                     held
@@ -299,15 +344,24 @@ impl ClusterIndex {
                 (_, Some(cl)) => {
                     let layout = cl.layout();
                     let sets = layout.spec_sets();
+                    let runs = &scratch.runs;
                     let mut looks: Vec<SetLookup<'_>> = sets
                         .iter()
-                        .map(|s| SetLookup {
-                            ix: self,
-                            hashes,
-                            probes: &scratch.probes,
-                            groups: &s.group_ids,
-                            scale: s.spec.block_size / bs,
-                            w: id,
+                        .map(|s| {
+                            let scale = s.spec.block_size / bs;
+                            let run = runs
+                                .iter()
+                                .find(|r| s.group_ids == [r.0] && r.1 == scale)
+                                .map(|r| r.2[id as usize] as usize);
+                            SetLookup {
+                                ix: self,
+                                hashes,
+                                probes: &scratch.probes,
+                                groups: &s.group_ids,
+                                scale,
+                                w: id,
+                                run,
+                            }
                         })
                         .collect();
                     scratch.outs.resize_with(sets.len().max(scratch.outs.len()), Vec::new);
