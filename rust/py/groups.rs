@@ -56,14 +56,14 @@ pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bo
     GroupLayout::new(specs, LayoutOptions { enable_caching, use_eagle, ..LayoutOptions::default() }).py()
 }
 
-/// The figures of `kvindex explain` for `groups` (see the module header) and
-/// a prompt of `prompt_tokens` tokens seen twice (the first time prefilled in
-/// chunks of `chunk` tokens; None: at once). Keys: `hash_block_size`,
-/// `scheduler_block_size`, `alignment`, `sets` (per spec set: `kind`,
-/// `block_size`, `group_ids`, `window_blocks` for a sliding window, `hit`
-/// (its rule alone), `cached`, `nulls`, `reused` (blocks)), `hit` (tokens the
-/// repeat reuses) and `min_prompt` (the shortest prompt whose repeat hits,
-/// up to `limit` tokens (default 2**17), or None).
+/// The figures of `kvindex explain` for `groups` (`(kind, block_size, size,
+/// mamba_mode)` tuples in group order) and a prompt of `prompt_tokens` tokens
+/// seen twice (the first time prefilled in chunks of `chunk` tokens; None: at
+/// once). Keys: `hash_block_size`, `scheduler_block_size`, `alignment`, `sets`
+/// (per spec set: `kind`, `block_size`, `group_ids`, `window_blocks` for a
+/// sliding window, `hit` (its rule alone), `cached`, `nulls`, `reused`
+/// (blocks)), `hit` (tokens the repeat reuses) and `min_prompt` (the shortest
+/// prompt whose repeat hits, up to `limit` tokens (default 2**17), or None).
 #[pyfunction]
 #[pyo3(signature = (groups, prompt_tokens, *, chunk = None, use_eagle = None, limit = None))]
 pub fn explain_layout<'py>(
