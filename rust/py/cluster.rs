@@ -108,6 +108,7 @@ impl PyClusterIndex {
         cache_salt: Option<String>,
         lora: Option<&Bound<'_, PyAny>>,
         mm_items: Option<&Bound<'_, PyAny>>,
+        prune: Option<(&[f64], f64)>,
     ) -> PyResult<MutexGuard<'_, Scratch>> {
         let spec = keys::spec(cache_salt, lora, mm_items)?;
         let bs = self.bs();
@@ -120,7 +121,9 @@ impl PyClusterIndex {
         )?
         .py()?;
         let ix = self.read();
-        ix.scores(&sc.hashes, n, &mut sc.score, &mut sc.overlaps, &mut sc.basis);
+        // A load of another length than the slots is refused by the caller afterwards.
+        let prune = prune.filter(|(l, _)| l.len() == ix.slots());
+        ix.scores(&sc.hashes, n, prune, &mut sc.score, &mut sc.overlaps, &mut sc.basis);
         sc.blocks = sc.hashes.len();
         drop(ix);
         Ok(s)
@@ -367,7 +370,7 @@ impl PyClusterIndex {
         lora: Option<&Bound<'py, PyAny>>,
         mm_items: Option<&Bound<'py, PyAny>>,
     ) -> PyResult<(Bound<'py, PyArray1<i32>>, Vec<&'static str>)> {
-        let s = self.scores_of_tokens(tokens, cache_salt, lora, mm_items)?;
+        let s = self.scores_of_tokens(tokens, cache_salt, lora, mm_items, None)?;
         Ok((overlaps_array(py, &s.overlaps)?, s.basis.iter().map(|b| b.name()).collect()))
     }
 
@@ -479,7 +482,7 @@ impl PyClusterIndex {
             load_arr.as_slice().map_err(|_| dtype("load must be C-contiguous"))?
         };
         let s = if self.read().needs_group_scores() {
-            self.scores_of_tokens(tokens, cache_salt, lora, mm_items)?
+            self.scores_of_tokens(tokens, cache_salt, lora, mm_items, Some((load, overlap_weight)))?
         } else {
             self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?
         };

@@ -29,7 +29,7 @@
 use std::cell::Cell;
 use std::sync::Arc;
 
-use super::index::ClusterIndex;
+use super::index::{ClusterIndex, WorkerId};
 use super::ops::MAX_GROUPS;
 use crate::core::error::{KvError, KvResult};
 use crate::core::groups::coordinator::{coarse_hash_index, longest_hit};
@@ -260,10 +260,17 @@ impl ClusterIndex {
     /// ([`Self::overlaps`]); every other worker O(spec sets × blocks its
     /// rules visit) membership checks, each block-map probe made once per
     /// (group, block) and shared by all workers.
+    ///
+    /// With `prune = Some((load, overlap_weight))` (routing), a layout worker
+    /// whose cost `overlap_weight * (blocks - score) + load` cannot beat the
+    /// best one found (its score is at most its full-attention run) is not
+    /// computed and scores 0, so [`super::route::pick_min_cost`] picks as it
+    /// would with every score; a worker with a NaN load is not computed.
     pub fn scores(
         &self,
         hashes: &[u64],
         prompt_tokens: usize,
+        prune: Option<(&[f64], f64)>,
         scratch: &mut ScoreScratch,
         out: &mut Vec<u32>,
         basis: &mut Vec<Basis>,
@@ -322,9 +329,20 @@ impl ClusterIndex {
                 scratch.runs.push((g, scale, run));
             }
         }
+        // Full-only workers exactly (cheap); layout workers in order of the lowest
+        // cost they could have (`prune`), each computed unless it cannot beat the
+        // best cost so far (its hit is at most its full-attention run).
+        let nb = hashes.len() as f64;
+        let cost = |id: u32, blocks: u32| {
+            prune.map_or(0.0, |(load, weight)| {
+                weight * (nb - f64::from(blocks)) + load.get(id as usize).copied().unwrap_or(f64::NAN)
+            })
+        };
+        let mut best = f64::INFINITY;
+        let mut order: Vec<(f64, u32)> = Vec::new();
         for (w, wk) in self.workers() {
             let id = w.0;
-            out[id as usize] = match (basis[id as usize], wk.groups.layout()) {
+            let held = match (basis[id as usize], wk.groups.layout()) {
                 (Basis::FullOnly { group: 0, .. }, _) => scratch.walk[id as usize],
                 (Basis::FullOnly { group, .. }, _) => {
                     let gs = [group as usize];
@@ -342,44 +360,97 @@ impl ClusterIndex {
                     held
                 }
                 (_, Some(cl)) => {
-                    let layout = cl.layout();
-                    let sets = layout.spec_sets();
-                    let runs = &scratch.runs;
-                    let mut looks: Vec<SetLookup<'_>> = sets
-                        .iter()
-                        .map(|s| {
-                            let scale = s.spec.block_size / bs;
-                            let run = runs
-                                .iter()
-                                .find(|r| s.group_ids == [r.0] && r.1 == scale)
-                                .map(|r| r.2[id as usize] as usize);
-                            SetLookup {
-                                ix: self,
-                                hashes,
-                                probes: &scratch.probes,
-                                groups: &s.group_ids,
-                                scale,
-                                w: id,
-                                run,
-                            }
-                        })
-                        .collect();
-                    scratch.outs.resize_with(sets.len().max(scratch.outs.len()), Vec::new);
-                    let hit = longest_hit(
-                        layout,
-                        &mut looks,
-                        prompt_tokens.saturating_sub(1),
-                        hashes.len(),
-                        &mut scratch.outs[..sets.len()],
+                    let lb = cost(
+                        id,
+                        upper_bound(cl.layout(), &scratch.runs, id, bs, prompt_tokens, hashes.len()),
                     );
-                    #[allow(clippy::cast_possible_truncation)]
-                    let blocks = (hit.tokens / bs) as u32;
-                    blocks
+                    if prune.is_none() || !lb.is_nan() {
+                        order.push((lb, id));
+                    }
+                    continue;
                 }
                 (_, None) => 0,
             };
+            out[id as usize] = held;
+            let c = cost(id, held);
+            if !c.is_nan() {
+                best = best.min(c);
+            }
+        }
+        order.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (lb, id) in order {
+            if prune.is_some() && lb > best {
+                break; // this and every later worker cost more than the best
+            }
+            let Some(wk) = self.worker(WorkerId(id)) else { continue };
+            let Some(cl) = wk.groups.layout() else { continue };
+            let blocks = layout_hit(self, cl.layout(), id, hashes, prompt_tokens, bs, scratch);
+            out[id as usize] = blocks;
+            best = best.min(cost(id, blocks));
         }
     }
+}
+
+/// Most blocks (of the index's size) worker `id` could reuse under `layout`:
+/// its leading run in each one-group full-attention set, and the bound vLLM puts
+/// on a hit (`prompt_tokens - 1`, down to the alignment).
+fn upper_bound(
+    layout: &GroupLayout,
+    runs: &[(usize, usize, Vec<u32>)],
+    id: u32,
+    bs: usize,
+    prompt_tokens: usize,
+    hashes: usize,
+) -> u32 {
+    let a = layout.alignment();
+    let mut ub = (prompt_tokens.saturating_sub(1) / a * a / bs).min(hashes);
+    for s in layout.spec_sets() {
+        if !s.spec.kind.is_full() {
+            continue;
+        }
+        let scale = s.spec.block_size / bs;
+        if let Some(r) = runs.iter().find(|r| s.group_ids == [r.0] && r.1 == scale) {
+            ub = ub.min(r.2[id as usize] as usize * scale);
+        }
+    }
+    #[allow(clippy::cast_possible_truncation)]
+    let ub = ub as u32;
+    ub
+}
+
+/// Worker `id`'s hit under `layout` in blocks of the index's size: the core's
+/// fixed point over its per-group membership.
+fn layout_hit(
+    ix: &ClusterIndex,
+    layout: &GroupLayout,
+    id: u32,
+    hashes: &[u64],
+    prompt_tokens: usize,
+    bs: usize,
+    scratch: &mut ScoreScratch,
+) -> u32 {
+    let sets = layout.spec_sets();
+    let runs = &scratch.runs;
+    let mut looks: Vec<SetLookup<'_>> = sets
+        .iter()
+        .map(|s| {
+            let scale = s.spec.block_size / bs;
+            let run =
+                runs.iter().find(|r| s.group_ids == [r.0] && r.1 == scale).map(|r| r.2[id as usize] as usize);
+            SetLookup { ix, hashes, probes: &scratch.probes, groups: &s.group_ids, scale, w: id, run }
+        })
+        .collect();
+    scratch.outs.resize_with(sets.len().max(scratch.outs.len()), Vec::new);
+    let hit = longest_hit(
+        layout,
+        &mut looks,
+        prompt_tokens.saturating_sub(1),
+        hashes.len(),
+        &mut scratch.outs[..sets.len()],
+    );
+    #[allow(clippy::cast_possible_truncation)]
+    let blocks = (hit.tokens / bs) as u32;
+    blocks
 }
 
 #[cfg(test)]
@@ -436,23 +507,36 @@ mod tests {
         ix.store_hashes(b, &[key(2, 1), key(3, 1)]).expect("present");
         ix.store_hashes(c, &(0..4).map(|i| key(i, 1)).collect::<Vec<_>>()).expect("present");
         let (mut sc, mut out, mut basis) = (ScoreScratch::default(), Vec::new(), Vec::new());
-        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        ix.scores(&hashes, 40, None, &mut sc, &mut out, &mut basis);
         assert_eq!(out, vec![6, 4, 0]);
         assert_eq!(basis, vec![Basis::FullOnly { group: 0, hybrid_events: false }; 3]);
         for w in [a, b, c] {
             let cl = ClusterLayout::new(l.clone(), 4).expect("valid");
             ix.set_worker_layout(w, Some(std::sync::Arc::new(cl))).expect("present");
         }
-        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        ix.scores(&hashes, 40, None, &mut sc, &mut out, &mut basis);
         // a: full run of 6 blocks; the window ending at 24 needs blocks 4, 5 of
         // group 1 (absent), ... down to the run from block 0: blocks 0, 1 -> 8 tokens.
         assert_eq!(out, vec![2, 4, 0]);
         assert_eq!(basis, vec![Basis::Layout; 3]);
+        // Pruned for routing: a (cost at least 10 - 6 + 0) and c are not computed
+        // once b costs 10 - 4 + 0; the pick is the same.
+        let load = [0.0, 0.0, 0.0];
+        let mut pruned = Vec::new();
+        ix.scores(&hashes, 40, Some((&load, 1.0)), &mut sc, &mut pruned, &mut basis);
+        assert_eq!(pruned[1], 4);
+        let pick = |o: &[u32]| crate::core::cluster::route::pick_min_cost(o, 10, &load, 1.0, 0);
+        assert_eq!(pick(&pruned), pick(&out));
+        let far = [0.0, 9.0, f64::NAN];
+        ix.scores(&hashes, 40, Some((&far, 1.0)), &mut sc, &mut pruned, &mut basis);
+        assert_eq!(pruned[0], 2);
+        let pick2 = |o: &[u32]| crate::core::cluster::route::pick_min_cost(o, 10, &far, 1.0, 0);
+        assert_eq!(pick2(&pruned), Some(0));
         assert_eq!(Basis::Layout.name(), "layout");
         // Events that named group 1 full attention make it the full-only group.
         ix.set_worker_layout(c, None).expect("present");
         ix.wk(c).groups.saw(0b10, 0b01);
-        ix.scores(&hashes, 40, &mut sc, &mut out, &mut basis);
+        ix.scores(&hashes, 40, None, &mut sc, &mut out, &mut basis);
         assert_eq!(out[2], 4);
         assert_eq!(basis[2], Basis::FullOnly { group: 1, hybrid_events: true });
         ix.check_invariants().expect("ok");
