@@ -188,3 +188,44 @@ def test_full_only_scoring_picks_the_wrong_worker(tmp_path: Path) -> None:
     finally:
         for x in (full_only, hybrid, pa, pb):
             x.close()
+
+
+def test_pruned_routing_picks_as_full_scores_do() -> None:
+    """`route` skips a layout worker that cannot beat the best cost so far; its pick
+    equals the pick over every worker's full score (ties to the first at or after
+    `start`), for random memberships and loads."""
+    from kvindex.events import EventEncoder
+
+    enc = EventEncoder()
+    rng = np.random.default_rng(7)
+    h = fine()
+    for trial in range(40):
+        ix = ClusterIndex(BS)
+        for w in range(12):
+            slot = ix.add_worker(f"w{w}")
+            if w % 4 != 3:  # a few without a layout: full-only scores
+                ix.set_worker_layout(slot, LAYOUT16)
+            full = int(rng.integers(0, 7))
+            window = sorted(set(rng.integers(0, 6, int(rng.integers(0, 4))).tolist()))
+            evs = [
+                stored(h[:full], 16, 0, "full_attention"),
+                stored([h[i] for i in window], 16, 1, "sliding_window", 32),
+            ]
+            assert ix.apply(slot, 0, enc.encode_events(evs, 0.0))[0] == "applied"
+        load = rng.integers(0, 4, ix.slots).astype(np.float64)
+        if trial % 5 == 0:
+            load[int(rng.integers(0, ix.slots))] = np.nan
+        weight = float(rng.choice([0.0, 0.5, 1.0, 2.0]))
+        start = int(rng.integers(0, ix.slots))
+        scores, _ = ix.scores(PROMPT)
+        n = len(PROMPT) // BS
+        costs = [weight * (n - scores[w]) + load[w] for w in range(ix.slots)]
+        best = None
+        for k in range(ix.slots):
+            w = (start + k) % ix.slots
+            if np.isnan(load[w]):
+                continue
+            if best is None or costs[w] < costs[best]:
+                best = w
+        w, overlap, blocks = ix.route(PROMPT, load, overlap_weight=weight, start=start)
+        assert w == best and overlap == scores[w] and blocks == n
