@@ -78,3 +78,12 @@ def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     )
     assert r["hash_chain"]["layout"]["hit_tokens"] == 0
     assert r["hash_chain"]["full_attention"]["hit_tokens"] > 0
+
+
+def test_model_options_conflicts(capsys: pytest.CaptureFixture[str]) -> None:
+    assert kvindex_main(["simulate", "--model", "gemma3", "--cluster", "2", "--quiet"]) == 2
+    assert "does not combine with --cluster" in capsys.readouterr().err
+    argv = ["simulate", "--mamba-cache-mode", "none", "--requests", "20", "--quiet"]
+    argv += ["--capacity", "inf", "--block-size", "16"]
+    assert kvindex_main(argv) == 0
+    assert "applies to --model only" in capsys.readouterr().err

@@ -430,6 +430,12 @@ def _terminal_width() -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvindex simulate`` for parsed ``args``; returns the exit status."""
+    if args.model is not None and args.cluster is not None:
+        raise SimulationError(
+            "--model runs one engine's groups; it does not combine with --cluster"
+        )
+    if args.mamba_cache_mode is not None and args.model is None:
+        _warn(args, "--mamba-cache-mode applies to --model only; ignored")
     if args.cluster is not None:
         check_args(args)
         # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
