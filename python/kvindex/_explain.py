@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import operator
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -186,8 +187,14 @@ def explain(
     layout = _layout(model, mamba_cache_mode)
     if trace is not None:
         return _explain_trace(layout, Path(trace), chunk, trace_limit)
-    if isinstance(prompt_tokens, bool) or not isinstance(prompt_tokens, int) or prompt_tokens < 1:
+    assert prompt_tokens is not None  # given exactly one of the two (checked above)
+    try:
+        n = -1 if isinstance(prompt_tokens, bool) else operator.index(prompt_tokens)
+    except TypeError:
+        n = -1
+    if n < 1:
         raise InvalidArgumentError(f"prompt_tokens must be a positive int, got {prompt_tokens!r}")
+    prompt_tokens = n
     core, why = _one(layout, prompt_tokens, chunk)
     report: dict[str, Any] = {
         "model": layout.name,
