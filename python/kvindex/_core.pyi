@@ -952,10 +952,13 @@ class ClusterIndex:
         """One worker's name, dp rank, status, block count, next sequence number,
         incarnation and counters."""
     def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
-        """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
+        """Every block hash `worker` holds, sorted (uint64); a block of KV cache group
+        `g > 0` appears as its group key (the hash xor `g * 0x9E3779B97F4A7C15`).
+        O(blocks in the index)."""
     def snapshot_worker(self, worker: int) -> tuple[npt.NDArray[np.uint64], int]:
-        """One worker's state: every block hash it holds, once per announcement, sorted
-        (uint64), and the sequence number its stream continues from."""
+        """One worker's state: every block hash it holds (group keys for groups > 0, as
+        `worker_blocks` gives them), once per announcement, sorted (uint64), and the
+        sequence number its stream continues from."""
     def restore_worker(self, worker: int, hashes: _Hashes, next_seq: int) -> None:
         """Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
         one more reference), its stream continues at `next_seq`, status live."""

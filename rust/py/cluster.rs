@@ -568,7 +568,9 @@ impl PyClusterIndex {
         Ok(d)
     }
 
-    /// Every block hash `worker` holds, sorted (uint64). O(blocks in the index).
+    /// Every block hash `worker` holds, sorted (uint64); a block of KV cache group
+    /// `g > 0` appears as its group key (the hash xor `g * 0x9E3779B97F4A7C15`).
+    /// O(blocks in the index).
     fn worker_blocks<'py>(
         &self,
         py: Python<'py>,
@@ -579,8 +581,9 @@ impl PyClusterIndex {
         Ok(PyArray1::from_vec(py, v))
     }
 
-    /// One worker's state: every block hash it holds, once per announcement, sorted
-    /// (uint64), and the sequence number its stream continues from.
+    /// One worker's state: every block hash it holds (group keys for groups > 0, as
+    /// `worker_blocks` gives them), once per announcement, sorted (uint64), and the
+    /// sequence number its stream continues from.
     fn snapshot_worker<'py>(
         &self,
         py: Python<'py>,
