@@ -31,6 +31,7 @@ from kvindex._core import (
     block_hashes,
     none_hash,
 )
+from kvindex._explain import explain
 from kvindex.exceptions import (
     BlockInUseError,
     CapacityError,
@@ -76,6 +77,7 @@ __all__ = [
     "UnknownRequestError",
     "__version__",
     "block_hashes",
+    "explain",
     "kv_bytes_per_token",
     "kv_pool_size",
     "make_cache",

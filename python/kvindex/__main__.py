@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-V", "--version", action="version", version=f"kvindex {__version__}")
     parser.set_defaults(cmd="simulate")
-    sub = parser.add_subparsers(dest="cmd", title="commands", metavar="{simulate,demo}")
+    sub = parser.add_subparsers(dest="cmd", title="commands", metavar="{simulate,demo,explain}")
     sim = sub.add_parser(
         "simulate",
         help="replay a workload through both index designs and compare (default)",
@@ -60,6 +60,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="Prints the hash-chain worked examples of the vLLM design notes, as "
         "computed by the library.",
     )
+    from kvindex._explain import build_parser as explain_parser
+
+    explain_parser(
+        sub.add_parser(
+            "explain",
+            help="what a model's KV cache groups can hit, and why not",
+            description="What a model's KV cache groups (a preset or a JSON layout) can hit for "
+            "a prompt length or a trace, and why not, by the core group rules.",
+        )
+    )
     return parser
 
 
@@ -67,6 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``kvindex`` console script."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    if args.cmd == "explain":
+        from kvindex._explain import run as run_explain
+
+        return run_explain(args)
     if args.cmd == "demo":
         from kvindex._demo import run_demo
 

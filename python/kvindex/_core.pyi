@@ -64,6 +64,7 @@ _BlockIds = npt.NDArray[np.int64] | npt.NDArray[np.int32] | list[int] | tuple[in
 _TokensOrSeq = _Tokens | list[int] | tuple[int, ...]
 _Hashes = npt.NDArray[np.uint64] | list[int] | tuple[int, ...]
 _Load = npt.NDArray[np.float64] | list[float] | tuple[float, ...]
+_GroupTuple = tuple[str, int, int, str]
 
 def block_hashes(
     tokens: _TokensOrSeq,
@@ -88,6 +89,55 @@ def block_hashes(
     ``"kvindex"`` (compact modes) or ``"vllm-none-hash"`` (vLLM modes).
     Releases the GIL for 4096 tokens or more.
     """
+
+def explain_layout(
+    groups: Sequence[_GroupTuple],
+    prompt_tokens: int,
+    *,
+    chunk: int | None = None,
+    use_eagle: bool | None = None,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    """The figures of `kvindex explain` for `groups` (`(kind, block_size, size,
+    mamba_mode)` tuples in group order) and a prompt of `prompt_tokens` tokens
+    seen twice (the first time prefilled in chunks of `chunk` tokens; None: at
+    once). Keys: `hash_block_size`, `scheduler_block_size`, `alignment`, `sets`
+    (per spec set: `kind`, `block_size`, `group_ids`, `window_blocks` for a
+    sliding window, `hit` (its rule alone), `cached`, `nulls`, `reused`
+    (blocks)), `hit` (tokens the repeat reuses) and `min_prompt` (the shortest
+    prompt whose repeat hits, up to `limit` tokens (default 2**17), or None)."""
+
+@final
+class _GroupReplay:
+    """A stream of requests through one engine's cache under a group layout, nothing
+    evicted (``kvindex simulate --model``): each request hits what earlier ones left
+    cached, by the core's hybrid fixed point, then leaves its own blocks cached.
+    ``groups`` as ``explain_layout`` takes them; with ``enable_caching=False`` (what a
+    Mamba group in ``"none"`` mode leaves) nothing hits."""
+
+    def __new__(
+        cls, groups: Sequence[_GroupTuple], *, enable_caching: bool | None = None
+    ) -> Self: ...
+    @property
+    def hash_block_size(self) -> int:
+        """Tokens per block hash (the gcd of the block sizes)."""
+    @property
+    def sets(self) -> list[tuple[str, int, list[int]]]:
+        """Per spec set: `(kind, block_size, group_ids)`."""
+    @property
+    def cached_blocks(self) -> list[int]:
+        """Per spec set: blocks cached."""
+    def request(
+        self,
+        hashes: npt.NDArray[np.uint64],
+        prompt_tokens: int,
+        total_tokens: int,
+        chunk: int | None = None,
+    ) -> tuple[int, list[int]]:
+        """Runs one request: a prompt of `prompt_tokens` tokens ending with `total_tokens`
+        (prompt and output); `hashes` (uint64) are the block hashes of all its tokens at
+        the hash block size; the prompt is prefilled in chunks of `chunk` tokens (None:
+        at once). Returns `(hit tokens, per spec set: the tokens its rule alone reuses)`."""
 
 def _force_panic_for_tests() -> None:
     """Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``)."""
@@ -901,6 +951,28 @@ class ClusterIndex:
         """Per worker slot: leading blocks of the prompt it holds (int32)."""
     def overlaps_for_hashes(self, hashes: _Hashes) -> npt.NDArray[np.int32]:
         """Per worker slot: leading `hashes` (uint64) it holds (int32)."""
+    def set_worker_layout(
+        self, worker: int, groups: Sequence[_GroupTuple] | None, *, use_eagle: bool | None = None
+    ) -> None:
+        """Declares `worker`'s KV cache groups (None: forgets them): a list of
+        `(kind, block_size, size, mamba_mode)` tuples in group order (`kind` as events
+        spell `kv_cache_spec_kind`; `size` the window or chunk, else 0; `mamba_mode`
+        "none"/"align" for Mamba, else ""). Its events must then carry each group's
+        block size, and `scores`/`route` give it the hit its engine would give over
+        those groups. The layout's hash block size (the gcd) must be the index's."""
+    def scores(
+        self,
+        tokens: _TokensOrSeq,
+        *,
+        cache_salt: str | None = None,
+        lora: _Lora = None,
+        mm_items: _MmItems = None,
+    ) -> tuple[npt.NDArray[np.int32], list[str]]:
+        """Per worker slot: the prompt's blocks its engine would reuse (int32), and how
+        each was scored: `"layout"` (its declared groups' hybrid hit, bounded at
+        `len(tokens) - 1` as vLLM bounds a hit), `"full_only"` (no layout: the leading
+        blocks of its full-attention group), `"full_only_hybrid_events"` (the same, but
+        its events named other groups, whose rules the score ignores) or `""` (no worker)."""
     def route(
         self,
         tokens: _TokensOrSeq,
@@ -926,10 +998,13 @@ class ClusterIndex:
         """One worker's name, dp rank, status, block count, next sequence number,
         incarnation and counters."""
     def worker_blocks(self, worker: int) -> npt.NDArray[np.uint64]:
-        """Every block hash `worker` holds, sorted (uint64). O(blocks in the index)."""
+        """Every block hash `worker` holds, sorted (uint64); a block of KV cache group
+        `g > 0` appears as its group key (the hash xor `g * 0x9E3779B97F4A7C15`).
+        O(blocks in the index)."""
     def snapshot_worker(self, worker: int) -> tuple[npt.NDArray[np.uint64], int]:
-        """One worker's state: every block hash it holds, once per announcement, sorted
-        (uint64), and the sequence number its stream continues from."""
+        """One worker's state: every block hash it holds (group keys for groups > 0, as
+        `worker_blocks` gives them), once per announcement, sorted (uint64), and the
+        sequence number its stream continues from."""
     def restore_worker(self, worker: int, hashes: _Hashes, next_seq: int) -> None:
         """Replaces a worker's state by a snapshot: it holds `hashes` (uint64; a repeat is
         one more reference), its stream continues at `next_seq`, status live."""

@@ -28,6 +28,7 @@
 //! | [`vllm_manager`] | vLLM 0.33's single-group `KVCacheManager` calls over the block pool, on the request's own block hashes |
 //! | [`wire`] | KV events as vLLM 0.33 msgpack batches (encode, decode) |
 //! | [`cluster`] | the cluster prefix index: which workers hold which blocks, fed by their event streams |
+//! | [`explain`] | what a group layout can hit and why not (`kvindex explain`), by the group rules |
 //!
 //! # Where `unsafe` lives, and why
 //! The crate denies `unsafe_code`; four places allow it, each block with
@@ -49,6 +50,7 @@ pub mod cluster;
 pub mod error;
 pub mod event_buffer;
 pub mod events;
+pub mod explain;
 pub mod free_queue;
 pub mod groups;
 pub mod hash;

@@ -16,6 +16,7 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::arrays::{self, with_tokens, with_views, TokensOrList};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
 use super::keys;
+use crate::core::cluster::groups::{Basis, ClusterLayout, ScoreScratch};
 use crate::core::cluster::query::QueryHasher;
 use crate::core::cluster::{self as core, route, Outcome, WorkerId};
 
@@ -26,6 +27,8 @@ struct Scratch {
     hasher: QueryHasher,
     hashes: Vec<u64>,
     overlaps: Vec<u32>,
+    score: ScoreScratch,
+    basis: Vec<Basis>,
     /// Full blocks of the last prompt given to `overlaps_of_tokens`.
     blocks: usize,
 }
@@ -93,6 +96,35 @@ impl PyClusterIndex {
             with_tokens!(t, t => sc.hasher.overlaps(index, t, bs, &spec, &mut sc.hashes, &mut sc.overlaps))
         })?
         .py()?;
+        drop(ix);
+        Ok(s)
+    }
+
+    /// Fills the scratch's overlaps (blocks each worker's engine would reuse),
+    /// basis and `blocks` for `tokens` by [`core::ClusterIndex::scores`].
+    fn scores_of_tokens(
+        &self,
+        tokens: &Bound<'_, PyAny>,
+        cache_salt: Option<String>,
+        lora: Option<&Bound<'_, PyAny>>,
+        mm_items: Option<&Bound<'_, PyAny>>,
+        prune: Option<(&[f64], f64)>,
+    ) -> PyResult<MutexGuard<'_, Scratch>> {
+        let spec = keys::spec(cache_salt, lora, mm_items)?;
+        let bs = self.bs();
+        let mut s = self.scratch();
+        let arg = TokensOrList::new(tokens, "tokens")?;
+        let sc = &mut *s;
+        let n = with_views(
+            arg,
+            |t| with_tokens!(t, t => sc.hasher.hashes(t, bs, &spec, &mut sc.hashes).map(|()| t.len())),
+        )?
+        .py()?;
+        let ix = self.read();
+        // A load of another length than the slots is refused by the caller afterwards.
+        let prune = prune.filter(|(l, _)| l.len() == ix.slots());
+        ix.scores(&sc.hashes, n, prune, &mut sc.score, &mut sc.overlaps, &mut sc.basis);
+        sc.blocks = sc.hashes.len();
         drop(ix);
         Ok(s)
     }
@@ -187,7 +219,14 @@ impl PyClusterIndex {
         Ok(PyClusterIndex {
             inner: RwLock::new(inner),
             algo: hasher.name(),
-            scratch: Mutex::new(Scratch { hasher, hashes: Vec::new(), overlaps: Vec::new(), blocks: 0 }),
+            scratch: Mutex::new(Scratch {
+                hasher,
+                hashes: Vec::new(),
+                overlaps: Vec::new(),
+                score: ScoreScratch::default(),
+                basis: Vec::new(),
+                blocks: 0,
+            }),
             seed,
         })
     }
@@ -291,6 +330,48 @@ impl PyClusterIndex {
             Ok(Outcome::Gap { expected }) => ("gap".to_owned(), expected as i64),
             Ok(Outcome::Malformed(msg)) => (format!("malformed: {msg}"), -1),
         })
+    }
+
+    /// Declares `worker`'s KV cache groups (None: forgets them): a list of
+    /// `(kind, block_size, size, mamba_mode)` tuples in group order (`kind` as events
+    /// spell `kv_cache_spec_kind`; `size` the window or chunk, else 0; `mamba_mode`
+    /// "none"/"align" for Mamba, else ""). Its events must then carry each group's
+    /// block size, and `scores`/`route` give it the hit its engine would give over
+    /// those groups. The layout's hash block size (the gcd) must be the index's.
+    #[pyo3(signature = (worker, groups, *, use_eagle = None))]
+    fn set_worker_layout(
+        &self,
+        #[pyo3(from_py_with = param::worker)] worker: i64,
+        groups: &Bound<'_, PyAny>,
+        use_eagle: Option<&Bound<'_, PyAny>>,
+    ) -> PyResult<()> {
+        let w = worker_id(worker)?;
+        let eagle = use_eagle.map(|o| super::args::flag(o, "use_eagle")).transpose()?.unwrap_or(false);
+        let layout = if groups.is_none() {
+            None
+        } else {
+            let l = super::groups::layout_arg(groups, true, eagle)?;
+            Some(std::sync::Arc::new(ClusterLayout::new(l, self.read().block_size()).py()?))
+        };
+        self.write().set_worker_layout(w, layout).py()
+    }
+
+    /// Per worker slot: the prompt's blocks its engine would reuse (int32), and how
+    /// each was scored: `"layout"` (its declared groups' hybrid hit, bounded at
+    /// `len(tokens) - 1` as vLLM bounds a hit), `"full_only"` (no layout: the leading
+    /// blocks of its full-attention group), `"full_only_hybrid_events"` (the same, but
+    /// its events named other groups, whose rules the score ignores) or `""` (no worker).
+    #[pyo3(signature = (tokens, *, cache_salt = None, lora = None, mm_items = None))]
+    fn scores<'py>(
+        &self,
+        py: Python<'py>,
+        tokens: &Bound<'py, PyAny>,
+        #[pyo3(from_py_with = super::args::named::cache_salt)] cache_salt: Option<String>,
+        lora: Option<&Bound<'py, PyAny>>,
+        mm_items: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<(Bound<'py, PyArray1<i32>>, Vec<&'static str>)> {
+        let s = self.scores_of_tokens(tokens, cache_salt, lora, mm_items, None)?;
+        Ok((overlaps_array(py, &s.overlaps)?, s.basis.iter().map(|b| b.name()).collect()))
     }
 
     /// Gives up on `worker`'s batches before `seq`: degraded, stream continues at `seq`.
@@ -400,7 +481,11 @@ impl PyClusterIndex {
                 .map_err(|_| invalid("load is being written elsewhere"))?;
             load_arr.as_slice().map_err(|_| dtype("load must be C-contiguous"))?
         };
-        let s = self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?;
+        let s = if self.read().needs_group_scores() {
+            self.scores_of_tokens(tokens, cache_salt, lora, mm_items, Some((load, overlap_weight)))?
+        } else {
+            self.overlaps_of_tokens(tokens, cache_salt, lora, mm_items)?
+        };
         if load.len() != s.overlaps.len() {
             return Err(invalid(format!(
                 "load has {} entries for {} worker slots",
@@ -460,6 +545,10 @@ impl PyClusterIndex {
         d.set_item("blocks", w.blocks)?;
         d.set_item("next_seq", w.next_seq)?;
         d.set_item("incarnation", w.incarnation)?;
+        d.set_item("layout", w.groups.layout().map(|l| l.block_sizes().to_vec()))?;
+        let bits = |m: u64| (0..64u32).filter(|g| m >> g & 1 == 1).collect::<Vec<_>>();
+        d.set_item("groups_full", bits(w.groups.seen_full))?;
+        d.set_item("groups_other", bits(w.groups.seen_other))?;
         let s = w.stats;
         for (k, v) in [
             ("batches", s.batches),
@@ -479,7 +568,9 @@ impl PyClusterIndex {
         Ok(d)
     }
 
-    /// Every block hash `worker` holds, sorted (uint64). O(blocks in the index).
+    /// Every block hash `worker` holds, sorted (uint64); a block of KV cache group
+    /// `g > 0` appears as its group key (the hash xor `g * 0x9E3779B97F4A7C15`).
+    /// O(blocks in the index).
     fn worker_blocks<'py>(
         &self,
         py: Python<'py>,
@@ -490,8 +581,9 @@ impl PyClusterIndex {
         Ok(PyArray1::from_vec(py, v))
     }
 
-    /// One worker's state: every block hash it holds, once per announcement, sorted
-    /// (uint64), and the sequence number its stream continues from.
+    /// One worker's state: every block hash it holds (group keys for groups > 0, as
+    /// `worker_blocks` gives them), once per announcement, sorted (uint64), and the
+    /// sequence number its stream continues from.
     fn snapshot_worker<'py>(
         &self,
         py: Python<'py>,

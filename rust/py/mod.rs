@@ -12,6 +12,7 @@ pub mod common;
 pub mod errors;
 pub mod event_codec;
 pub mod events;
+pub mod groups;
 pub mod hash_chain;
 pub mod hashing;
 pub mod keys;
@@ -48,6 +49,8 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<event_codec::EventEncoder>()?;
     m.add_function(wrap_pyfunction!(event_codec::decode_event_batch, m)?)?;
     m.add_class::<cluster::PyClusterIndex>()?;
+    m.add_function(wrap_pyfunction!(groups::explain_layout, m)?)?;
+    m.add_class::<groups::PyGroupReplay>()?;
     m.add_class::<radix::PyRadixTree>()?;
     // The tree's former name, kept as an alias.
     m.add("RadixCache", m.getattr("RadixTree")?)?;

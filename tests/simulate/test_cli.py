@@ -37,7 +37,7 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
         kvindex_main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
-    assert "{simulate,demo}" in out and "--version" in out and "--capacity" not in out
+    assert "{simulate,demo,explain}" in out and "--version" in out and "--capacity" not in out
     with pytest.raises(SystemExit):
         kvindex_main(["simulate", "--help"])
     assert "--capacity" in capsys.readouterr().out

@@ -3,6 +3,9 @@
 - :class:`ClusterIndex` (Rust) — which worker (engine, data-parallel rank) holds which
   blocks; one ``apply`` call per received batch payload; per-worker leading-block
   overlaps for a prompt; sequence tracking (gaps, duplicates, restarts, degraded).
+  Every KV cache group's events are kept apart (``group_idx``); a worker whose groups
+  are declared (``set_worker_layout``, e.g. a :mod:`kvindex.layouts` layout's
+  ``core_tuple()``s) is scored by its engine's hybrid hit (``scores``, ``route``).
 - :class:`ClusterListener` — the transport: one background thread receiving every
   worker's ZMQ stream (vLLM 0.33 protocol), repairing gaps through replay.
 - :class:`Router` — picks a worker per request: ``kv`` (Dynamo's cost shape:

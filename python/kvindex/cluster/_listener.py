@@ -34,6 +34,7 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -277,11 +278,16 @@ class ClusterListener:
         dp_rank: int = 0,
         snapshot_endpoint: str | None = None,
         resume: tuple[Any, int] | None = None,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
     ) -> int:
         """Subscribes to a worker's stream and registers it in the index; returns its
         slot. With ``snapshot_endpoint`` the worker is rebuilt from its publisher's
         snapshot first (resyncing until then); ``resume`` (``(hashes, next_seq)``, e.g.
-        from a peer's :func:`index_snapshot`) starts it from that state instead. Raises
+        from a peer's :func:`index_snapshot`) starts it from that state instead.
+        ``groups`` declares its KV cache groups before its first batch
+        (:meth:`ClusterIndex.set_worker_layout`; e.g. a layout's
+        ``[g.core_tuple() for g in layout.groups]``): it is then scored by its engine's
+        hybrid hit. Raises
         ``InvalidArgumentError`` for a malformed endpoint, ``DTypeError`` /
         ``InvalidArgumentError`` for a bad name, ``dp_rank`` or ``resume`` (nothing
         changed), and ``ClosedError`` after :meth:`close`."""
@@ -302,7 +308,17 @@ class ClusterListener:
             resume = (hashes, nxt)
         t = _opt.topic_bytes(topic)
         reply = _Reply()
-        args = (name, dp_rank, endpoint, replay_endpoint, snapshot_endpoint, t, resume, reply)
+        args = (
+            name,
+            dp_rank,
+            endpoint,
+            replay_endpoint,
+            snapshot_endpoint,
+            t,
+            resume,
+            groups,
+            reply,
+        )
         self._commands.put(("add", args))
         self._answer(reply)
         return reply.slot
@@ -353,7 +369,17 @@ class ClusterListener:
             self._stats[key] += n
 
     def _add(self, poller: Any, arg: Any) -> None:
-        name, dp_rank, endpoint, replay_endpoint, snapshot_endpoint, topic, resume, reply = arg
+        (
+            name,
+            dp_rank,
+            endpoint,
+            replay_endpoint,
+            snapshot_endpoint,
+            topic,
+            resume,
+            groups,
+            reply,
+        ) = arg
         socks: list[Any] = []
         slot = None
         try:
@@ -376,6 +402,8 @@ class ClusterListener:
                     attach(d, ep, bind=False, option=option)
                 dealers.append(d)
             slot = self.index.add_worker(name, dp_rank)
+            if groups is not None:
+                self.index.set_worker_layout(slot, groups)
             if resume is not None:
                 self.index.restore_worker(slot, resume[0], resume[1])
         except (KvIndexError, ValueError, TypeError, zmq.ZMQError) as e:

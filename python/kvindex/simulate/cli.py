@@ -196,6 +196,16 @@ def add_arguments(
         default=8192,
         help="tokens computed per step (default 8192)",
     )
+    hy = p.add_argument_group("hybrid models: KV cache groups (sliding window, chunked, Mamba)")
+    opt(
+        hy,
+        "--model",
+        metavar="PRESET|FILE",
+        help="replay the workload through this model's KV cache groups (a preset: gpt-oss, "
+        "gemma3, gemma3-1b, llama4, qwen3-next, deepseek-v3.2; or a JSON layout) next to the "
+        "same model as full attention: hit rate, memory per cached token, each group's loss",
+    )
+    opt(hy, "--mamba-cache-mode", choices=("none", "align"), help="--model: Mamba groups' mode")
     o = p.add_argument_group("output and speed")
     opt(
         o,
@@ -420,6 +430,12 @@ def _terminal_width() -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Runs ``kvindex simulate`` for parsed ``args``; returns the exit status."""
+    if args.model is not None and args.cluster is not None:
+        raise SimulationError(
+            "--model runs one engine's groups; it does not combine with --cluster"
+        )
+    if args.mamba_cache_mode is not None and args.model is None:
+        _warn(args, "--mamba-cache-mode applies to --model only; ignored")
     if args.cluster is not None:
         check_args(args)
         # Engines publish real KV-event batches over ZMQ to the cluster index: the cluster
@@ -433,6 +449,10 @@ def run(args: argparse.Namespace) -> int:
     check_args(args)
     if args.workload_kind == "seeds":
         return _run_seeds(args)
+    if args.model is not None:
+        from kvindex.simulate.hybrid import run_model
+
+        return run_model(args, _load_workload(args), _json_header(args))
     shape = ModelShape.parse(args.model_shape) if args.model_shape else None
     trace = args.workload_kind == "trace"
     block_sizes = parse_ints(

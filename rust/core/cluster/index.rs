@@ -10,8 +10,9 @@ use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 use xxhash_rust::xxh3::xxh3_64;
 
+use super::groups::group_key;
 use super::holders::{bit_ids, Set, SET_TAG};
-use super::ops::{batch_ops, Op, Ops};
+use super::ops::{batch_ops, GroupSizes, Op, Ops};
 use super::stream::{Outcome, Worker};
 use super::table::{Ahead, BlockTable, Key};
 use crate::core::error::{InvariantViolation, KvError, KvResult};
@@ -201,7 +202,11 @@ impl ClusterIndex {
             }
         }
         let mut ops = std::mem::take(&mut self.scratch);
-        let mut read = batch_ops(payload, self.block_size, &mut ops).map_err(|e| e.to_string());
+        let sizes = GroupSizes {
+            default: self.block_size,
+            per_group: self.worker(w).map_or(&[][..], |x| x.groups.block_sizes()),
+        };
+        let mut read = batch_ops(payload, sizes, &mut ops).map_err(|e| e.to_string());
         let dp = self.wk(w).dp_rank;
         if let (Ok(()), Some(r)) = (&read, ops.dp_rank) {
             if r != dp {
@@ -213,10 +218,13 @@ impl ClusterIndex {
             self.wk(w).malformed(seq);
             return Ok(Outcome::Malformed(e));
         }
+        key_groups(&mut ops);
         let (stored, removed, unknown, cleared_now) = self.apply_ops(w, &ops);
         let skipped = ops.skipped as u64;
+        let (full, other) = (ops.full_groups, ops.other_groups);
         self.scratch = ops;
         let wk = self.wk(w);
+        wk.groups.saw(full, other);
         wk.stats.batches += 1;
         wk.stats.stored += stored;
         wk.stats.removed += removed;
@@ -237,14 +245,14 @@ impl ClusterIndex {
         fetch_first(ahead, hashes);
         for op in &ops.ops {
             match *op {
-                Op::Store(a, b) => {
+                Op::Store(a, b, _) => {
                     for k in a..b {
                         fetch_at(ahead, hashes, k + PREFETCH_DISTANCE);
                         self.add(hashes[k], w);
                     }
                     stored += (b - a) as u64;
                 }
-                Op::Remove(a, b) => {
+                Op::Remove(a, b, _) => {
                     for k in a..b {
                         fetch_at(ahead, hashes, k + PREFETCH_DISTANCE);
                         if !self.remove(hashes[k], w) {
@@ -265,6 +273,31 @@ impl ClusterIndex {
             }
         }
         (stored, removed, unknown, cleared_now)
+    }
+
+    /// Whether a query must score by groups ([`Self::scores`]) rather than by
+    /// group 0's leading blocks ([`Self::overlaps`]): some worker declared a
+    /// layout, or its events named another group full attention. O(workers).
+    #[must_use]
+    pub fn needs_group_scores(&self) -> bool {
+        self.workers().any(|(_, w)| w.groups.layout().is_some() || w.groups.full_group() != 0)
+    }
+
+    /// Declares worker `w`'s KV cache group layout (None: forgets it). From
+    /// then on its `BlockStored` events must have their group's block size,
+    /// and it is scored by the hit its engine would give over those groups.
+    /// The blocks it holds stay (they are keyed by group index).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an empty slot.
+    pub fn set_worker_layout(
+        &mut self,
+        w: WorkerId,
+        layout: Option<std::sync::Arc<super::groups::ClusterLayout>>,
+    ) -> KvResult<()> {
+        self.require(w)?;
+        self.wk(w).groups.set_layout(layout);
+        Ok(())
     }
 
     /// Gives up on worker `w`'s missing batches before `seq`: the worker is
@@ -479,6 +512,25 @@ impl ClusterIndex {
         }
     }
 
+    /// The block-map value of key `h` ([`MISSING`] when absent): the holder,
+    /// or a holder set's tag and slot.
+    #[inline]
+    pub(super) fn value(&self, h: u64) -> u32 {
+        self.blocks.get(h).unwrap_or(MISSING)
+    }
+
+    /// Whether the block-map value `v` ([`Self::value`]) names worker `w`.
+    #[inline]
+    pub(super) fn value_holds(&self, v: u32, w: u32) -> bool {
+        if v == MISSING {
+            false
+        } else if v & SET_TAG == 0 {
+            v == w
+        } else {
+            self.sets[(v & !SET_TAG) as usize].contains(w)
+        }
+    }
+
     /// Whether worker `w` holds block `h` (and how many announcements).
     #[must_use]
     pub fn refs(&self, h: u64, w: WorkerId) -> u32 {
@@ -593,6 +645,20 @@ impl ClusterIndex {
         }
         ensure_inv!(self.workers.last().is_none_or(Option::is_some), "trailing empty worker slot");
         Ok(())
+    }
+}
+
+/// Replaces the hashes of groups other than 0 by their group keys
+/// ([`group_key`]), so that one block table holds every group apart.
+fn key_groups(ops: &mut Ops) {
+    for op in &ops.ops {
+        if let Op::Store(a, b, g) | Op::Remove(a, b, g) = *op {
+            if g != 0 {
+                for h in &mut ops.hashes[a..b] {
+                    *h = group_key(*h, g);
+                }
+            }
+        }
     }
 }
 

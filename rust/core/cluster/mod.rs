@@ -13,6 +13,7 @@
 //! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
 //! | [`snapshot`] | a worker's state exported and restored (bootstrap, router replicas) |
+//! | [`groups`] | KV cache groups: membership per (worker, group), scoring by the engine's hybrid hit |
 //!
 //! # Layout
 //! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
@@ -68,6 +69,7 @@
 //!   huge-page rounding per table); 4 bytes (list) or W/8 bytes per block
 //!   (bitset) for shared ones.
 
+pub mod groups;
 pub mod holders;
 pub mod huge;
 pub mod index;

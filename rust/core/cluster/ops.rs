@@ -1,15 +1,20 @@
 //! A `KVEventBatch` payload as the block operations the index applies.
 //!
 //! [`batch_ops`] reads a payload with the wire module's msgpack [`Reader`]
-//! and keeps only what the index needs — each event's kind and block hashes
-//! — into reused buffers: no allocation per event, each value parsed once.
+//! and keeps only what the index needs — each event's kind, KV cache group
+//! (`group_idx`, absent = group 0) and block hashes — into reused buffers:
+//! no allocation per event, each value parsed once. Each `BlockStored` must
+//! have its group's block size ([`GroupSizes`]: a worker's declared layout,
+//! else the index's block size for every group) and `block_size` tokens per
+//! hash; `group_idx` must be in `0..MAX_GROUPS` (in the layout when declared).
 //! It accepts exactly what [`decode_batch`] accepts for the shapes engines
 //! send (map-tagged events whose first key is `"type"`, extra keys absent or
 //! nil per block, opaque fields nil or absent), checking every field the
 //! decoder checks; for anything else (array-tagged events, fields before the
 //! tag, repeated keys, extra keys or opaque values, and every malformed
-//! payload) it defers to [`decode_batch`], so acceptance, errors and results
-//! are the decoder's. A property test holds the two to the same operations.
+//! payload) it defers to [`decode_batch`] and checks the groups' block sizes
+//! on its events, so acceptance, errors and results are the decoder's plus
+//! that check. A property test holds the two to the same operations.
 //!
 //! Costs: O(payload bytes), one pass; token ids are range-checked in place.
 //!
@@ -22,13 +27,43 @@ use crate::core::wire::batch::STORED_ORDER as FIELDS;
 use crate::core::wire::event::WireEvent;
 use crate::core::wire::msgpack::{ReadError, Reader};
 
-/// One event as a block operation; ranges index [`Ops::hashes`].
+/// Most KV cache groups an event may name (`group_idx < MAX_GROUPS`).
+pub const MAX_GROUPS: u32 = 64;
+
+/// The block size `BlockStored` events of each group must have.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupSizes<'a> {
+    /// The index's block size: every group's when `per_group` is empty.
+    pub default: i64,
+    /// A declared layout's block size per group (`group_idx` beyond it is malformed).
+    pub per_group: &'a [i64],
+}
+
+impl GroupSizes<'_> {
+    /// The block size of group `g`'s events, or why `g` is out of range.
+    fn of(&self, g: i64) -> Result<i64, String> {
+        let n = if self.per_group.is_empty() { i64::from(MAX_GROUPS) } else { self.per_group.len() as i64 };
+        if !(0..n).contains(&g) {
+            let what = if self.per_group.is_empty() {
+                "at most 64 groups".to_owned()
+            } else {
+                format!("a layout of {n} groups")
+            };
+            return Err(format!("event of group_idx {g}, outside {what}"));
+        }
+        #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
+        Ok(self.per_group.get(g as usize).copied().unwrap_or(self.default))
+    }
+}
+
+/// One event as a block operation; ranges index [`Ops::hashes`], the last
+/// field is the KV cache group.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    /// `BlockStored` of `hashes[start..end]`.
-    Store(usize, usize),
-    /// `BlockRemoved` of `hashes[start..end]`.
-    Remove(usize, usize),
+    /// `BlockStored` of `hashes[start..end]` in group `g`.
+    Store(usize, usize, u32),
+    /// `BlockRemoved` of `hashes[start..end]` in group `g`.
+    Remove(usize, usize, u32),
     /// `AllBlocksCleared`.
     Clear,
 }
@@ -44,6 +79,11 @@ pub struct Ops {
     pub skipped: usize,
     /// The batch's data-parallel rank.
     pub dp_rank: Option<i64>,
+    /// Groups whose `BlockStored` events said `kv_cache_spec_kind` full or MLA
+    /// attention (bit `g`).
+    pub full_groups: u64,
+    /// Groups whose `BlockStored` events said another spec kind (bit `g`).
+    pub other_groups: u64,
 }
 
 impl Ops {
@@ -52,32 +92,62 @@ impl Ops {
         self.hashes.clear();
         self.skipped = 0;
         self.dp_rank = None;
+        self.full_groups = 0;
+        self.other_groups = 0;
+    }
+
+    /// Records group `g`'s spec kind as an event named it.
+    fn kind(&mut self, g: u32, kind: Option<&str>) {
+        match kind {
+            None => {}
+            Some("full_attention" | "mla_attention") => self.full_groups |= 1 << g,
+            Some(_) => self.other_groups |= 1 << g,
+        }
     }
 }
 
 /// Fills `out` with the operations of `payload`, whose `BlockStored` events
-/// must have `block_size` tokens per block.
+/// must have their group's block size (`sizes`) and that many tokens per block.
 ///
 /// # Errors
-/// Exactly when [`decode_batch`] rejects the payload, with its error.
-pub fn batch_ops(payload: &[u8], block_size: i64, out: &mut Ops) -> Result<(), ReadError> {
+/// When [`decode_batch`] rejects the payload, with its error; a `group_idx`
+/// out of range or a block size not its group's.
+pub fn batch_ops(payload: &[u8], sizes: GroupSizes<'_>, out: &mut Ops) -> Result<(), ReadError> {
     out.clear();
-    if fast(payload, block_size, out).is_some() {
+    if fast(payload, sizes, out).is_some() {
         return Ok(());
     }
     out.clear();
-    let batch = decode_batch(payload, Some(block_size))?;
+    let batch = decode_batch(payload, None)?;
+    let bad = |msg: String| ReadError { pos: 0, msg };
     for e in &batch.events {
         match e {
             WireEvent::Stored(s) => {
+                let g = s.group_idx.unwrap_or(0);
+                let bs = sizes.of(g).map_err(bad)?;
+                let want = usize::try_from(bs).unwrap_or(0).saturating_mul(s.block_hashes.len());
+                if s.block_size != bs || s.token_ids.len() != want {
+                    return Err(bad(format!(
+                        "BlockStored with block_size {} ({} tokens for {} hashes), expected block_size {bs} for group {g}",
+                        s.block_size,
+                        s.token_ids.len(),
+                        s.block_hashes.len()
+                    )));
+                }
                 let start = out.hashes.len();
                 out.hashes.extend_from_slice(&s.block_hashes);
-                out.ops.push(Op::Store(start, out.hashes.len()));
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                out.ops.push(Op::Store(start, out.hashes.len(), g as u32));
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                out.kind(g as u32, s.kv_cache_spec_kind.as_deref());
             }
             WireEvent::Removed(r) => {
+                let g = r.group_idx.unwrap_or(0);
+                sizes.of(g).map_err(bad)?;
                 let start = out.hashes.len();
                 out.hashes.extend_from_slice(&r.block_hashes);
-                out.ops.push(Op::Remove(start, out.hashes.len()));
+                #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+                out.ops.push(Op::Remove(start, out.hashes.len(), g as u32));
             }
             WireEvent::Cleared => out.ops.push(Op::Clear),
         }
@@ -88,7 +158,7 @@ pub fn batch_ops(payload: &[u8], block_size: i64, out: &mut Ops) -> Result<(), R
 }
 
 /// The fast path; None defers to the decoder (not necessarily an error).
-fn fast(payload: &[u8], bs: i64, out: &mut Ops) -> Option<()> {
+fn fast(payload: &[u8], bs: GroupSizes<'_>, out: &mut Ops) -> Option<()> {
     let mut c = Cur { payload, base: 0, r: Reader::new(payload) };
     let r = &mut c.r;
     let n = r.array_len().ok()?;
@@ -154,7 +224,7 @@ impl Cur<'_> {
     }
 }
 
-fn event(c: &mut Cur<'_>, bs: i64, out: &mut Ops) -> Option<()> {
+fn event(c: &mut Cur<'_>, sizes: GroupSizes<'_>, out: &mut Ops) -> Option<()> {
     if !matches!(c.r.peek().ok()?, 0x80..=0x8f | 0xde | 0xdf) {
         return None;
     }
@@ -172,6 +242,8 @@ fn event(c: &mut Cur<'_>, bs: i64, out: &mut Ops) -> Option<()> {
     let mut seen = 0u32;
     let mut tokens = 0usize;
     let mut size = None;
+    let mut group = 0i64;
+    let mut spec_kind: Option<&str> = None;
     for _ in 1..n {
         let key = c.r.str().ok()?;
         let known = match (kind, key) {
@@ -182,14 +254,25 @@ fn event(c: &mut Cur<'_>, bs: i64, out: &mut Ops) -> Option<()> {
                 }
                 true
             }
-            (Kind::Stored | Kind::Removed, "medium") | (Kind::Stored, "lora_name" | "kv_cache_spec_kind") => {
+            (Kind::Stored, "kv_cache_spec_kind") => {
+                if !c.r.try_nil().ok()? {
+                    spec_kind = Some(c.r.str().ok()?);
+                }
+                true
+            }
+            (Kind::Stored | Kind::Removed, "medium") | (Kind::Stored, "lora_name") => {
                 if !c.r.try_nil().ok()? {
                     c.r.str().ok()?;
                 }
                 true
             }
-            (Kind::Stored | Kind::Removed, "group_idx")
-            | (Kind::Stored, "lora_id" | "kv_cache_spec_sliding_window") => {
+            (Kind::Stored | Kind::Removed, "group_idx") => {
+                if !c.r.try_nil().ok()? {
+                    group = c.r.i64().ok()?;
+                }
+                true
+            }
+            (Kind::Stored, "lora_id" | "kv_cache_spec_sliding_window") => {
                 if !c.r.try_nil().ok()? {
                     c.r.i64().ok()?;
                 }
@@ -242,19 +325,24 @@ fn event(c: &mut Cur<'_>, bs: i64, out: &mut Ops) -> Option<()> {
         }
     }
     let nh = out.hashes.len() - start;
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let g = group as u32;
     match kind {
         Kind::Stored => {
+            let bs = sizes.of(group).ok()?;
             let want = usize::try_from(bs).unwrap_or(0).saturating_mul(nh);
             if seen & REQUIRED_STORED != REQUIRED_STORED || size != Some(bs) || tokens != want {
                 return None;
             }
-            out.ops.push(Op::Store(start, out.hashes.len()));
+            out.ops.push(Op::Store(start, out.hashes.len(), g));
+            out.kind(g, spec_kind);
         }
         Kind::Removed => {
             if seen & 1 == 0 {
                 return None;
             }
-            out.ops.push(Op::Remove(start, out.hashes.len()));
+            sizes.of(group).ok()?;
+            out.ops.push(Op::Remove(start, out.hashes.len(), g));
         }
         Kind::Cleared => out.ops.push(Op::Clear),
         Kind::Unknown => out.skipped += 1,
@@ -283,26 +371,35 @@ mod tests {
     use proptest::prelude::*;
     use proptest::test_runner::Config as ProptestConfig;
 
-    use super::{batch_ops, fast, Op, Ops};
+    use super::{batch_ops, fast, GroupSizes, Op, Ops};
     use crate::core::wire::batch::{decode_batch, encode_batch, Tagging};
     use crate::core::wire::event::{Removed, Stored, WireEvent};
     use crate::core::wire::msgpack::Value;
 
     const BS: i64 = 2;
+    const SIZES: GroupSizes<'static> = GroupSizes { default: BS, per_group: &[] };
 
+    /// The decoder's operations, with the group range check `batch_ops` adds.
     fn decoded(p: &[u8]) -> Option<Ops> {
         let b = decode_batch(p, Some(BS)).ok()?;
         let mut o = Ops::default();
+        let group = |g: Option<i64>| {
+            let g = g.unwrap_or(0);
+            #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+            (0..64).contains(&g).then_some(g as u32)
+        };
         for e in &b.events {
             let s = o.hashes.len();
             match e {
                 WireEvent::Stored(x) => {
                     o.hashes.extend_from_slice(&x.block_hashes);
-                    o.ops.push(Op::Store(s, o.hashes.len()));
+                    let g = group(x.group_idx)?;
+                    o.ops.push(Op::Store(s, o.hashes.len(), g));
+                    o.kind(g, x.kv_cache_spec_kind.as_deref());
                 }
                 WireEvent::Removed(x) => {
                     o.hashes.extend_from_slice(&x.block_hashes);
-                    o.ops.push(Op::Remove(s, o.hashes.len()));
+                    o.ops.push(Op::Remove(s, o.hashes.len(), group(x.group_idx)?));
                 }
                 WireEvent::Cleared => o.ops.push(Op::Clear),
             }
@@ -391,11 +488,11 @@ mod tests {
             }
             let want = decoded(&p);
             let mut f = Ops::default();
-            if fast(&p, BS, &mut f).is_some() {
+            if fast(&p, SIZES, &mut f).is_some() {
                 prop_assert_eq!(Some(&f), want.as_ref());
             }
             let mut got = Ops::default();
-            let r = batch_ops(&p, BS, &mut got);
+            let r = batch_ops(&p, SIZES, &mut got);
             prop_assert_eq!(r.is_ok(), want.is_some());
             if let Some(w) = want {
                 prop_assert_eq!(got, w);
@@ -423,7 +520,43 @@ mod tests {
         let mut p = Vec::new();
         encode_batch(&mut p, 1.0, &[e, r, WireEvent::Cleared], Some(0), Tagging::Map);
         let mut f = Ops::default();
-        assert!(fast(&p, BS, &mut f).is_some());
-        assert_eq!(f.ops, vec![Op::Store(0, 2), Op::Remove(2, 3), Op::Clear]);
+        assert!(fast(&p, SIZES, &mut f).is_some());
+        assert_eq!(f.ops, vec![Op::Store(0, 2, 0), Op::Remove(2, 3, 0), Op::Clear]);
+    }
+
+    #[test]
+    fn groups_have_their_block_sizes() {
+        // Group 1 stores blocks of 4 tokens: malformed unless the layout says so.
+        let ev = |g: i64, bs: i64| {
+            WireEvent::Stored(Box::new(Stored {
+                block_hashes: vec![7],
+                token_ids: vec![1; usize::try_from(bs).expect("test setup")],
+                block_size: bs,
+                group_idx: Some(g),
+                kv_cache_spec_kind: Some("sliding_window".into()),
+                kv_cache_spec_sliding_window: Some(8),
+                ..Stored::default()
+            }))
+        };
+        let rm = |g: i64| {
+            WireEvent::Removed(Removed { block_hashes: vec![7], group_idx: Some(g), ..Removed::default() })
+        };
+        for tagging in [Tagging::Map, Tagging::Array] {
+            let mut p = Vec::new();
+            encode_batch(&mut p, 1.0, &[ev(0, BS), ev(1, 4), rm(1)], None, tagging);
+            let mut o = Ops::default();
+            assert!(batch_ops(&p, SIZES, &mut o).is_err());
+            let layout = GroupSizes { default: BS, per_group: &[BS, 4] };
+            batch_ops(&p, layout, &mut o).expect("the layout's sizes");
+            assert_eq!(o.ops, vec![Op::Store(0, 1, 0), Op::Store(1, 2, 1), Op::Remove(2, 3, 1)]);
+            let mut p = Vec::new();
+            encode_batch(&mut p, 1.0, &[rm(2)], None, tagging);
+            let e = batch_ops(&p, layout, &mut o).expect_err("group 2 of 2");
+            assert!(e.msg.contains("group_idx 2"), "{}", e.msg);
+            assert!(batch_ops(&p, SIZES, &mut o).is_ok());
+            let mut p = Vec::new();
+            encode_batch(&mut p, 1.0, &[rm(-1)], None, tagging);
+            assert!(batch_ops(&p, SIZES, &mut o).is_err());
+        }
     }
 }

@@ -87,6 +87,8 @@ pub struct Worker {
     pub incarnation: u64,
     /// Counters.
     pub stats: WorkerStats,
+    /// Its KV cache groups: the declared layout and the kinds its events named.
+    pub groups: super::groups::WorkerGroups,
     /// `(seq, payload digest)` of recent batches, by `seq % RECENT`.
     recent: Vec<(u64, u64)>,
 }
@@ -124,13 +126,14 @@ impl Worker {
             next_seq: 0,
             incarnation,
             stats: WorkerStats::default(),
+            groups: super::groups::WorkerGroups::default(),
             recent: vec![(u64::MAX, 0); RECENT],
         }
     }
 
     /// Heap bytes the worker holds (recent pairs, name).
     pub(super) fn heap_bytes(&self) -> usize {
-        self.recent.capacity() * 16 + self.name.capacity()
+        self.recent.capacity() * 16 + self.name.capacity() + self.groups.heap_bytes()
     }
 
     /// Places batch `seq` (payload digest `digest`) in the stream: whether
