@@ -535,7 +535,7 @@ class HashChainCache(PrefixCache):
     def free_queue(self) -> npt.NDArray[np.int32]:
         """Alias of :meth:`free_blocks`."""
     def block_hash(self, block_id: int) -> bytes | None:
-        """The block's cached hash (vLLM's, without its group), or None."""
+        """The block's cached hash, or None."""
 
 # ---------------------------------------------------------------------------- radix tree
 

@@ -78,7 +78,7 @@ fn ids_out(v: &[BlockId]) -> Vec<u32> {
     v.iter().map(|b| b.0).collect()
 }
 
-/// vLLM 0.33's single-group block manager over kvindex's block pool.
+/// vLLM 0.33's block manager (one or several KV cache groups) over kvindex's block pool.
 #[pyclass(module = "kvindex._core", name = "_VllmManager")]
 pub struct PyVllmManager {
     pub(super) inner: core::VllmManager,

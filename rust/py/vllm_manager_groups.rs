@@ -82,8 +82,12 @@ impl PyVllmManager {
         max_tokens: i64,
     ) -> PyResult<(usize, usize, Arrays<'py>)> {
         let max_tokens = count(max_tokens, "max_tokens")?;
-        let hbs = self.inner.layout().hash_block_size();
-        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(1));
+        // Enough hashes for the bound plus one block of the largest group (the EAGLE
+        // margin reads that far; the core bounds it by the hashes it gets).
+        let l = self.inner.layout();
+        let hbs = l.hash_block_size();
+        let max_bs = l.groups().iter().map(|g| g.block_size).max().unwrap_or(hbs);
+        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(max_bs / hbs + 1));
         let hs = read_hashes(hashes, 0, n)?;
         let h = self.inner.find_hit_groups(&hs, max_tokens);
         Ok((h.hit.tokens, h.hit.uncached_common_prefix, group_arrays(py, &h.blocks)?))

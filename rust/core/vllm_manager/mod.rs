@@ -143,8 +143,15 @@ fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
-/// The 32-byte mask of group `g`'s keys (splitmix64 from `g`).
+/// The 32-byte mask of group `g`'s keys (computed once for the first 64 groups).
 fn group_mask(g: usize) -> [u8; 32] {
+    static MASKS: std::sync::OnceLock<Vec<[u8; 32]>> = std::sync::OnceLock::new();
+    let masks = MASKS.get_or_init(|| (0..64).map(make_mask).collect());
+    masks.get(g).copied().unwrap_or_else(|| make_mask(g))
+}
+
+/// Group `g`'s mask: four splitmix64 outputs seeded by `g`.
+fn make_mask(g: usize) -> [u8; 32] {
     let mut x = g as u64;
     let mut out = [0u8; 32];
     for chunk in out.chunks_mut(8) {
@@ -504,8 +511,9 @@ impl VllmManager {
             self.pool.cache_block(b, *h);
             #[allow(clippy::cast_possible_truncation)]
             let t = ((start + i + 1) * self.block_size).min(u32::MAX as usize) as u32;
+            // The owner word is not written: on the one-group calls the group is 0,
+            // whatever a stale word holds (group bits 0, its length unread for group 0).
             self.hash_tokens[b.idx()] = t;
-            self.owner[b.idx()] = 0;
         }
         req.num_cached = Some(end.max(req.num_cached.unwrap_or(0)));
         Ok(())
