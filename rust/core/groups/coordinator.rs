@@ -18,9 +18,9 @@
 //!   holds exactly `ceil(len / B)` blocks; other kinds hold what their rule
 //!   returned at the final candidate length.
 //!
-//! Costs: one lookup pass per spec set per round; a round repeats only when
-//! some set shortened the candidate (at most a few for real layouts: simple
-//! hybrids stop after one).
+//! Costs: one lookup pass per spec set per round, none when a set meets the
+//! query it already answered; a round repeats only when some set shortened
+//! the candidate (at most a few for real layouts: simple hybrids stop after one).
 
 use crate::core::groups::rule::{BlockLookup, GroupRule, HitQuery};
 use crate::core::groups::spec::{GroupKind, GroupLayout};
@@ -78,6 +78,7 @@ pub fn longest_hit<L: BlockLookup>(
     let mut looked = vec![false; sets.len()];
     let mut set_len = vec![0usize; sets.len()];
     let mut verified = vec![false; sets.len()];
+    let mut last_q: Vec<Option<HitQuery>> = vec![None; sets.len()];
     loop {
         let mut curr = hit_length;
         for (idx, set) in sets.iter().enumerate() {
@@ -92,7 +93,14 @@ pub fn longest_hit<L: BlockLookup>(
                 max_len = (curr + spec.block_size).min(num_hashes.saturating_mul(hash_bs));
             }
             let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: drop };
-            let new_len = spec.longest_hit(&mut lookups[idx], &q, &mut out[idx]);
+            // A rule is a pure function of its query: a later round asking the same
+            // question reuses the answer (and its blocks, still in `out`).
+            let new_len = if last_q[idx] == Some(q) {
+                set_len[idx]
+            } else {
+                last_q[idx] = Some(q);
+                spec.longest_hit(&mut lookups[idx], &q, &mut out[idx])
+            };
             if drop {
                 verified[idx] = true;
             } else if new_len < curr {

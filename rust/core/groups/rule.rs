@@ -107,6 +107,37 @@ fn full_hit<L: BlockLookup>(
     hit
 }
 
+/// vLLM's right-to-left sliding-window scan (with its alignment skips): the
+/// trailing run length and whether a full window was found (`out` truncated to it).
+fn window_scan<L: BlockLookup>(
+    need: usize,
+    bs: usize,
+    lookup: &mut L,
+    q: &HitQuery,
+    out: &mut Vec<Option<L::Block>>,
+) -> (usize, bool) {
+    let mut run = 0usize;
+    for i in (0..out.len()).rev() {
+        if let Some(b) = lookup.get(i) {
+            if run == 0 && bs != q.alignment {
+                let post_pop = if q.drop_eagle { i } else { i + 1 };
+                if !(post_pop * bs).is_multiple_of(q.alignment) {
+                    continue;
+                }
+            }
+            out[i] = Some(b);
+            run += 1;
+            if run >= need {
+                out.truncate(i + run);
+                return (run, true);
+            }
+        } else {
+            run = 0;
+        }
+    }
+    (run, false)
+}
+
 fn window_hit<L: BlockLookup>(
     window: usize,
     bs: usize,
@@ -120,24 +151,47 @@ fn window_hit<L: BlockLookup>(
     out.resize(max_blocks, None);
     let mut run = 0usize;
     let mut found = false;
-    for i in (0..max_blocks).rev() {
-        if let Some(b) = lookup.get(i) {
-            if run == 0 && bs != q.alignment {
-                let post_pop = if q.drop_eagle { i } else { i + 1 };
-                if !(post_pop * bs).is_multiple_of(q.alignment) {
-                    continue;
+    if bs == q.alignment {
+        // vLLM's right-to-left scan without its alignment skips finds the rightmost run
+        // of `need` cached blocks (`need` 0 acts as 1); checking a candidate window's
+        // leftmost block first skips a whole window on a miss, with the same answer.
+        let need1 = need.max(1);
+        let mut end = max_blocks;
+        while end >= need1 {
+            let left = end - need1;
+            let mut miss = None;
+            for j in std::iter::once(left).chain((left + 1..end).rev()) {
+                match lookup.get(j) {
+                    Some(b) => out[j] = Some(b),
+                    None => {
+                        miss = Some(j);
+                        break;
+                    }
                 }
             }
-            out[i] = Some(b);
-            run += 1;
-            if run >= need {
-                out.truncate(i + run);
-                found = true;
-                break;
+            match miss {
+                None => {
+                    out.truncate(end);
+                    found = true;
+                    break;
+                }
+                Some(j) => {
+                    out[left..end].iter_mut().for_each(|o| *o = None);
+                    end = j;
+                }
             }
-        } else {
-            run = 0;
         }
+        if !found {
+            while run < need1.min(max_blocks) {
+                match lookup.get(run) {
+                    Some(b) => out[run] = Some(b),
+                    None => break,
+                }
+                run += 1;
+            }
+        }
+    } else {
+        (run, found) = window_scan(need, bs, lookup, q, out);
     }
     let realign = |out: &mut Vec<Option<L::Block>>| {
         while bs != q.alignment && !(out.len() * bs).is_multiple_of(q.alignment) {
@@ -297,6 +351,32 @@ mod tests {
         assert!(s.caches_block(3, 8, false) && s.caches_block(2, 8, false));
         let wide = GroupSpec { kind: GroupKind::SlidingWindow { window: 5 }, block_size: 4 };
         assert!(!wide.caches_block(2, 16, false) && wide.caches_block(3, 16, false));
+    }
+
+    /// The window scan that skips a window per miss answers as vLLM's block-by-block scan.
+    #[test]
+    fn window_skip_scan_matches_the_plain_scan() {
+        for window in 1..14 {
+            for set in 0u32..1024 {
+                for drop_eagle in [false, true] {
+                    let s = GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size: 4 };
+                    let q = HitQuery { max_tokens: 40, alignment: 4, drop_eagle };
+                    let mut look = |i: usize| (set >> i & 1 == 1).then_some(i);
+                    let mut fast = Vec::new();
+                    let got = s.longest_hit(&mut look, &q, &mut fast);
+                    let need = window_blocks(window, 4, drop_eagle);
+                    let mut slow = vec![None; 10];
+                    let (run, found) = window_scan(need, 4, &mut look, &q, &mut slow);
+                    if !found {
+                        slow.truncate(run);
+                    }
+                    if drop_eagle {
+                        slow.pop();
+                    }
+                    assert_eq!((got, &fast), (slow.len() * 4, &slow), "window {window} set {set:b}");
+                }
+            }
+        }
     }
 
     #[test]
