@@ -362,15 +362,49 @@ class KVCacheManager:
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or None (nothing changed)."""
         rid = request.request_id
+        room = self._room.get(rid)
         if (
-            new_computed_blocks is None
+            room is not None
+            and new_computed_blocks is None
+            and num_new_tokens > 0
+            and not num_new_computed_tokens
+            and not num_external_computed_tokens
+            and not full_sequence_must_fit
+            and not reserved_blocks
+        ):
+            # A running request's next chunk or decode step (the scheduler's call for
+            # every running request, every step). When the table already holds every
+            # slot the step needs and no held block becomes cacheable, the Rust call
+            # would allocate, cache, evict and log nothing: vLLM's empty result, here.
+            # Each test below is a sufficient condition (the slot and cache counts
+            # the slow path computes are at most these); anything else goes on.
+            total = request.num_computed_tokens
+            end = total + num_new_tokens
+            cached = room[2]
+            if (
+                end + num_lookahead_tokens <= room[0]
+                and total >= 0
+                and (
+                    (end - self._num_reprefillable) // self.block_size <= cached
+                    or room[1] <= cached
+                    or delay_cache_blocks
+                    or not self.enable_caching
+                    or len(request.block_hashes) <= cached
+                )
+                and not (
+                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
+                )
+            ):
+                return self.empty_kv_cache_blocks
+        if (
+            self._fast
+            and new_computed_blocks is None
             and num_new_tokens > 0
             and not num_external_computed_tokens
             and not num_new_computed_tokens
             and not full_sequence_must_fit
         ):
-            # A running request's next chunk or decode step (the scheduler's call for
-            # every running request, every step).
+            # Allocation and caching in one Rust call.
             total = request.num_computed_tokens
             max_len = self.max_model_len
             need = total + num_new_tokens + num_lookahead_tokens
@@ -385,59 +419,34 @@ class KVCacheManager:
             cache_to -= self._num_reprefillable
             if cache_to < 0:
                 cache_to = 0
-            room = self._room.get(rid)
-            if (
-                room is not None
-                and need <= room[0]
-                and total >= 0
-                and not reserved_blocks
-                and not (
-                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
-                )
-                and (
-                    delay_cache_blocks
-                    or not self.enable_caching
-                    or cache_to // self.block_size <= room[2]
-                    or room[1] <= room[2]
-                    or len(request.block_hashes) <= room[2]
-                )
-            ):
-                # The table already holds every slot the step needs and no block
-                # becomes cacheable: the Rust call would allocate, cache, evict and
-                # log nothing (no new blocks: vLLM's empty result).
+            watermark = (
+                self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
+            )
+            new = self._core.allocate_slots(
+                rid,
+                _NO_IDS,
+                need,
+                total,
+                0,
+                None,
+                reserved_blocks,
+                watermark,
+                False,
+                None if delay_cache_blocks else request.block_hashes,
+                None if delay_cache_blocks else cache_to,
+            )
+            if new is None:
+                return None
+            held = self._note(rid)
+            if not new:
                 return self.empty_kv_cache_blocks
-            if self._fast:
-                # Allocation and caching in one Rust call.
-                watermark = (
-                    self.watermark_blocks
-                    if has_scheduled_reqs and request.status in _ADMITTING
-                    else 0
-                )
-                new = self._core.allocate_slots(
-                    rid,
-                    _NO_IDS,
-                    need,
-                    total,
-                    0,
-                    None,
-                    reserved_blocks,
-                    watermark,
-                    False,
-                    None if delay_cache_blocks else request.block_hashes,
-                    None if delay_cache_blocks else cache_to,
-                )
-                if new is None:
-                    return None
-                held = self._note(rid)
-                if not new:
-                    return self.empty_kv_cache_blocks
-                blocks = self._blocks
-                new_blocks = [blocks[i] for i in new]
-                if held == len(new_blocks):
-                    self._tables[rid] = KVCacheBlocks((list(new_blocks),))
-                else:
-                    self._tables.pop(rid, None)
-                return KVCacheBlocks((new_blocks,))
+            blocks = self._blocks
+            new_blocks = [blocks[i] for i in new]
+            if held == len(new_blocks):
+                self._tables[rid] = KVCacheBlocks((list(new_blocks),))
+            else:
+                self._tables.pop(rid, None)
+            return KVCacheBlocks((new_blocks,))
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -567,6 +576,13 @@ class KVCacheManager:
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks up to ``num_computed_tokens``, if enabled."""
+        room = self._room.get(request.request_id)
+        if room is not None and (
+            (num_computed_tokens - self._num_reprefillable) // self.block_size <= room[2]
+            or room[1] <= room[2]
+        ):
+            # No held block becomes cacheable (the Rust call would cache nothing).
+            return
         if self.enable_caching:
             self._cache(request, num_computed_tokens)
 
