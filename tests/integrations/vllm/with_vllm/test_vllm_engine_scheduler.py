@@ -139,8 +139,13 @@ def test_stock_scheduler_keeps_vllms_manager_without_the_plugin() -> None:
 def test_plugin_swaps_the_manager_of_every_scheduler(
     monkeypatch: pytest.MonkeyPatch, shared_prompt: list[int]
 ) -> None:
+    import vllm.v1.engine.core as engine_core_module
+
     stock = vllm_scheduler_module.KVCacheManager
     monkeypatch.setattr(vllm_scheduler_module, "KVCacheManager", stock)  # undone after the test
+    # The plugin also installs kvindex's request block hasher in the engine: undone too.
+    hasher_factory = engine_core_module.get_request_block_hasher
+    monkeypatch.setattr(engine_core_module, "get_request_block_hasher", hasher_factory)
     monkeypatch.setenv(plugin.ENV_VAR, "1")
     plugin.register()
     plugin.register()  # vLLM may call it more than once
