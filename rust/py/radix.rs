@@ -350,13 +350,17 @@ impl PyRadixTree {
     /// Inserts a sequence with one slot per token; returns the present prefix and the
     /// slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
     /// or one passed twice.
-    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0))]
+    ///
+    /// ``inserted_len``: tokens this caller inserted before (SGLang's
+    /// ``cache_inserted_len``); only nodes the path reaches past it count a hit.
+    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0, inserted_len = 0))]
     fn insert(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
         slots: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = named::priority)] priority: i64,
+        #[pyo3(from_py_with = named::inserted_len)] inserted_len: usize,
     ) -> PyResult<InsertResult> {
         let namespace = opt_namespace(namespace)?;
         let py = slf.py();
@@ -379,7 +383,15 @@ impl PyRadixTree {
             me.pages.clear();
             let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
                 me.inner
-                    .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut me.pages)
+                    .insert_counting_from(
+                        &toks[..full],
+                        &pages,
+                        namespace,
+                        priority,
+                        tail_page.as_slice(),
+                        &mut me.pages,
+                        inserted_len,
+                    )
                     .py()
                     .map(|prefix| (prefix, tail_page, toks.len() - full))
             });

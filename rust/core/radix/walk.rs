@@ -273,6 +273,25 @@ impl RadixTree {
         extra: &[PageId],
         to_free: &mut Vec<PageId>,
     ) -> KvResult<usize> {
+        self.insert_counting_from(tokens, values, ns, priority, extra, to_free, 0)
+    }
+
+    /// [`RadixTree::insert`] by a request that already inserted its first
+    /// `inserted_len` tokens (SGLang's `cache_inserted_len`): a node counts a
+    /// hit only when the path through it reaches past `inserted_len`, so a
+    /// request re-inserting its growing sequence counts each node once
+    /// (`insert` is `inserted_len == 0`: every node on the path counts).
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_counting_from(
+        &mut self,
+        tokens: &[i32],
+        values: &[PageId],
+        ns: Option<&str>,
+        priority: i64,
+        extra: &[PageId],
+        to_free: &mut Vec<PageId>,
+        inserted_len: usize,
+    ) -> KvResult<usize> {
         let ps = self.page_size;
         if !tokens.len().is_multiple_of(ps) {
             return Err(KvError::invalid(format!(
@@ -325,18 +344,26 @@ impl RadixTree {
         root.last_access = tick;
         root.priority = root.priority.max(priority);
         let mut node = NodeId::ROOT;
+        let mut reached = 0;
         for i in 0..self.path.len() {
             let (c, l) = self.path[i];
             self.nodes[c.idx()].last_access = tick;
             node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
+            reached += l;
             let n = &mut self.nodes[node.idx()];
             n.priority = n.priority.max(priority);
-            n.hit_count += 1;
+            if reached > inserted_len {
+                n.hit_count += 1;
+            }
             self.rekey(c);
             self.rekey(node);
         }
         if prefix < tokens.len() {
-            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            let leaf = self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            if tokens.len() <= inserted_len {
+                self.nodes[leaf.idx()].hit_count = 0;
+                self.rekey(leaf);
+            }
         }
         Ok(prefix)
     }
