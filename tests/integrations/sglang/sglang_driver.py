@@ -335,8 +335,17 @@ def run_lockstep(
     names = list(drivers)
     systems = [[rng.randrange(vocab) for _ in range(rng.randrange(4, 40))] for _ in range(4)]
     history: list[tuple[list[int], str | None, str | None]] = []
-    stats = {"admit": 0, "prefill": 0, "checkpoint": 0, "finish": 0, "abort": 0, "oom": 0,
-             "evict": 0, "hit_tokens": 0, "events": 0}
+    stats = {
+        "admit": 0,
+        "prefill": 0,
+        "checkpoint": 0,
+        "finish": 0,
+        "abort": 0,
+        "oom": 0,
+        "evict": 0,
+        "hit_tokens": 0,
+        "events": 0,
+    }
     active: list[str] = []
     next_id = 0
 
@@ -346,11 +355,17 @@ def run_lockstep(
         ref = names[0]
         for n in names[1:]:
             if results[n] != results[ref]:
-                raise Divergence(f"step {op}{args[:1]}: {ref} saw {results[ref]!r}, {n} saw {results[n]!r}")
+                raise Divergence(
+                    f"step {op}{args[:1]}: {ref} saw {results[ref]!r}, {n} saw {results[n]!r}"
+                )
             if events[n] != events[ref]:
-                raise Divergence(f"events after {op}{args[:1]}: {ref} {events[ref]!r}, {n} {events[n]!r}")
+                raise Divergence(
+                    f"events after {op}{args[:1]}: {ref} {events[ref]!r}, {n} {events[n]!r}"
+                )
             if drivers[n].sizes() != drivers[ref].sizes():
-                raise Divergence(f"sizes after {op}{args[:1]}: {drivers[ref].sizes()} vs {drivers[n].sizes()}")
+                raise Divergence(
+                    f"sizes after {op}{args[:1]}: {drivers[ref].sizes()} vs {drivers[n].sizes()}"
+                )
         stats["events"] += len(events[ref])
         for o in results[ref]:
             if o[0] in stats:
@@ -370,7 +385,9 @@ def run_lockstep(
                 prev, extra_key, salt = rng.choice(history)
                 prompt = prev + [rng.randrange(vocab) for _ in range(rng.randrange(1, 30))]
             else:
-                prompt = list(rng.choice(systems)) + [rng.randrange(vocab) for _ in range(rng.randrange(1, 60))]
+                prompt = list(rng.choice(systems)) + [
+                    rng.randrange(vocab) for _ in range(rng.randrange(1, 60))
+                ]
             output = [rng.randrange(vocab) for _ in range(rng.randrange(0, 20))]
             priority = rng.randrange(-2, 3) if priorities else None
             step("admit", rid, prompt, output, extra_key, salt, priority)

@@ -13,8 +13,16 @@ from kvindex.integrations.sglang import version as ver
 
 @pytest.mark.parametrize(
     ("version", "ok"),
-    [("0.5.23", True), ("0.5.23+cpu", True), (" 0.5.23 ", True), ("0.5.22", False),
-     ("0.5.24", False), ("0.6.0", False), ("", False), ("garbage", False)],
+    [
+        ("0.5.23", True),
+        ("0.5.23+cpu", True),
+        (" 0.5.23 ", True),
+        ("0.5.22", False),
+        ("0.5.24", False),
+        ("0.6.0", False),
+        ("", False),
+        ("garbage", False),
+    ],
 )
 def test_is_supported(version: str, ok: bool) -> None:
     assert ver.is_supported_sglang_version(version) is ok
@@ -30,7 +38,9 @@ def test_check_names_supported_releases(monkeypatch: pytest.MonkeyPatch) -> None
         raise metadata.PackageNotFoundError(name)
 
     monkeypatch.setattr(ver.metadata, "version", missing)
-    with pytest.raises(ver.UnsupportedSglangVersionError, match=r"not installed.*kvindex\[sglang\]"):
+    with pytest.raises(
+        ver.UnsupportedSglangVersionError, match=r"not installed.*kvindex\[sglang\]"
+    ):
         ver.check_sglang_version()
     monkeypatch.setattr(ver.metadata, "version", lambda name: "0.5.23")
     assert ver.check_sglang_version() == "0.5.23"

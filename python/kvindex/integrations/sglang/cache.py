@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import json
 from array import array
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -99,7 +100,11 @@ def _unsupported(params: CacheInitParams) -> list[str]:
         found.append("hybrid sliding-window (SWA) models")
     if ComponentType.MAMBA in components:
         found.append("hybrid Mamba models")
-    other = [c for c in components if c not in (ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA)]
+    other = [
+        c
+        for c in components
+        if c not in (ComponentType.FULL, ComponentType.SWA, ComponentType.MAMBA)
+    ]
     if other:
         found.append("tree components " + ", ".join(str(c) for c in other))
     if params.is_eagle:
@@ -111,7 +116,7 @@ def _unsupported(params: CacheInitParams) -> list[str]:
     return found
 
 
-class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
+class KvindexRadixCache(BasePrefixCache):
     """SGLang's radix prefix cache with kvindex's Rust tree holding the tree.
 
     Node handles (``req.last_node``, ``MatchResult.last_device_node``) are the tree's int
@@ -142,7 +147,9 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
         if params.enable_metrics:
             self.init_metrics_collector()
         dev = getattr(self.token_to_kv_pool_allocator, "device", None)
-        self.device = torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
+        self.device = (
+            torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
+        )
         config = dict(params.eviction_policy_config or {})
         slru_threshold = int(config.pop("protected_threshold", 2))
         if config:
@@ -205,7 +212,9 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
                     h, eh, _ = self._page_hashes[event.parent_block_hash]
                     grand = _EventNode(RadixKey(array("q"), None), None, [], None)
                     parent = _EventNode(
-                        RadixKey(array("q", [0] * self.page_size), extra_key, cache_salt=cache_salt),
+                        RadixKey(
+                            array("q", [0] * self.page_size), extra_key, cache_salt=cache_salt
+                        ),
                         grand,
                         [h],
                         [eh] if eh is not None else None,
@@ -278,7 +287,9 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
             return InsertResult(prefix_len=0)
         key = params.key.page_aligned(self.page_size)
         if params.value is None:
-            raise UnsupportedSglangFeatureError("kvindex's SGLang cache needs the KV slots to insert")
+            raise UnsupportedSglangFeatureError(
+                "kvindex's SGLang cache needs the KV slots to insert"
+            )
         value = params.value[: len(key)]
         priority = min(int(params.priority or 0), _INT64_MAX)
         result = self._tree.insert(
@@ -311,7 +322,9 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
         values = row[:key_len].to(dtype=torch.int64, copy=True)
         priority = req.priority or 0
         result = self.insert(
-            InsertParams(key=radix_key, value=values, inserted_len=kv.cache_inserted_len, priority=priority)
+            InsertParams(
+                key=radix_key, value=values, inserted_len=kv.cache_inserted_len, priority=priority
+            )
         )
         kv.cache_inserted_len = max(kv.cache_inserted_len, key_len)
         prompt_key = RadixKey(
@@ -327,12 +340,16 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
                 )
             )
         protected = kv.cache_protected_len
-        self.token_to_kv_pool_allocator.free_segment(row[protected : result.prefix_len], start_pos=protected)
+        self.token_to_kv_pool_allocator.free_segment(
+            row[protected : result.prefix_len], start_pos=protected
+        )
 
         match = self._tree.match_prefix(self._tokens(radix_key), self._namespace(radix_key))
         new_indices = self._slots_tensor(match.slots)
         if len(new_indices) != key_len:
-            raise KvIndexError(f"checkpoint matched {len(new_indices)} of {key_len} inserted tokens")
+            raise KvIndexError(
+                f"checkpoint matched {len(new_indices)} of {key_len} inserted tokens"
+            )
         self.req_to_token_pool.write(
             (kv.req_pool_idx, slice(protected, len(new_indices))), new_indices[protected:]
         )
@@ -388,7 +405,9 @@ class KvindexRadixCache(BasePrefixCache):  # type: ignore[misc]
     def dfs_weight_order(self, node_handles: Sequence[Any]) -> list[int]:
         """Request indices grouped depth first by shared cached prefix, heavier subtrees
         first (SGLang's ``dfs-weight`` policy); read off the paths' slot runs."""
-        paths = [self._tree.path_slots(h) if h != _ROOT else np.empty(0, np.int32) for h in node_handles]
+        paths = [
+            self._tree.path_slots(h) if h != _ROOT else np.empty(0, np.int32) for h in node_handles
+        ]
         order = list(range(len(paths)))
 
         def build(idx: list[int], depth: int) -> list[int]:

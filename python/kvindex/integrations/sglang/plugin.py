@@ -3,7 +3,8 @@ backend ``kvindex``.
 
 SGLang runs every installed general plugin at start-up in each of its processes
 (``SGLANG_PLUGINS=kvindex`` restricts it to this one); :func:`register` then makes
-``--radix-cache-backend kvindex`` select :class:`~kvindex.integrations.sglang.cache.KvindexRadixCache`.
+``--radix-cache-backend kvindex`` select
+:class:`~kvindex.integrations.sglang.cache.KvindexRadixCache`.
 It checks the SGLang release first (:class:`UnsupportedSglangVersionError` names the
 supported ones) and registers once per process.
 """
