@@ -220,6 +220,15 @@ impl PyVllmManager {
         self.inner.blocks(request_id).len()
     }
 
+    /// ``(table length, cached blocks)`` of the request (its ``num_cached_block`` entry,
+    /// 0 when it has none), or None when it holds no table.
+    fn table_state(&self, request_id: &str) -> Option<(usize, usize)> {
+        if !self.inner.has_request(request_id) {
+            return None;
+        }
+        Some((self.inner.blocks(request_id).len(), self.inner.num_cached(request_id).unwrap_or(0)))
+    }
+
     /// Pops the request's table without freeing it.
     fn pop_blocks(&mut self, request_id: &str) -> Vec<u32> {
         ids_out(&self.inner.pop_blocks(request_id))
