@@ -43,11 +43,17 @@ with warnings.catch_warnings():
     from sglang_driver import make_cache
 
 
-def stream(seed: int, n: int, prefixes: int, prefix_len: int, tail_len: int, vocab: int) -> list[array[int]]:
+def stream(
+    seed: int, n: int, prefixes: int, prefix_len: int, tail_len: int, vocab: int
+) -> list[array[int]]:
     rng = random.Random(seed)
     systems = [[rng.randrange(vocab) for _ in range(prefix_len)] for _ in range(prefixes)]
     return [
-        array("q", rng.choice(systems) + [rng.randrange(vocab) for _ in range(rng.randrange(tail_len // 2, tail_len))])
+        array(
+            "q",
+            rng.choice(systems)
+            + [rng.randrange(vocab) for _ in range(rng.randrange(tail_len // 2, tail_len))],
+        )
         for _ in range(n)
     ]
 
