@@ -632,7 +632,9 @@ class RadixTree:
     ) -> InsertResult:
         """Inserts a sequence with one slot per token; returns the present prefix and the
         slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
-        or one passed twice. ``inserted_len``: tokens this caller inserted before (SGLang's
+        or one passed twice.
+
+        ``inserted_len``: tokens this caller inserted before (SGLang's
         ``cache_inserted_len``); only nodes the path reaches past it count a hit."""
     def lock(self, node: int) -> None:
         """Protects the path root..node from eviction (the root: no-op)."""
