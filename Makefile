@@ -22,7 +22,7 @@ export PYTHONHASHSEED := 0
 export HYPOTHESIS_PROFILE ?= ci
 export PROPTEST_RNG_SEED ?= 7743000812
 
-.PHONY: help venv wheel install-core install run test dev dev-install soak test-rust lint check-wheel check-core-import pytest bench fmt fuzz-smoke vllm-suite
+.PHONY: help venv wheel install-core install run test dev dev-install soak test-rust lint check-wheel check-core-import pytest bench fmt fuzz-smoke vllm-suite sglang-suite
 
 help:
 	@sed -n '2,8p' Makefile
@@ -51,7 +51,7 @@ install: install-core
 run: install-core
 	$(VENV)/bin/kvindex
 
-test: install test-rust check-wheel check-core-import lint pytest vllm-suite fuzz-smoke
+test: install test-rust check-wheel check-core-import lint pytest vllm-suite sglang-suite fuzz-smoke
 
 # Debug build of the extension installed in place (editable) into .venv, with the test and
 # kernel extras; then the Rust checks, lint (stubtest included) and every pytest file.
@@ -109,6 +109,18 @@ vllm-suite:
 	$(VLLM_ENV)/venv/bin/python tests/integrations/vllm/run_vllm_suite.py $(VLLM_ENV)
 	VLLM_TARGET_DEVICE=cpu $(VLLM_ENV)/venv/bin/python -m pytest tests/integrations/vllm -q \
 	  -p no:cacheprovider -W ignore::DeprecationWarning
+
+# kvindex's SGLang backend against SGLang 0.5.23's own cache code on CPU
+# (tests/integrations/sglang, with_sglang/ included: the differential against SGLang's
+# RadixCache, the plugin entry point, start-up refusals). The environment is built into
+# $(SGLANG_ENV) by setup_env.sh (SGLang's wheel, SHA-256 pinned, downloaded once per
+# checkout, --no-deps, on .venv's kvindex and torch). KVINDEX_REQUIRE_SGLANG=1: a missing
+# SGLang fails the target; nothing is skipped.
+SGLANG_ENV ?= .sglang-env
+sglang-suite:
+	bash tests/integrations/sglang/setup_env.sh $(SGLANG_ENV) $(VPY)
+	. $(SGLANG_ENV)/env.sh && KVINDEX_REQUIRE_SGLANG=1 $(SGLANG_ENV)/venv/bin/python -m pytest \
+	  tests/integrations/sglang -q -p no:cacheprovider -W ignore::DeprecationWarning
 
 # Each cargo-fuzz target for FUZZ_SECONDS (libFuzzer, stable toolchain via RUSTC_BOOTSTRAP=1).
 # New inputs go to a temporary corpus; the committed one (fuzz/corpus/<t>) is only read.

@@ -17,7 +17,7 @@
 use std::collections::BTreeSet;
 
 use kvindex::core::ids::PageId;
-use kvindex::core::radix::{Components, HybridFreed, HybridInsert, NodeId, Policy, RadixTree};
+use kvindex::core::radix::{Components, HybridFreed, InsertOpts, NodeId, Policy, RadixTree};
 
 use crate::common::{Input, MAX_OPS};
 
@@ -143,7 +143,7 @@ fn step(h: &mut Harness, inp: &mut Input<'_>) {
                 vals.push(PageId(h.next_page));
                 h.next_page += 1;
             }
-            let hi = HybridInsert {
+            let hi = InsertOpts {
                 swa_evicted: evicted.min(toks.len()) / ps * ps,
                 mamba: h.t.components().mamba.then(|| {
                     h.next_state += 1;

@@ -683,10 +683,14 @@ class RadixTree:
         priority: int = 0,
         swa_evicted_len: int = 0,
         mamba_state: int | None = None,
+        inserted_len: int = 0,
     ) -> InsertResult:
         """Inserts a sequence with one slot per token; returns the present prefix and the
         slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
-        or one passed twice."""
+        or one passed twice.
+
+        ``inserted_len``: tokens this caller inserted before (SGLang's
+        ``cache_inserted_len``); only nodes the path reaches past it count a hit."""
     def lock(self, node: int) -> None:
         """Protects the path root..node from eviction (the root: no-op)."""
     def unlock(self, node: int) -> None:

@@ -322,6 +322,14 @@ pub mod named {
         super::i64_arg(o, "priority")
     }
 
+    /// `inserted_len` (a token count, `0..=usize::MAX`).
+    ///
+    /// # Errors
+    /// As [`super::usize_arg`].
+    pub fn inserted_len(o: &Bound<'_, PyAny>) -> PyResult<usize> {
+        super::usize_arg(o, "inserted_len", usize::MAX)
+    }
+
     /// Defines int64 converters named for their parameter (the engine
     /// lifecycle's counts; their range is checked where they are used).
     macro_rules! i64_params {

@@ -45,7 +45,7 @@ use super::errors::{capacity, inv_to_py, invalid, stale, IntoPyResult};
 use super::{args, common, events};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
-use crate::core::radix::{Components, HybridInsert, NodeHandle, Policy, RadixTree};
+use crate::core::radix::{Components, InsertOpts, NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 
 /// A token array as int32 (int64 input is narrowed, with a range check).
@@ -384,7 +384,10 @@ impl PyRadixTree {
     /// Inserts a sequence with one slot per token; returns the present prefix and the
     /// slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
     /// or one passed twice.
-    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0, swa_evicted_len = 0, mamba_state = None))]
+    ///
+    /// ``inserted_len``: tokens this caller inserted before (SGLang's
+    /// ``cache_inserted_len``); only nodes the path reaches past it count a hit.
+    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0, swa_evicted_len = 0, mamba_state = None, inserted_len = 0))]
     fn insert(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
@@ -393,12 +396,14 @@ impl PyRadixTree {
         #[pyo3(from_py_with = named::priority)] priority: i64,
         #[pyo3(from_py_with = swa_evicted_arg)] swa_evicted_len: usize,
         mamba_state: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = named::inserted_len)] inserted_len: usize,
     ) -> PyResult<InsertResult> {
         let namespace = opt_namespace(namespace)?;
-        let hi = HybridInsert {
+        let hi = InsertOpts {
             swa_evicted: swa_evicted_len,
             mamba: args::opt_usize_arg(mamba_state, "mamba_state", u32::MAX as usize - 1)?
                 .map(|s| u32::try_from(s).expect("bounded")),
+            inserted_len,
         };
         let py = slf.py();
         let mut guard = slf.try_borrow_mut()?;

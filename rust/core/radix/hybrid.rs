@@ -171,13 +171,17 @@ impl Components {
     }
 }
 
-/// What the components of an insert bring and get back.
+/// What an insert brings beside its tokens and values: the components' arguments
+/// and the tokens the caller inserted before.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct HybridInsert {
+pub struct InsertOpts {
     /// Leading tokens whose SWA KV the caller already freed (page-aligned).
     pub swa_evicted: usize,
     /// The Mamba state after the last inserted token (required with Mamba).
     pub mamba: Option<u32>,
+    /// Tokens this caller inserted before (SGLang's `cache_inserted_len`):
+    /// a node counts a hit only when the path through it reaches past them.
+    pub inserted_len: usize,
 }
 
 /// Values handed back by hybrid operations, by component.
@@ -716,7 +720,7 @@ impl RadixTree {
     }
 
     /// Checks an insert's component arguments before anything changes.
-    pub(super) fn hy_check_insert(&self, tokens: usize, hi: &HybridInsert) -> KvResult<()> {
+    pub(super) fn hy_check_insert(&self, tokens: usize, hi: &InsertOpts) -> KvResult<()> {
         let Some(h) = &self.hy else {
             if hi.mamba.is_some() {
                 return Err(KvError::invalid("mamba_state given to a tree without a Mamba component"));
@@ -848,7 +852,7 @@ impl RadixTree {
         target: NodeId,
         new_leaf: bool,
         leaf_start: usize,
-        hi: &HybridInsert,
+        hi: &InsertOpts,
         tick: u64,
     ) {
         let ps = self.page_size;

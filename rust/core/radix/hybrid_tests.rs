@@ -12,7 +12,7 @@ fn hy(ps: usize, window: Option<usize>, mamba: bool) -> RadixTree {
         .expect("valid components")
 }
 
-fn ins(t: &mut RadixTree, toks: &[i32], base: u32, hi: HybridInsert) -> (usize, Vec<PageId>, HybridFreed) {
+fn ins(t: &mut RadixTree, toks: &[i32], base: u32, hi: InsertOpts) -> (usize, Vec<PageId>, HybridFreed) {
     let pages = u32::try_from(toks.len() / t.page_size()).expect("small");
     let vals: Vec<PageId> = (base..base + pages).map(PageId).collect();
     let mut dups = Vec::new();
@@ -36,7 +36,7 @@ fn hit(t: &mut RadixTree, toks: &[i32]) -> (usize, Vec<PageId>, NodeId) {
 fn swa_leaf_is_capped_to_a_window_and_tombstones_gate_matches() {
     let mut t = hy(1, Some(2), false);
     let s: Vec<i32> = (1..=8).collect();
-    ins(&mut t, &s, 10, HybridInsert::default());
+    ins(&mut t, &s, 10, InsertOpts::default());
     // [1..6] live, [7 8] live: the lower part is one window.
     assert_eq!(t.num_nodes(), 2);
     assert_eq!(t.swa_sizes(), (8, 0));
@@ -62,11 +62,11 @@ fn swa_insert_past_the_evicted_prefix_revives_a_tombstone() {
     let mut t = hy(1, Some(2), false);
     let s: Vec<i32> = (1..=4).collect();
     // The caller freed the SWA of its first 4 tokens: all tombstone.
-    ins(&mut t, &s, 10, HybridInsert { swa_evicted: 4, mamba: None });
+    ins(&mut t, &s, 10, InsertOpts { swa_evicted: 4, mamba: None });
     assert_eq!(t.swa_sizes(), (0, 0));
     assert_eq!(hit(&mut t, &s).0, 0);
     // Another request with live SWA from 2 on revives [3 4] with its pages.
-    let (p, dups, f) = ins(&mut t, &s, 20, HybridInsert { swa_evicted: 2, mamba: None });
+    let (p, dups, f) = ins(&mut t, &s, 20, InsertOpts { swa_evicted: 2, mamba: None });
     assert_eq!(p, 4);
     assert_eq!(dups, vec![PageId(20), PageId(21)]);
     assert_eq!(f.full_only, vec![PageId(12), PageId(13)]);
@@ -79,7 +79,7 @@ fn swa_insert_past_the_evicted_prefix_revives_a_tombstone() {
 fn window_lock_protects_only_the_window() {
     let mut t = hy(1, Some(2), false);
     let s: Vec<i32> = (1..=8).collect();
-    ins(&mut t, &s, 10, HybridInsert::default());
+    ins(&mut t, &s, 10, InsertOpts::default());
     let (_, _, node) = hit(&mut t, &s);
     t.lock(node);
     t.check_invariants().expect("invariants");
@@ -103,7 +103,7 @@ fn window_lock_protects_only_the_window() {
 fn a_split_moves_the_window_boundary_up() {
     let mut t = hy(1, Some(3), false);
     let s: Vec<i32> = (1..=4).collect();
-    ins(&mut t, &s, 10, HybridInsert::default());
+    ins(&mut t, &s, 10, InsertOpts::default());
     // [1] live, [2 3 4] live (one window).
     let (_, _, node) = hit(&mut t, &s);
     t.lock(node);
@@ -121,8 +121,8 @@ fn mamba_hits_end_at_the_deepest_state_and_cascade() {
     let mut t = hy(1, None, true);
     let a = [1, 2, 3, 4];
     let b = [1, 2, 3, 4, 5, 6];
-    ins(&mut t, &a, 10, HybridInsert { swa_evicted: 0, mamba: Some(7) });
-    let (_, _, f) = ins(&mut t, &b, 20, HybridInsert { swa_evicted: 0, mamba: Some(8) });
+    ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(7) });
+    let (_, _, f) = ins(&mut t, &b, 20, InsertOpts { swa_evicted: 0, mamba: Some(8) });
     assert!(!f.mamba_exist);
     assert_eq!(t.mamba_sizes(), (2, 0));
     assert_eq!(hit(&mut t, &[1, 2, 3, 4, 5, 6, 7]).0, 6);
@@ -130,7 +130,7 @@ fn mamba_hits_end_at_the_deepest_state_and_cascade() {
     // Splitting [1..4] at 2 leaves no state on the upper half.
     assert_eq!(hit(&mut t, &[1, 2, 9]).0, 0);
     // Re-inserting a present sequence: the tree keeps its state.
-    let (_, _, f) = ins(&mut t, &a, 10, HybridInsert { swa_evicted: 0, mamba: Some(9) });
+    let (_, _, f) = ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(9) });
     assert!(f.mamba_exist);
     // Using the longer sequence makes its state the most recent.
     assert_eq!(hit(&mut t, &b).0, 6);
@@ -155,14 +155,14 @@ fn bad_component_arguments_change_nothing() {
     let mut dups = Vec::new();
     let v = [PageId(1), PageId(2)];
     let toks = [1, 2, 3, 4];
-    let bad = [HybridInsert { swa_evicted: 1, mamba: Some(1) }, HybridInsert { swa_evicted: 0, mamba: None }];
+    let bad = [InsertOpts { swa_evicted: 1, mamba: Some(1) }, InsertOpts { swa_evicted: 0, mamba: None }];
     for hi in bad {
         assert!(t.insert_hybrid(&toks, &v, None, 0, &[], &mut dups, &hi).is_err());
         assert_eq!(t.total_size(), 0);
     }
-    t.insert_hybrid(&toks, &v, None, 0, &[], &mut dups, &HybridInsert { swa_evicted: 0, mamba: Some(1) })
+    t.insert_hybrid(&toks, &v, None, 0, &[], &mut dups, &InsertOpts { swa_evicted: 0, mamba: Some(1) })
         .expect("valid");
-    let again = HybridInsert { swa_evicted: 0, mamba: Some(1) };
+    let again = InsertOpts { swa_evicted: 0, mamba: Some(1) };
     assert!(t.insert_hybrid(&[9, 9], &[PageId(5)], None, 0, &[], &mut dups, &again).is_err());
     let mut plain = RadixTree::new(1, Policy::Lru, false).expect("tree");
     assert!(plain.insert_hybrid(&[1], &[PageId(1)], None, 0, &[], &mut dups, &again).is_err());
@@ -216,7 +216,7 @@ fn random_operations_keep_invariants_and_conserve() {
                         next_page += 1;
                     }
                     let e = (rng.below(n as u64 + 1) as usize) / ps * ps;
-                    let hi = HybridInsert {
+                    let hi = InsertOpts {
                         swa_evicted: e.max(m.len.min(e)),
                         mamba: mamba.then(|| {
                             next_state += 1;

@@ -143,7 +143,7 @@ use arena::FORCE_COLLISIONS;
 use arena::{child_key, Kids, Node};
 pub use evict::{EvictKey, Policy, POLICY_NAMES};
 use hybrid::Hybrid;
-pub use hybrid::{Components, HybridFreed, HybridInsert};
+pub use hybrid::{Components, HybridFreed, InsertOpts};
 use namespace::Namespaces;
 pub use namespace::Ns;
 #[cfg(test)]

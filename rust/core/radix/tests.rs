@@ -1182,3 +1182,70 @@ impl RadixTree {
         out
     }
 }
+
+#[test]
+fn insert_counting_from_skips_what_the_caller_inserted_before() {
+    // SGLang's `cache_inserted_len`: a request re-inserting its growing sequence counts
+    // each node once; with 0 it is plain `insert` (every node on the path counts).
+    let mut t = tree(1);
+    let mut dups = Vec::new();
+    let a = [1, 2, 3, 4];
+    t.insert_hybrid(
+        &a,
+        &b(&[10, 11, 12, 13]),
+        None,
+        0,
+        &[],
+        &mut dups,
+        &InsertOpts { inserted_len: 0, ..InsertOpts::default() },
+    )
+    .expect("insert");
+    let leaf = t.children_of(NodeId::ROOT)[0];
+    assert_eq!(t.nodes[leaf.idx()].hit_count, 1);
+    // The same request again, then with two more tokens: neither counts the first node.
+    t.insert_hybrid(
+        &a,
+        &b(&[10, 11, 12, 13]),
+        None,
+        0,
+        &[],
+        &mut dups,
+        &InsertOpts { inserted_len: 4, ..InsertOpts::default() },
+    )
+    .expect("insert");
+    assert_eq!(t.nodes[leaf.idx()].hit_count, 1);
+    let ab = [1, 2, 3, 4, 5, 6];
+    t.insert_hybrid(
+        &ab,
+        &b(&[10, 11, 12, 13, 14, 15]),
+        None,
+        0,
+        &[],
+        &mut dups,
+        &InsertOpts { inserted_len: 4, ..InsertOpts::default() },
+    )
+    .expect("insert");
+    assert_eq!(t.nodes[leaf.idx()].hit_count, 1);
+    let tail = t.children_of(leaf)[0];
+    assert_eq!(t.nodes[tail.idx()].hit_count, 1);
+    // A prefix insert fully inside what was inserted adds no new counts, even on a split.
+    t.insert_hybrid(
+        &[1, 2],
+        &b(&[10, 11]),
+        None,
+        0,
+        &[],
+        &mut dups,
+        &InsertOpts { inserted_len: 2, ..InsertOpts::default() },
+    )
+    .expect("insert");
+    let top = t.children_of(NodeId::ROOT)[0];
+    assert_eq!(t.nodes[top.idx()].key, vec![1, 2]);
+    assert_eq!(t.nodes[top.idx()].hit_count, 1);
+    // Another request (inserted_len 0) counts every node it passes.
+    ins(&mut t, &ab, None, 10);
+    assert_eq!(t.nodes[top.idx()].hit_count, 2);
+    assert_eq!(t.nodes[tail.idx()].hit_count, 2);
+    assert!(dups.is_empty());
+    t.check_invariants().expect("invariants");
+}

@@ -21,7 +21,7 @@ use std::collections::hash_map::Entry;
 
 use super::arena::{child_key, child_key_of, Kids};
 use super::values::same_values;
-use super::{HybridInsert, Match, Matched, NodeId, Ns, Probe, RadixTree};
+use super::{InsertOpts, Match, Matched, NodeId, Ns, Probe, RadixTree};
 use crate::core::error::{KvError, KvResult};
 use crate::core::hash::Token;
 use crate::core::ids::PageId;
@@ -292,7 +292,7 @@ impl RadixTree {
         extra: &[PageId],
         to_free: &mut Vec<PageId>,
     ) -> KvResult<usize> {
-        self.insert_hybrid(tokens, values, ns, priority, extra, to_free, &HybridInsert::default())
+        self.insert_hybrid(tokens, values, ns, priority, extra, to_free, &InsertOpts::default())
     }
 
     /// [`RadixTree::insert`] with the components' arguments (see
@@ -311,7 +311,7 @@ impl RadixTree {
         priority: i64,
         extra: &[PageId],
         to_free: &mut Vec<PageId>,
-        hi: &HybridInsert,
+        hi: &InsertOpts,
     ) -> KvResult<usize> {
         let ps = self.page_size;
         if !tokens.len().is_multiple_of(ps) {
@@ -366,20 +366,25 @@ impl RadixTree {
         root.last_access = tick;
         root.priority = root.priority.max(priority);
         let mut node = NodeId::ROOT;
+        let mut reached = 0;
         for i in 0..self.path.len() {
             let (c, l) = self.path[i];
             self.nodes[c.idx()].last_access = tick;
             node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
+            reached += l;
             let n = &mut self.nodes[node.idx()];
             n.priority = n.priority.max(priority);
-            n.hit_count += 1;
+            if reached > hi.inserted_len {
+                n.hit_count += 1;
+            }
             self.rekey(c);
             self.rekey(node);
             self.path[i].0 = node;
         }
         if self.hy.is_none() {
             if prefix < tokens.len() {
-                self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+                let leaf = self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+                self.uncount_reinserted(leaf, tokens.len(), hi);
             }
             return Ok(prefix);
         }
@@ -391,11 +396,22 @@ impl RadixTree {
         }
         if prefix < tokens.len() {
             let leaf = self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            self.uncount_reinserted(leaf, tokens.len(), hi);
             self.hy_insert_end(leaf, true, prefix, hi, tick);
         } else {
             self.hy_insert_end(node, false, prefix, hi, tick);
         }
         Ok(prefix)
+    }
+
+    /// A new leaf ending within the tokens its caller inserted before
+    /// (`opts.inserted_len`) counts no hit: the request re-inserting its own
+    /// sequence counts each node once.
+    fn uncount_reinserted(&mut self, leaf: NodeId, end: usize, opts: &InsertOpts) {
+        if end <= opts.inserted_len {
+            self.nodes[leaf.idx()].hit_count = 0;
+            self.rekey(leaf);
+        }
     }
 
     /// Appends a leaf holding `key` / `values` (page-aligned, one value per

@@ -1,0 +1,130 @@
+"""Per-request cost of SGLang 0.5.23's prefix cache through the seam its scheduler calls
+(``BasePrefixCache``): kvindex's backend (``--radix-cache-backend kvindex``) against SGLang's
+default ``UnifiedRadixCache`` (and, with ``--with-radix``, its ``RadixCache``), one process,
+interleaved rounds, the same request stream, the same hits.
+
+One request: ``evict`` when the pool is short (memory pressure), ``match_prefix``, ``lock``
+of the matched node, ``path_device_indices`` of the hit, allocation of the rest,
+``insert`` of the whole sequence, free of the duplicates it exposes, ``unlock``. Requests
+share a few system prompts (hits) and the pool holds about a quarter of what they
+insert, so the caches evict all the time. Every round checks that each backend saw the
+same hit length for every request.
+
+Needs the SGLang environment (``make sglang-suite`` builds it):
+
+    . .sglang-env/env.sh && .sglang-env/venv/bin/python benches/bench_sglang.py
+
+``UnifiedRadixCache``'s tree core is SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND's (``rust``,
+SGLang's default, or ``python``); SGLang's bundled Rust tree core is built for torch 2.14
+and misreads tensors under another torch, where the bench reports it and stops (run with
+``python`` there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import time
+import warnings
+from array import array
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "integrations" / "sglang"))
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams, InsertParams, MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+    from sglang_driver import make_cache
+
+
+def stream(
+    seed: int, n: int, prefixes: int, prefix_len: int, tail_len: int, vocab: int
+) -> list[array[int]]:
+    rng = random.Random(seed)
+    systems = [[rng.randrange(vocab) for _ in range(prefix_len)] for _ in range(prefixes)]
+    return [
+        array(
+            "q",
+            rng.choice(systems)
+            + [rng.randrange(vocab) for _ in range(rng.randrange(tail_len // 2, tail_len))],
+        )
+        for _ in range(n)
+    ]
+
+
+def run(cache: Any, alloc: Any, reqs: list[array[int]], page_size: int) -> tuple[float, list[int]]:
+    """Seconds for all requests, and each request's hit length."""
+    hits = []
+    ps = page_size
+    t0 = time.perf_counter()
+    for tokens in reqs:
+        n = len(tokens) // ps * ps
+        key = RadixKey(tokens[:n])
+        if alloc.available_size() < n:
+            cache.evict(EvictParams(num_tokens=n - alloc.available_size()))
+        m = cache.match_prefix(MatchPrefixParams(key=key))
+        node = m.last_device_node
+        lock = cache.lock(node)
+        hit = m.device_prefix_len
+        prefix = cache.path_device_indices(node)[:hit]
+        fresh = alloc.alloc(n - hit)
+        values = torch.cat((prefix, fresh))
+        r = cache.insert(InsertParams(key=key, value=values))
+        if r.prefix_len > hit:
+            alloc.free(values[hit : r.prefix_len])
+        cache.unlock(lock)
+        hits.append(hit)
+    return time.perf_counter() - t0, hits
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--requests", type=int, default=400)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--page-sizes", default="1,16")
+    ap.add_argument("--prefixes", type=int, default=8)
+    ap.add_argument("--prefix-len", type=int, default=1024)
+    ap.add_argument("--tail-len", type=int, default=512)
+    ap.add_argument("--with-radix", action="store_true", help="also SGLang's RadixCache")
+    args = ap.parse_args()
+    core = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "rust")
+    backends = ["unified", "kvindex"] + (["radix"] if args.with_radix else [])
+    print(f"SGLang UnifiedRadixCache tree core: {core}; torch {torch.__version__}")
+    for ps in [int(x) for x in args.page_sizes.split(",")]:
+        reqs = stream(ps, args.requests, args.prefixes, args.prefix_len, args.tail_len, 32000)
+        total = sum(len(r) for r in reqs)
+        kv_size = (total // 4) // ps * ps + args.prefix_len * 4
+        per_req: dict[str, list[float]] = {b: [] for b in backends}
+        ref_hits: list[int] | None = None
+        for rnd in range(args.rounds):
+            order = backends if rnd % 2 == 0 else backends[::-1]
+            for b in order:
+                cache, alloc, _ = make_cache(b, page_size=ps, kv_size=kv_size, max_context_len=8)
+                try:
+                    secs, hits = run(cache, alloc, reqs, ps)
+                except ValueError as e:
+                    sys.exit(f"{b} (tree core {core}) failed: {e}")
+                if ref_hits is None:
+                    ref_hits = hits
+                elif hits != ref_hits:
+                    sys.exit(f"{b} saw different hits than the first backend (page {ps})")
+                per_req[b].append(secs / len(reqs) * 1e6)
+        assert ref_hits is not None
+        hit_rate = sum(ref_hits) / sum(len(r) // ps * ps for r in reqs)
+        med = {b: statistics.median(v) for b, v in per_req.items()}
+        line = ", ".join(f"{b} {med[b]:.1f} µs" for b in backends)
+        print(
+            f"page {ps}: {args.requests} requests x {args.rounds} rounds, hit rate {hit_rate:.0%}, "
+            f"pool {kv_size} tokens: {line}; unified/kvindex {med['unified'] / med['kvindex']:.1f}x"
+            + (f", radix/kvindex {med['radix'] / med['kvindex']:.1f}x" if "radix" in med else "")
+        )
+
+
+if __name__ == "__main__":
+    main()
