@@ -25,8 +25,12 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 
-#: vLLM's test files the issue names: the scheduler, async scheduling, prefix caching,
-#: KV cache metrics, deferred block freeing, prefix replay.
+#: vLLM's test files run: the scheduler, async scheduling, prefix caching, KV cache
+#: metrics, deferred block freeing, prefix replay; then the hybrid KV cache groups' files
+#: (partial prefix hits and their primitives, Mamba checkpoints on EAGLE resume, the
+#: single-type managers, out-of-window frees under in-flight steps). Not run:
+#: ``prefix_cache/test_hybrid_prefix_cache_hit_rate.py`` serves Qwen3.5-0.8B through an
+#: OpenAI server (model weights, a GPU, vLLM's whole serving stack), not the scheduler.
 FILES = [
     "tests/v1/core/test_scheduler.py",
     "tests/v1/core/test_async_scheduler.py",
@@ -34,6 +38,11 @@ FILES = [
     "tests/v1/core/test_kv_cache_metrics.py",
     "tests/v1/core/test_deferred_block_free.py",
     "tests/v1/core/test_prefix_replay.py",
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_hits.py",
+    "tests/v1/core/prefix_cache/test_partial_prefix_cache_primitives.py",
+    "tests/v1/core/prefix_cache/test_mamba_eagle_resume_checkpoint.py",
+    "tests/v1/core/test_single_type_kv_cache_manager.py",
+    "tests/v1/core/test_swa_inflight_window_free.py",
 ]
 
 #: Tests that build a KV cache manager kvindex does not support: file -> reason -> tests. A
@@ -46,8 +55,81 @@ _SLIDING_WINDOW = _HYBRID + "sliding-window attention (alone, or beside full att
 _MAMBA = _HYBRID + "Mamba / linear-attention state (MambaSpec), alone or beside full attention"
 _MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix"
 _CROSS = _HYBRID + "a cross-attention (encoder-decoder) group beside full attention"
+_CHUNKED = _HYBRID + "chunked local attention (ChunkedLocalAttentionSpec)"
+_CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _HISPARSE = "HiSparse resident / hot page groups (out of scope)"
 OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
+    "prefix_cache/test_partial_prefix_cache_hits.py": {
+        _MAMBA: [
+            "test_boundary_state_offer_includes_more_mamba_groups_than_two",
+            "test_boundary_state_offload_dropped_when_request_freed_before_drain",
+            "test_boundary_state_offloads_block_aligned_prompt",
+            "test_boundary_state_offloads_returns_cow_target",
+            "test_boundary_states_offered_past_prompt_for_resumed_prefill",
+            "test_checkpoint_reservation_matches_worker",
+            "test_cow_retained_blocks_returned_for_release",
+            "test_dcp_fine_hit_retention_uses_hash_alignment",
+            "test_dcp_joint_hit_is_bounded_by_replicated_mamba_snapshots",
+            "test_dcp_partial_hit_resumes_on_replicated_mamba_snapshot",
+            "test_dcp_partial_hit_with_eagle_rewinds_one_hash_unit",
+            "test_eagle_block_aligned_checkpoint_replaces_newer_hash",
+            "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits",
+            "test_external_mamba_hit_same_block_uses_running_cow_on_continue",
+            "test_finished_partial_tail_uses_table_source_once",
+            "test_hash_aligned_query_end_uses_regular_partial_tail",
+            "test_hybrid_full_attention_partial_hash_hit_uses_cow",
+            "test_hybrid_mamba_align_partial_hash_hit",
+            "test_hybrid_mamba_moved_partial_entry_defers_same_step_hit",
+            "test_hybrid_mamba_partial_tail_owner_continue_preserves_later_hit",
+            "test_hybrid_mamba_partial_tail_owner_uses_cow_on_continue",
+            "test_hybrid_partial_hash_hit_uses_cow_under_dcp",
+            "test_hybrid_partial_hash_truncates_full_attention_hit_length",
+            "test_hybrid_partial_hit_cow_target_starts_uncached",
+            "test_hybrid_partial_hit_with_eagle_stays_within_group_blocks",
+            "test_intermediate_chunk_checkpoint_reserved_only_under_dense_retention",
+            "test_internal_checkpoint_publication_respects_retention",
+            "test_internal_checkpoint_uses_partial_hash_lifecycle",
+            "test_mamba_coarse_checkpoint_retained_below_eagle_proof_boundary",
+            "test_mamba_partial_tail_hits_below_eagle_proof_boundary",
+            "test_partial_hit_then_internal_checkpoint_uses_distinct_mamba_blocks",
+            "test_prompt_end_checkpoint_survives_block_aligned_cache_count",
+            "test_prompt_end_checkpoint_survives_sparse_retention_with_coarse_hash",
+            "test_retention_snapshots_handed_off_with_exact_block_ids",
+            "test_snapshot_handoff_dense_default_retention",
+            "test_transient_checkpoint_evicts_retained_boundary_hash",
+            "test_truncate_computed_blocks_allows_short_mamba_group_only",
+            "test_truncate_computed_blocks_preserves_sparse_prefix_positions",
+        ],
+        _MAMBA_SWA: [
+            "test_hybrid_sliding_window_group_disables_partial_hash_hits",
+            "test_resolved_cache_hit_alignment_matches_coordinator",
+        ],
+        _CIRCULAR: [
+            "test_kpool_tail_supports_128_token_partial_hash_hits",
+            "test_opted_out_scratch_group_keeps_partial_hash_hits",
+        ],
+    },
+    "prefix_cache/test_mamba_eagle_resume_checkpoint.py": {
+        _MAMBA: [
+            "test_a_junction_past_the_prompt_falls_back_and_registers_nothing",
+            "test_disabled_by_default",
+            "test_enabling_never_reduces_reuse",
+            "test_mamba_prefix_cache_drops_hash_block",
+            "test_scheduler_never_stops_where_the_manager_refuses",
+            "test_sibling_resumes_below_the_block_grid_when_the_prefix_ends_early",
+            "test_sibling_resumes_from_the_observed_junction",
+        ],
+    },
+    "test_swa_inflight_window_free.py": {
+        _SLIDING_WINDOW: [
+            "test_connector_finish_frees_on_settled_basis",
+            "test_swa_free_immediate_when_sync",
+            "test_swa_free_waits_for_in_flight_step",
+        ],
+        _CHUNKED: [
+            "test_chunked_local_free_waits_for_in_flight_step",
+        ],
+    },
     "test_prefix_caching.py": {
         _SLIDING_WINDOW: [
             "test_block_stored_event_group_idx_multiple_groups",
