@@ -535,7 +535,7 @@ class HashChainCache(PrefixCache):
     def free_queue(self) -> npt.NDArray[np.int32]:
         """Alias of :meth:`free_blocks`."""
     def block_hash(self, block_id: int) -> bytes | None:
-        """The block's cached hash, or None."""
+        """The block's cached hash (vLLM's, without its group), or None."""
 
 # ---------------------------------------------------------------------------- radix tree
 
@@ -894,7 +894,7 @@ class ClusterIndex:
 
 @final
 class _VllmManager:
-    """vLLM 0.33's single-group block manager over kvindex's block pool."""
+    """vLLM 0.33's block manager (one or several KV cache groups) over kvindex's block pool."""
 
     def __new__(
         cls,
@@ -904,7 +904,84 @@ class _VllmManager:
         enable_caching: bool = True,
         log_removed: bool = False,
         log_new: bool = False,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
+        hash_block_size: int | None = None,
+        use_eagle: bool = False,
+        max_in_flight_tokens: int | None = None,
+        max_model_len: int | None = None,
+        allow_partial_hash_hits: bool = False,
     ) -> Self: ...
+    @property
+    def num_groups(self) -> int:
+        """Number of KV cache groups."""
+    @property
+    def hash_block_size(self) -> int:
+        """Tokens per request block hash (the gcd of the group block sizes)."""
+    @property
+    def scheduler_block_size(self) -> int:
+        """The scheduler block size (hybrid hits are multiples of it)."""
+    @property
+    def group_block_sizes(self) -> list[int]:
+        """Each group's block size, in group order."""
+    @property
+    def last_cached_runs(self) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
+        """The runs the last ``allocate_slots_groups`` / ``cache_groups`` call cached."""
+    def find_hit_groups(
+        self, hashes: Sequence[bytes], max_tokens: int
+    ) -> tuple[int, int, list[npt.NDArray[np.int32]]]:
+        """vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
+        common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
+        ``block_hashes`` (at :attr:`hash_block_size`)."""
+    def num_blocks_to_allocate_groups(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed: Sequence[Sequence[int] | npt.NDArray[np.int32]] | None,
+        total_computed: int,
+        apply_admission_cap: bool = False,
+    ) -> int:
+        """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups)."""
+    def allocate_slots_groups(
+        self,
+        request_id: str,
+        new_computed: Sequence[Sequence[int] | npt.NDArray[np.int32]] | None,
+        num_tokens_need_slot: int,
+        num_local_computed: int,
+        num_external_computed: int,
+        full_sequence_tokens: int | None,
+        full_sequence_computed: int | None,
+        processed_tokens: int | None,
+        reserved_blocks: int,
+        watermark_blocks: int,
+        adopt: bool,
+        skip_zeroing: Sequence[int] = ...,
+        hashes: Sequence[bytes] | None = None,
+        cache_tokens: int | None = None,
+        reprefillable: int = 0,
+    ) -> list[npt.NDArray[np.int32]] | None:
+        """vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
+        None. ``full_sequence_computed`` is the gate's (capped) computed count,
+        ``processed_tokens`` the position ``remove_skipped_blocks`` runs at first,
+        ``skip_zeroing`` the groups whose external blocks are not logged as new.
+        With ``hashes`` and ``cache_tokens`` the caching step follows (as
+        :meth:`cache_groups`; runs in :attr:`last_cached_runs`)."""
+    def cache_groups(
+        self, request_id: str, hashes: Sequence[bytes], num_tokens: int, reprefillable: int = 0
+    ) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
+        """Caches every group's full blocks for ``num_tokens`` computed tokens (less
+        ``reprefillable``) under the request's ``hashes``. Returns the runs
+        ``(group_idx, start, end, stored table indices)`` (vLLM's BlockStored events)."""
+    def remove_skipped_blocks(self, request_id: str, processed_tokens: int) -> None:
+        """vLLM's ``remove_skipped_blocks``: frees and nulls each group's blocks that
+        fell out of its window for ``processed_tokens`` computed tokens."""
+    def group_blocks(self, request_id: str) -> list[npt.NDArray[np.int32]]:
+        """Each group's table of the request."""
+    def num_cached_groups(self, request_id: str) -> list[int | None]:
+        """Each group's ``num_cached_block`` entry of the request."""
+    def take_removed_groups(self) -> list[tuple[bytes, int]]:
+        """Drains the hashes dropped since the last call with their group, in order."""
+    def block_group(self, block_id: int) -> int | None:
+        """The group the block's cached hash belongs to, or None without a hash."""
     @property
     def num_blocks(self) -> int:
         """Blocks in the pool, the null block 0 included."""
@@ -966,9 +1043,10 @@ class _VllmManager:
     def num_request_blocks(self, request_id: str) -> int:
         """The request's table length."""
     def pop_blocks(self, request_id: str) -> list[int]:
-        """Pops the request's table without freeing it."""
+        """Pops the request's tables without freeing them (each group's without its
+        leading null blocks, in group order)."""
     def free(self, request_id: str) -> None:
-        """Frees the request's blocks in reverse order."""
+        """Frees the request's blocks: each group's table in reverse order, group 0 first."""
     def free_blocks(self, ordered: Sequence[int]) -> None:
         """Releases one reference on each block, in order (null blocks skipped)."""
     def touch(self, ids: Sequence[int]) -> None:
@@ -988,10 +1066,10 @@ class _VllmManager:
     def ref_count(self, block_id: int) -> int:
         """References on a block."""
     def block_hash(self, block_id: int) -> bytes | None:
-        """The block's cached hash, or None."""
+        """The block's cached hash (vLLM's, without its group), or None."""
     def hash_tokens(self, block_id: int) -> int | None:
         """Tokens the block's hash covers (None without a hash)."""
-    def cached_block(self, block_hash: bytes) -> int | None:
-        """The first cached block under ``block_hash``, or None."""
+    def cached_block(self, block_hash: bytes, group: int = 0) -> int | None:
+        """The first block cached for ``group`` under ``block_hash``, or None."""
     def check_invariants(self) -> None:
-        """Raises ``InvariantViolation`` if the pool's invariants are broken."""
+        """Raises ``InvariantViolation`` if the pool's or the tables' invariants are broken."""

@@ -12,6 +12,7 @@
 //! | [`error`] | caller errors (`KvError`) and invariant violations |
 //! | [`hash`] | chained block hashing: kvindex's own encodings and bit-exact vLLM modes |
 //! | [`free_queue`] | intrusive doubly linked free list over block ids (vLLM's LRU order) |
+//! | [`groups`] | KV cache groups: kinds, layouts, vLLM's per-kind hit rules and the hybrid fixed point |
 //! | [`events`] | the KV event values (`BlockStored`, `BlockRemoved`, `AllBlocksCleared`) |
 //! | [`event_buffer`] | a design's KV events (`Events`): off, or a bounded drop-oldest buffer that counts what it drops |
 //! | [`block_pool`] | ref-counted blocks, hash -> block map, lazy eviction, KV events |
@@ -49,6 +50,7 @@ pub mod error;
 pub mod event_buffer;
 pub mod events;
 pub mod free_queue;
+pub mod groups;
 pub mod hash;
 pub mod hash_chain;
 pub mod ids;

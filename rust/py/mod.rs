@@ -19,6 +19,7 @@ pub mod lifecycle;
 pub mod radix;
 pub mod vllm_hashing;
 pub mod vllm_manager;
+pub mod vllm_manager_groups;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).
 #[pyfunction]

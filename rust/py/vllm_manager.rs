@@ -3,16 +3,45 @@
 //! class is the public API). Request ids are vLLM's strings; block hashes
 //! are read from the request's own `block_hashes` list (``bytes`` items),
 //! only the ones a call needs.
+//!
+//! A manager built with ``groups`` holds several KV cache groups: the
+//! ``*_groups`` calls answer for all of them (per-group block ids come back
+//! as one int32 numpy array per group, 0 being the null block); the
+//! one-group calls (``find_hit``, ``allocate_slots``, ``cache``,
+//! ``num_blocks_to_allocate``) then raise.
 
+use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList};
 
+use super::arrays::i32_array;
 use super::errors::{invalid, IntoPyResult};
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
 use crate::core::ids::{BlockHash, BlockId, MAX_DIGEST_LEN};
+use crate::core::vllm_manager::groups::CachedRun;
 use crate::core::vllm_manager::{self as core, SlotRequest};
 
+/// One group as the constructor takes it: kind, block size, window or chunk, Mamba mode.
+type GroupArg = (String, i64, i64, String);
+
+/// Per-group block ids as int32 arrays.
+pub(super) fn group_arrays<'py>(py: Python<'py>, groups: &[Vec<BlockId>]) -> PyResult<Vec<Bound<'py, PyArray1<i32>>>> {
+    #[allow(clippy::cast_possible_wrap)]
+    groups.iter().map(|g| i32_array(py, g.iter().map(|b| b.0 as i32))).collect()
+}
+
+/// A cached run as Python gets it.
+pub(super) type RunOut<'py> = (usize, usize, usize, Bound<'py, PyArray1<i32>>);
+
+pub(super) fn runs_out<'py>(py: Python<'py>, runs: &[CachedRun]) -> PyResult<Vec<RunOut<'py>>> {
+    #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
+    runs.iter()
+        .map(|r| Ok((r.group, r.start, r.end, i32_array(py, r.stored.iter().map(|&i| i as i32))?)))
+        .collect()
+}
+
 /// A non-negative count, or `InvalidArgumentError`.
-fn count(v: i64, what: &str) -> PyResult<usize> {
+pub(super) fn count(v: i64, what: &str) -> PyResult<usize> {
     usize::try_from(v).map_err(|_| invalid(format!("{what} must be >= 0, got {v}")))
 }
 
@@ -22,7 +51,7 @@ fn block_ids(m: &core::VllmManager, ids: &[i64]) -> PyResult<Vec<BlockId>> {
 }
 
 /// Items `start..end` of a sequence of ``bytes`` hashes.
-fn read_hashes(seq: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Vec<BlockHash>> {
+pub(super) fn read_hashes(seq: &Bound<'_, PyAny>, start: usize, end: usize) -> PyResult<Vec<BlockHash>> {
     let mut out = Vec::with_capacity(end.saturating_sub(start));
     let list = seq.cast::<PyList>().ok();
     for i in start..end {
@@ -49,30 +78,69 @@ fn ids_out(v: &[BlockId]) -> Vec<u32> {
 /// vLLM 0.33's single-group block manager over kvindex's block pool.
 #[pyclass(module = "kvindex._core", name = "_VllmManager")]
 pub struct PyVllmManager {
-    inner: core::VllmManager,
+    pub(super) inner: core::VllmManager,
     last_run: Option<(usize, usize)>,
+    pub(super) last_runs: Vec<CachedRun>,
+}
+
+impl PyVllmManager {
+    /// Refuses a one-group call on a manager with several groups.
+    fn one_group(&self, call: &str) -> PyResult<()> {
+        if self.inner.num_groups() == 1 {
+            Ok(())
+        } else {
+            Err(invalid(format!("{call} is a one-group call; this manager has several groups: use {call}_groups")))
+        }
+    }
 }
 
 #[pymethods]
 impl PyVllmManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false, groups = None, hash_block_size = None, use_eagle = false, max_in_flight_tokens = None, max_model_len = None, allow_partial_hash_hits = false))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
         block_size: i64,
         enable_caching: bool,
         log_removed: bool,
         log_new: bool,
+        groups: Option<Vec<GroupArg>>,
+        hash_block_size: Option<i64>,
+        use_eagle: bool,
+        max_in_flight_tokens: Option<i64>,
+        max_model_len: Option<i64>,
+        allow_partial_hash_hits: bool,
     ) -> PyResult<Self> {
-        let inner = core::VllmManager::new(
-            count(num_blocks, "num_blocks")?,
-            count(block_size, "block_size")?,
+        let num_blocks = count(num_blocks, "num_blocks")?;
+        let block_size = count(block_size, "block_size")?;
+        let Some(groups) = groups else {
+            if hash_block_size.is_some() || use_eagle || max_in_flight_tokens.is_some() || max_model_len.is_some() {
+                return Err(invalid("hash_block_size, use_eagle and the admission sizes need groups".to_owned()));
+            }
+            let inner = core::VllmManager::new(num_blocks, block_size, enable_caching, log_removed, log_new).py()?;
+            return Ok(PyVllmManager { inner, last_run: None, last_runs: Vec::new() });
+        };
+        let mut specs = Vec::with_capacity(groups.len());
+        for (kind, bs, size, mode) in &groups {
+            let kind = GroupKind::parse(kind, count(*size, "window / chunk size")?, mode).py()?;
+            specs.push(GroupSpec { kind, block_size: count(*bs, "group block_size")? });
+        }
+        let opt = LayoutOptions {
             enable_caching,
-            log_removed,
-            log_new,
-        )
-        .py()?;
-        Ok(PyVllmManager { inner, last_run: None })
+            hash_block_size: hash_block_size.map(|h| count(h, "hash_block_size")).transpose()?,
+            scheduler_block_size: Some(block_size),
+            use_eagle,
+            allow_partial_hash_hits,
+        };
+        let layout = GroupLayout::new(specs, opt).py()?;
+        let admission = match (max_in_flight_tokens, max_model_len) {
+            (Some(f), Some(m)) => Some((count(f, "max_in_flight_tokens")?, count(m, "max_model_len")?)),
+            (None, None) => None,
+            _ => return Err(invalid("max_in_flight_tokens and max_model_len go together".to_owned())),
+        };
+        let inner = core::VllmManager::with_layout(num_blocks, layout, log_removed, log_new, admission).py()?;
+        Ok(PyVllmManager { inner, last_run: None, last_runs: Vec::new() })
     }
 
     /// Blocks in the pool, the null block 0 included.
@@ -108,6 +176,7 @@ impl PyVllmManager {
     /// The longest cached run of ``hashes[:max_blocks]``; its last block dropped with
     /// ``drop_last`` (EAGLE).
     fn find_hit(&self, hashes: &Bound<'_, PyAny>, max_blocks: i64, drop_last: bool) -> PyResult<Vec<u32>> {
+        self.one_group("find_hit")?;
         let n = hashes.len()?.min(usize::try_from(max_blocks).unwrap_or(0));
         let hs = read_hashes(hashes, 0, n)?;
         Ok(ids_out(&self.inner.find_hit(&hs, n, drop_last)))
@@ -120,6 +189,7 @@ impl PyVllmManager {
         num_tokens: i64,
         new_computed: Vec<i64>,
     ) -> PyResult<usize> {
+        self.one_group("num_blocks_to_allocate")?;
         let nc = block_ids(&self.inner, &new_computed)?;
         Ok(self.inner.num_blocks_to_allocate(request_id, count(num_tokens, "num_tokens")?, &nc))
     }
@@ -144,6 +214,7 @@ impl PyVllmManager {
         hashes: Option<&Bound<'_, PyAny>>,
         cache_tokens: Option<i64>,
     ) -> PyResult<Option<Vec<u32>>> {
+        self.one_group("allocate_slots")?;
         let nc = block_ids(&self.inner, &new_computed)?;
         let s = SlotRequest {
             num_tokens_need_slot: count(num_tokens_need_slot, "num_tokens_need_slot")?,
@@ -155,6 +226,7 @@ impl PyVllmManager {
             reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
             watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
             adopt,
+            ..SlotRequest::default()
         };
         let cache_tokens = cache_tokens.map(|n| count(n, "cache_tokens")).transpose()?;
         self.last_run = None;
@@ -183,6 +255,7 @@ impl PyVllmManager {
         hashes: &Bound<'_, PyAny>,
         num_tokens: i64,
     ) -> PyResult<Option<(usize, usize)>> {
+        self.one_group("cache")?;
         let n = count(num_tokens, "num_tokens")?;
         self.last_run = None;
         let Some((start, end)) = self.inner.cache_range(request_id, n, hashes.len()?) else {
@@ -220,12 +293,13 @@ impl PyVllmManager {
         self.inner.blocks(request_id).len()
     }
 
-    /// Pops the request's table without freeing it.
+    /// Pops the request's tables without freeing them (each group's without its
+    /// leading null blocks, in group order).
     fn pop_blocks(&mut self, request_id: &str) -> Vec<u32> {
         ids_out(&self.inner.pop_blocks(request_id))
     }
 
-    /// Frees the request's blocks in reverse order.
+    /// Frees the request's blocks: each group's table in reverse order, group 0 first.
     fn free(&mut self, request_id: &str) {
         self.inner.free(request_id);
     }
@@ -279,10 +353,16 @@ impl PyVllmManager {
         Ok(self.inner.pool().ref_count(b))
     }
 
-    /// The block's cached hash, or None.
+    /// The block's cached hash (vLLM's, without its group), or None.
     fn block_hash<'py>(&self, py: Python<'py>, block_id: i64) -> PyResult<Option<Bound<'py, PyBytes>>> {
         let b = self.inner.check_block(block_id).py()?;
-        Ok(self.inner.pool().block_hash(b).map(|h| PyBytes::new(py, h.as_bytes())))
+        Ok(self.inner.vllm_hash(b).map(|h| PyBytes::new(py, h.as_bytes())))
+    }
+
+    /// The group the block's cached hash belongs to, or None without a hash.
+    fn block_group(&self, block_id: i64) -> PyResult<Option<usize>> {
+        let b = self.inner.check_block(block_id).py()?;
+        Ok(self.inner.pool().block_hash(b).map(|_| self.inner.block_group(b)))
     }
 
     /// Tokens the block's hash covers (None without a hash).
@@ -291,17 +371,18 @@ impl PyVllmManager {
         Ok(self.inner.pool().block_hash(b).map(|_| self.inner.hash_tokens(b)))
     }
 
-    /// The first cached block under ``block_hash``, or None.
-    fn cached_block(&self, block_hash: &Bound<'_, PyBytes>) -> PyResult<Option<u32>> {
+    /// The first block cached for ``group`` under ``block_hash``, or None.
+    #[pyo3(signature = (block_hash, group = 0))]
+    fn cached_block(&self, block_hash: &Bound<'_, PyBytes>, group: usize) -> PyResult<Option<u32>> {
         let d = block_hash.as_bytes();
-        if d.len() > MAX_DIGEST_LEN {
+        if d.len() > MAX_DIGEST_LEN || group >= self.inner.num_groups() {
             return Ok(None);
         }
-        Ok(self.inner.pool().get_cached(&BlockHash::from_digest(d)).map(|b| b.0))
+        Ok(self.inner.cached_block_of(&BlockHash::from_digest(d), group).map(|b| b.0))
     }
 
-    /// Raises ``InvariantViolation`` if the pool's invariants are broken.
+    /// Raises ``InvariantViolation`` if the pool's or the tables' invariants are broken.
     fn check_invariants(&self) -> PyResult<()> {
-        self.inner.pool().check_invariants().map_err(super::errors::inv_to_py)
+        self.inner.check_invariants().map_err(super::errors::inv_to_py)
     }
 }

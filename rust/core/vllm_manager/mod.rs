@@ -1,5 +1,5 @@
-//! vLLM 0.33's `KVCacheManager` for one full-attention (or MLA) group, over
-//! the same [`BlockPool`] the hash-chain cache uses: the calls vLLM's
+//! vLLM 0.33's `KVCacheManager` (its coordinator and single-type managers)
+//! over the same [`BlockPool`] the hash-chain cache uses: the calls vLLM's
 //! scheduler makes on its manager, with the block hashes vLLM computed for
 //! each request (`request.block_hashes`) instead of hashing tokens here.
 //!
@@ -7,23 +7,81 @@
 //! scheduler call to one call below; every decision (hits, how many blocks,
 //! which blocks, evictions, ref counts, the free-queue order) is made here.
 //!
-//! Per request the manager keeps vLLM's `req_to_blocks` table and its
-//! `num_cached_block` count (present once the request adopted a hit or
+//! A manager holds one or more KV cache groups ([`GroupLayout`]); all share
+//! the pool, as in vLLM. The one-group calls in this file are the fast path
+//! of a single full-attention group; [`groups`] holds the calls over any
+//! number of groups (one request layer: a group's kind only changes which
+//! [`GroupRule`](crate::core::groups::rule::GroupRule) answers).
+//!
+//! Per request and group the manager keeps vLLM's `req_to_blocks` table and
+//! its `num_cached_block` count (present once the request adopted a hit or
 //! cached a block, exactly when vLLM's dict has it). Every entry point
 //! validates before it changes anything; none panics on caller input.
+//!
+//! # Keys
+//! vLLM keys its cache by `hash ++ group_id` (`BlockHashWithGroupId`).
+//! Group 0's key is the hash itself (so a one-group cache is unchanged);
+//! group `g`'s key is the hash with `g` XORed into its last four bytes. The
+//! two agree unless two real hashes differ by exactly that XOR. Each cached
+//! block records its group, which recovers vLLM's hash for events.
+//!
+//! # Costs
+//! Per block O(1) as in the pool; per request one table per group (the
+//! first inline, no allocation for the others on one group).
 
 use rustc_hash::FxHashMap;
 
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, KvError, KvResult};
+use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
-/// One request's blocks.
+pub mod groups;
+
+/// One group's table of one request.
 #[derive(Clone, Debug, Default)]
-struct Req {
-    blocks: Vec<BlockId>,
+pub(crate) struct GroupReq {
+    pub(crate) blocks: Vec<BlockId>,
     /// vLLM's `num_cached_block[request_id]` (None: no entry).
-    num_cached: Option<usize>,
+    pub(crate) num_cached: Option<usize>,
+}
+
+/// One request's tables: group 0 inline, the others in `rest`.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Req {
+    first: GroupReq,
+    rest: Vec<GroupReq>,
+}
+
+impl Req {
+    fn with_groups(n: usize) -> Self {
+        Req { first: GroupReq::default(), rest: vec![GroupReq::default(); n.saturating_sub(1)] }
+    }
+
+    pub(crate) fn g(&self, i: usize) -> &GroupReq {
+        if i == 0 {
+            &self.first
+        } else {
+            &self.rest[i - 1]
+        }
+    }
+
+    pub(crate) fn g_mut(&mut self, i: usize) -> &mut GroupReq {
+        if i == 0 {
+            &mut self.first
+        } else {
+            &mut self.rest[i - 1]
+        }
+    }
+
+    /// Whether any group has a cached count (vLLM: the request is running).
+    pub(crate) fn running(&self) -> bool {
+        self.first.num_cached.is_some() || self.rest.iter().any(|g| g.num_cached.is_some())
+    }
+
+    pub(crate) fn into_groups(self) -> impl Iterator<Item = GroupReq> {
+        std::iter::once(self.first).chain(self.rest)
+    }
 }
 
 /// The sizes `allocate_slots` checks and allocates for (see
@@ -44,28 +102,61 @@ pub struct SlotRequest {
     pub watermark_blocks: usize,
     /// Whether the hit blocks / external tokens are adopted by this call.
     pub adopt: bool,
+    /// Groups: computed tokens the full-sequence gate counts (vLLM's
+    /// `total_computed_tokens`, capped at `max_model_len`); None: local plus
+    /// external.
+    pub full_sequence_computed: Option<usize>,
+    /// Groups: `Some(n)` runs `remove_skipped_blocks(n)` after the gate, before
+    /// the free-block check (vLLM: `total_computed - num_in_flight`).
+    pub processed_tokens: Option<usize>,
+    /// Groups: bit `g` set: group `g`'s external-token blocks are not logged
+    /// as new (vLLM's `skip_zeroing_group_ids`).
+    pub skip_zeroing: u64,
 }
 
-/// vLLM's single-group manager state over a block pool.
+/// vLLM's manager state over a block pool.
 #[derive(Clone, Debug)]
 pub struct VllmManager {
     pool: BlockPool,
     block_size: usize,
     enable_caching: bool,
+    layout: GroupLayout,
+    /// Per group: the admission cap in blocks (sliding window, chunked local).
+    caps: Vec<Option<usize>>,
     reqs: FxHashMap<String, Req>,
     /// Per block: tokens its cached hash covers (0: no hash).
     hash_tokens: Vec<u32>,
-    /// Hashes dropped since the last drain, in order (kept when `log_removed`).
-    removed: Vec<BlockHash>,
+    /// Per block: the group its cached hash belongs to.
+    owner: Vec<u32>,
+    /// Hashes dropped since the last drain, in order, with their group (kept when `log_removed`).
+    removed: Vec<(BlockHash, u32)>,
     log_removed: bool,
-    /// Newly allocated block ids since the last drain (kept when `log_new`).
-    new_ids: Vec<BlockId>,
+    /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
+    new_ids: Vec<Vec<BlockId>>,
     log_new: bool,
     scratch: Vec<BlockId>,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
+}
+
+/// Group `g`'s pool key for `h` (module header, Keys); its own inverse.
+#[must_use]
+pub fn group_key(h: &BlockHash, g: usize) -> BlockHash {
+    if g == 0 {
+        return *h;
+    }
+    let d = h.as_bytes();
+    let mut bytes = [0u8; crate::core::ids::MAX_DIGEST_LEN];
+    bytes[..d.len()].copy_from_slice(d);
+    #[allow(clippy::cast_possible_truncation)]
+    let tweak = (g as u32).to_be_bytes();
+    let n = d.len().min(4);
+    for k in 0..n {
+        bytes[d.len() - n + k] ^= tweak[4 - n + k];
+    }
+    BlockHash::from_digest(&bytes[..d.len()])
 }
 
 impl VllmManager {
@@ -84,19 +175,70 @@ impl VllmManager {
         if block_size == 0 {
             return Err(KvError::invalid("block_size must be positive".to_owned()));
         }
+        let layout = GroupLayout::single_full(block_size, enable_caching)?;
+        Self::with_layout(num_blocks, layout, log_removed, log_new, None)
+    }
+
+    /// A manager over `num_blocks` blocks for the groups of `layout`;
+    /// `admission` = `(max_in_flight_tokens, max_model_len)` turns on vLLM's
+    /// admission cap of sliding-window and chunked-local groups in the
+    /// full-sequence gate.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `num_blocks < 2` or a group kind the manager
+    /// does not implement (named); `Capacity` if the tables cannot be allocated.
+    pub fn with_layout(
+        num_blocks: usize,
+        layout: GroupLayout,
+        log_removed: bool,
+        log_new: bool,
+        admission: Option<(usize, usize)>,
+    ) -> KvResult<Self> {
+        groups::check_supported(&layout)?;
         let pool = BlockPool::new(num_blocks, false)?;
+        let caps = layout
+            .groups()
+            .iter()
+            .map(|g| {
+                use crate::core::groups::rule::GroupRule;
+                admission.and_then(|(f, m)| g.admission_cap(f, m))
+            })
+            .collect();
+        let hash_tokens = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
+        let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         Ok(VllmManager {
             pool,
-            block_size,
-            enable_caching,
+            block_size: layout.scheduler_block_size(),
+            enable_caching: layout.enable_caching(),
+            new_ids: vec![Vec::new(); layout.len()],
+            caps,
+            layout,
             reqs: FxHashMap::default(),
-            hash_tokens: vec![0; num_blocks],
+            hash_tokens,
+            owner,
             removed: Vec::new(),
             log_removed,
-            new_ids: Vec::new(),
             log_new,
             scratch: Vec::new(),
         })
+    }
+
+    /// The group layout.
+    #[must_use]
+    pub fn layout(&self) -> &GroupLayout {
+        &self.layout
+    }
+
+    /// The group whose hash block `b` is cached under (0 if none).
+    #[must_use]
+    pub fn block_group(&self, b: BlockId) -> usize {
+        self.owner.get(b.idx()).map_or(0, |&g| g as usize)
+    }
+
+    /// vLLM's hash of block `b` (its key without the group), if cached.
+    #[must_use]
+    pub fn vllm_hash(&self, b: BlockId) -> Option<BlockHash> {
+        self.pool.block_hash(b).map(|k| group_key(&k, self.block_group(b)))
     }
 
     /// The block pool (read-only).
@@ -157,23 +299,19 @@ impl VllmManager {
     /// Ids of the requests holding a table, and of those with a cached count.
     #[must_use]
     pub fn request_ids(&self, cached_only: bool) -> Vec<&str> {
-        self.reqs
-            .iter()
-            .filter(|(_, r)| !cached_only || r.num_cached.is_some())
-            .map(|(k, _)| k.as_str())
-            .collect()
+        self.reqs.iter().filter(|(_, r)| !cached_only || r.running()).map(|(k, _)| k.as_str()).collect()
     }
 
     /// vLLM's `num_cached_block` entry of the request.
     #[must_use]
     pub fn num_cached(&self, rid: &str) -> Option<usize> {
-        self.reqs.get(rid).and_then(|r| r.num_cached)
+        self.reqs.get(rid).and_then(|r| r.first.num_cached)
     }
 
     /// The request's block table (empty if unknown).
     #[must_use]
     pub fn blocks(&self, rid: &str) -> &[BlockId] {
-        self.reqs.get(rid).map_or(&[], |r| r.blocks.as_slice())
+        self.reqs.get(rid).map_or(&[], |r| r.first.blocks.as_slice())
     }
 
     /// vLLM's `get_num_blocks_to_allocate` for one full-attention group.
@@ -181,7 +319,7 @@ impl VllmManager {
     pub fn num_blocks_to_allocate(&self, rid: &str, num_tokens: usize, new_computed: &[BlockId]) -> usize {
         let required = cdiv(num_tokens, self.block_size);
         let (held, running) =
-            self.reqs.get(rid).map_or((0, false), |r| (r.blocks.len(), r.num_cached.is_some()));
+            self.reqs.get(rid).map_or((0, false), |r| (r.first.blocks.len(), r.first.num_cached.is_some()));
         if running {
             return required.saturating_sub(held);
         }
@@ -239,27 +377,27 @@ impl VllmManager {
         let log_new = self.log_new;
         if s.adopt && !running {
             self.pool.touch(new_computed);
-            let req = self.reqs.entry(rid.to_owned()).or_default();
+            let req = &mut self.reqs.entry(rid.to_owned()).or_default().first;
             req.blocks.extend_from_slice(new_computed);
             req.num_cached = Some(req.blocks.len());
             if s.num_external_computed > 0 {
                 let total = s.num_local_computed + s.num_external_computed;
                 let n = cdiv(total, self.block_size).saturating_sub(self.blocks(rid).len());
-                self.take_new(rid, n, log_new);
+                self.take_new(rid, 0, n, log_new);
             }
         }
         let n = cdiv(s.num_tokens_need_slot, self.block_size).saturating_sub(self.blocks(rid).len());
-        let new = self.take_new(rid, n, log_new);
+        let new = self.take_new(rid, 0, n, log_new);
         Ok(Some(new))
     }
 
-    /// Pops `n` blocks for `rid` (the caller checked they are free).
-    fn take_new(&mut self, rid: &str, n: usize, log_new: bool) -> Vec<BlockId> {
+    /// Pops `n` blocks for group `g` of `rid` (the caller checked they are free).
+    fn take_new(&mut self, rid: &str, g: usize, n: usize, log_new: bool) -> Vec<BlockId> {
         let n = n.min(self.pool.num_free());
         if self.log_removed {
             for b in self.pool.free_queue().take(n) {
                 if let Some(h) = self.pool.block_hash(b) {
-                    self.removed.push(h);
+                    self.removed.push((h, self.owner[b.idx()]));
                 }
             }
         }
@@ -269,9 +407,15 @@ impl VllmManager {
             self.hash_tokens[b.idx()] = 0;
         }
         if log_new {
-            self.new_ids.extend_from_slice(&out);
+            self.new_ids[g].extend_from_slice(&out);
         }
-        self.reqs.entry(rid.to_owned()).or_default().blocks.extend_from_slice(&out);
+        let ng = self.layout.len();
+        self.reqs
+            .entry(rid.to_owned())
+            .or_insert_with(|| Req::with_groups(ng))
+            .g_mut(g)
+            .blocks
+            .extend_from_slice(&out);
         out
     }
 
@@ -284,8 +428,8 @@ impl VllmManager {
             return None;
         }
         let req = self.reqs.get(rid);
-        let start = req.and_then(|r| r.num_cached).unwrap_or(0);
-        let held = req.map_or(0, |r| r.blocks.len());
+        let start = req.and_then(|r| r.first.num_cached).unwrap_or(0);
+        let held = req.map_or(0, |r| r.first.blocks.len());
         let full = (num_tokens / self.block_size).min(num_hashes).min(held);
         (start < full).then_some((start, full))
     }
@@ -297,7 +441,7 @@ impl VllmManager {
     /// # Errors
     /// `UnknownRequest` / `InvalidArgument` when the run is not the request's.
     pub fn cache_run(&mut self, rid: &str, start: usize, hashes: &[BlockHash]) -> KvResult<()> {
-        let Some(req) = self.reqs.get_mut(rid) else {
+        let Some(req) = self.reqs.get_mut(rid).map(|r| &mut r.first) else {
             return Err(KvError::new(ErrorKind::UnknownRequest, format!("unknown request {rid:?}")));
         };
         let end = start + hashes.len();
@@ -316,21 +460,38 @@ impl VllmManager {
             #[allow(clippy::cast_possible_truncation)]
             let t = ((start + i + 1) * self.block_size).min(u32::MAX as usize) as u32;
             self.hash_tokens[b.idx()] = t;
+            self.owner[b.idx()] = 0;
         }
         req.num_cached = Some(end.max(req.num_cached.unwrap_or(0)));
         Ok(())
     }
 
-    /// Pops the request's table without freeing it (vLLM's `pop_blocks_for_free`).
+    /// Pops the request's tables without freeing them (vLLM's
+    /// `pop_blocks_for_free`): each group's table without its leading null
+    /// blocks, in group order.
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
-        self.reqs.remove(rid).map(|r| r.blocks).unwrap_or_default()
+        let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
+        if r.rest.is_empty() {
+            let mut b = r.first.blocks;
+            let lead = b.iter().take_while(|&&x| x == BlockId::NULL).count();
+            b.drain(..lead);
+            return b;
+        }
+        let mut out = Vec::new();
+        for g in r.into_groups() {
+            out.extend(g.blocks.iter().skip_while(|&&x| x == BlockId::NULL));
+        }
+        out
     }
 
-    /// Frees the request's blocks in reverse table order (vLLM's `free`).
+    /// Frees the request's blocks, each group's table in reverse order, group
+    /// 0 first (vLLM's coordinator `free`).
     pub fn free(&mut self, rid: &str) {
-        let blocks = self.pop_blocks(rid);
+        let Some(r) = self.reqs.remove(rid) else { return };
         let mut scratch = std::mem::take(&mut self.scratch);
-        self.pool.free(blocks.iter().rev().copied(), &mut scratch);
+        for g in r.into_groups() {
+            self.pool.free(g.blocks.iter().rev().copied(), &mut scratch);
+        }
         self.scratch = scratch;
     }
 
@@ -389,7 +550,7 @@ impl VllmManager {
             }
             if let Some(h) = self.pool.block_hash(b) {
                 if self.log_removed {
-                    self.removed.push(h);
+                    self.removed.push((h, self.owner[b.idx()]));
                 }
                 self.pool.drop_hash(b);
                 self.hash_tokens[b.idx()] = 0;
@@ -408,20 +569,32 @@ impl VllmManager {
         true
     }
 
-    /// Drains the hashes dropped since the last call, in order.
+    /// Drains vLLM's hashes dropped since the last call, in order.
     pub fn take_removed(&mut self) -> Vec<BlockHash> {
-        std::mem::take(&mut self.removed)
+        self.removed.drain(..).map(|(h, g)| group_key(&h, g as usize)).collect()
     }
 
-    /// Drains the block ids allocated since the last call.
+    /// Drains vLLM's hashes dropped since the last call with their group, in order.
+    pub fn take_removed_groups(&mut self) -> Vec<(BlockHash, usize)> {
+        self.removed.drain(..).map(|(h, g)| (group_key(&h, g as usize), g as usize)).collect()
+    }
+
+    /// Drains the block ids allocated since the last call, group by group.
     pub fn take_new_ids(&mut self) -> Vec<BlockId> {
-        std::mem::take(&mut self.new_ids)
+        if self.new_ids.len() == 1 {
+            return std::mem::take(&mut self.new_ids[0]);
+        }
+        let mut out = Vec::new();
+        for v in &mut self.new_ids {
+            out.append(v);
+        }
+        out
     }
 
-    /// Appends the request's blocks from table index `start` to the new-id log.
+    /// Appends the request's group-0 blocks from table index `start` to the new-id log.
     pub fn record_for_zeroing(&mut self, rid: &str, start: usize) {
         if let Some(r) = self.reqs.get(rid) {
-            self.new_ids.extend(r.blocks.iter().skip(start).copied());
+            self.new_ids[0].extend(r.first.blocks.iter().skip(start).copied());
         }
     }
 }
@@ -489,3 +662,6 @@ mod tests {
         assert_eq!(m.find_hit(&[h(1), h(2)], 9, false), vec![BlockId(1)]);
     }
 }
+
+#[cfg(test)]
+mod groups_tests;

@@ -1,0 +1,202 @@
+//! The longest hit over all groups: vLLM 0.33's
+//! `HybridKVCacheCoordinator.find_longest_cache_hit` (a fixed point over the
+//! spec sets, full attention first and bounding it) and the unitary
+//! coordinator's one-group case, plus the cacheable-token rule of
+//! `get_num_cacheable_tokens`.
+//!
+//! The caller supplies one [`BlockLookup`] per spec set (in
+//! [`GroupLayout::spec_sets`] order) that answers block indices at that
+//! set's block size: with request hashes at `hash_block_size`, block `i` of
+//! a set with block size `k * hash_block_size` is fine hash `(i + 1) * k - 1`
+//! (vLLM's `BlockHashListWithBlockSize`: a chained hash fingerprints its
+//! whole prefix), see [`coarse_hash_index`].
+//!
+//! # Invariants
+//! - the result length is a multiple of the layout's alignment (one group:
+//!   its block size) and no larger than `max_tokens`;
+//! - every spec set's hit is consistent with that length: full attention
+//!   holds exactly `ceil(len / B)` blocks; other kinds hold what their rule
+//!   returned at the final candidate length.
+//!
+//! Costs: one lookup pass per spec set per round; a round repeats only when
+//! some set shortened the candidate (at most a few for real layouts: simple
+//! hybrids stop after one).
+
+use crate::core::groups::rule::{BlockLookup, GroupRule, HitQuery};
+use crate::core::groups::spec::{GroupKind, GroupLayout};
+
+/// The fine hash index that fingerprints block `i` of a group whose block
+/// size is `scale` hash blocks.
+#[must_use]
+pub fn coarse_hash_index(i: usize, scale: usize) -> usize {
+    (i + 1) * scale - 1
+}
+
+/// The result of [`longest_hit`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct HybridHit {
+    /// Tokens every group can reuse.
+    pub tokens: usize,
+    /// vLLM's `num_uncached_common_prefix_tokens`: how much longer the
+    /// longest single-set candidate was.
+    pub uncached_common_prefix: usize,
+}
+
+/// Longest hit for `max_tokens` with `num_hashes` request hashes (at the
+/// layout's hash block size). `lookups[s]` and `out[s]` belong to spec set
+/// `s`; `out[s]` receives its hit blocks (`None`: null block).
+///
+/// # Panics
+/// If `lookups` or `out` is shorter than the layout's spec sets (a
+/// programming error).
+pub fn longest_hit<L: BlockLookup>(
+    layout: &GroupLayout,
+    lookups: &mut [L],
+    max_tokens: usize,
+    num_hashes: usize,
+    out: &mut [Vec<Option<L::Block>>],
+) -> HybridHit {
+    let sets = layout.spec_sets();
+    assert!(lookups.len() >= sets.len() && out.len() >= sets.len(), "one lookup and output per spec set");
+    for o in out.iter_mut() {
+        o.clear();
+    }
+    if !layout.enable_caching() {
+        return HybridHit::default();
+    }
+    let eagle = layout.use_eagle();
+    if layout.len() == 1 {
+        let spec = sets[0].spec;
+        let q = HitQuery { max_tokens, alignment: spec.block_size, drop_eagle: eagle };
+        let tokens = spec.longest_hit(&mut lookups[0], &q, &mut out[0]);
+        return HybridHit { tokens, uncached_common_prefix: 0 };
+    }
+    let alignment = layout.alignment();
+    let hash_bs = layout.hash_block_size();
+    let mut hit_length = max_tokens;
+    let mut longest = 0usize;
+    let mut looked = vec![false; sets.len()];
+    let mut set_len = vec![0usize; sets.len()];
+    let mut verified = vec![false; sets.len()];
+    loop {
+        let mut curr = hit_length;
+        for (idx, set) in sets.iter().enumerate() {
+            let spec = set.spec;
+            if spec.kind.is_full() && looked[idx] {
+                curr = curr.min(set_len[idx]);
+                continue;
+            }
+            let drop = eagle && !verified[idx];
+            let mut max_len = curr;
+            if drop && !matches!(spec.kind, GroupKind::Mamba { .. }) {
+                max_len = (curr + spec.block_size).min(num_hashes.saturating_mul(hash_bs));
+            }
+            let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: drop };
+            let new_len = spec.longest_hit(&mut lookups[idx], &q, &mut out[idx]);
+            if drop {
+                verified[idx] = true;
+            } else if new_len < curr {
+                verified.iter_mut().for_each(|v| *v = false);
+            }
+            curr = new_len;
+            looked[idx] = true;
+            set_len[idx] = new_len;
+            longest = longest.max(curr);
+        }
+        if curr >= hit_length {
+            break;
+        }
+        hit_length = curr;
+        if layout.is_simple_hybrid() {
+            break;
+        }
+    }
+    for (idx, set) in sets.iter().enumerate() {
+        if set.spec.kind.is_full() {
+            out[idx].truncate(hit_length.div_ceil(set.spec.block_size));
+        }
+    }
+    HybridHit { tokens: hit_length, uncached_common_prefix: longest - hit_length }
+}
+
+/// vLLM's `get_num_cacheable_tokens` for a group of `block_size`:
+/// `num_computed` less the re-prefillable tail, rounded down to the
+/// scheduler block size on hybrid layouts (an EAGLE group keeps one block
+/// more).
+#[must_use]
+pub fn cacheable_tokens(
+    layout: &GroupLayout,
+    block_size: usize,
+    num_computed: usize,
+    reprefillable: usize,
+) -> usize {
+    if layout.len() == 1 {
+        return num_computed.saturating_sub(reprefillable);
+    }
+    let sb = layout.scheduler_block_size();
+    let cached = num_computed / sb * sb;
+    if layout.use_eagle() && cached > 0 {
+        let finalized = num_computed.saturating_sub(reprefillable);
+        return finalized.min(finalized / sb * sb + block_size);
+    }
+    cached
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::core::groups::spec::{GroupSpec, LayoutOptions};
+
+    fn layout(groups: Vec<GroupSpec>, eagle: bool) -> GroupLayout {
+        let opt = LayoutOptions { enable_caching: true, use_eagle: eagle, ..LayoutOptions::default() };
+        GroupLayout::new(groups, opt).expect("valid")
+    }
+
+    type Look = Box<dyn FnMut(usize) -> Option<usize>>;
+
+    fn set(v: Vec<usize>) -> Look {
+        Box::new(move |i| v.contains(&i).then_some(i))
+    }
+
+    /// Full attention (block 4) + sliding window 8 (block 4): the window's
+    /// last two blocks must be cached where full attention's run ends.
+    #[test]
+    fn full_bounds_sliding_window() {
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 8 }, block_size: 4 };
+        let l = layout(vec![GroupSpec::full(4), swa], false);
+        let mut look = vec![set(vec![0, 1, 2, 3, 4]), set(vec![1, 2, 4])];
+        let mut out = vec![Vec::new(), Vec::new()];
+        let h = longest_hit(&l, &mut look, 100, 25, &mut out);
+        // Full covers 20 tokens; the window ending at 20 needs blocks 3, 4:
+        // 3 is missing, so SWA falls back to the window ending at 12 (1, 2).
+        assert_eq!(h.tokens, 12);
+        assert_eq!(h.uncached_common_prefix, 8);
+        assert_eq!(out[0], vec![Some(0), Some(1), Some(2)]);
+        assert_eq!(out[1], vec![None, Some(1), Some(2)]);
+    }
+
+    /// Three spec sets: the fixed point needs a second round.
+    #[test]
+    fn fixed_point_repeats_until_stable() {
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 5 }, block_size: 4 };
+        let mamba = GroupSpec {
+            kind: GroupKind::Mamba { mode: crate::core::groups::spec::MambaMode::Align },
+            block_size: 4,
+        };
+        let l = layout(vec![GroupSpec::full(4), swa, mamba], false);
+        let mut look = vec![set((0..10).collect()), set(vec![5, 7]), set(vec![4, 6])];
+        let mut out = vec![Vec::new(), Vec::new(), Vec::new()];
+        let h = longest_hit(&l, &mut look, 40, 10, &mut out);
+        // SWA: 32 (block 7); Mamba at 32 -> block 6 -> 28; SWA at 28 -> block 5 ->
+        // 24; Mamba at 24 -> block 4 -> 20; SWA at 20 -> nothing -> 0.
+        assert_eq!(h.tokens, 0);
+        assert!(out[0].is_empty());
+    }
+
+    #[test]
+    fn cacheable_tokens_round_to_the_scheduler_block() {
+        let l = layout(vec![GroupSpec::full(4), GroupSpec::full(8)], false);
+        assert_eq!(cacheable_tokens(&l, 4, 13, 0), 8);
+        assert_eq!(coarse_hash_index(1, 2), 3);
+    }
+}

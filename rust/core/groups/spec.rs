@@ -1,0 +1,458 @@
+//! KV cache group specs and a cache's group layout, as vLLM 0.33's
+//! `KVCacheConfig` / `resolve_kv_cache_block_sizes` / hybrid coordinator
+//! checks define them.
+//!
+//! A *group* is a set of layers that share one block table per request: its
+//! [`GroupKind`] (full attention, MLA, sliding window, chunked local,
+//! Mamba) and its block size. A [`GroupLayout`] is the ordered list of a
+//! cache's groups (the index of a group is vLLM's `kv_cache_group_id`, the
+//! `group_idx` of its KV events) with the two derived sizes:
+//! - `hash_block_size`: the granularity of a request's block hashes, the gcd
+//!   of the group block sizes (the scheduler block size when caching is off
+//!   or a Mamba group is not in "align" mode, as vLLM backs off);
+//! - `scheduler_block_size`: the lcm, to which every hybrid hit is aligned.
+//!
+//! Groups with the same spec (kind and block size) form one *spec set*,
+//! looked up jointly (vLLM's `SpecGroup`); full-attention sets come first.
+//!
+//! # Invariants (established by [`GroupLayout::new`], never changed)
+//! - at least one group; every block size > 0 and a multiple of
+//!   `hash_block_size`; `scheduler_block_size` a multiple of each;
+//! - what vLLM 0.33 rejects on a hybrid config is rejected here, and what
+//!   kvindex does not implement is rejected with an error naming it.
+//!
+//! Costs: construction O(groups²); every accessor O(1).
+
+use crate::core::error::{KvError, KvResult};
+
+/// vLLM's `mamba_cache_mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MambaMode {
+    /// `"none"`: no prefix caching of Mamba state.
+    None,
+    /// `"align"`: the state at each scheduler-block boundary is cacheable.
+    Align,
+}
+
+impl MambaMode {
+    /// vLLM's spelling.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            MambaMode::None => "none",
+            MambaMode::Align => "align",
+        }
+    }
+
+    /// Parses vLLM's spelling.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for any other string.
+    pub fn parse(s: &str) -> KvResult<Self> {
+        match s {
+            "none" => Ok(MambaMode::None),
+            "align" => Ok(MambaMode::Align),
+            _ => Err(KvError::invalid(format!("mamba_cache_mode must be 'none' or 'align', got {s:?}"))),
+        }
+    }
+}
+
+/// The attention (or state) type of a group: which single-type rule it follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum GroupKind {
+    /// Full attention (`FullAttentionSpec`): every block is needed.
+    FullAttention,
+    /// Multi-head latent attention (`MLAAttentionSpec`): full-attention rules,
+    /// its own spec set and event kind.
+    Mla,
+    /// Sliding window of `window` tokens (`SlidingWindowSpec`).
+    SlidingWindow {
+        /// Tokens each query attends to, itself included.
+        window: usize,
+    },
+    /// Chunked local attention with chunks of `chunk` tokens
+    /// (`ChunkedLocalAttentionSpec`).
+    ChunkedLocal {
+        /// Tokens per attention chunk.
+        chunk: usize,
+    },
+    /// Mamba / linear-attention state (`MambaSpec`).
+    Mamba {
+        /// vLLM's `mamba_cache_mode`.
+        mode: MambaMode,
+    },
+}
+
+impl GroupKind {
+    /// vLLM's `KVCacheSpecKind` value, as KV events carry it.
+    #[must_use]
+    pub fn kind_name(self) -> &'static str {
+        match self {
+            GroupKind::FullAttention => "full_attention",
+            GroupKind::Mla => "mla_attention",
+            GroupKind::SlidingWindow { .. } => "sliding_window",
+            GroupKind::ChunkedLocal { .. } => "chunked_local_attention",
+            GroupKind::Mamba { .. } => "mamba",
+        }
+    }
+
+    /// The window KV events carry (`kv_cache_spec_sliding_window`).
+    #[must_use]
+    pub fn sliding_window(self) -> Option<usize> {
+        match self {
+            GroupKind::SlidingWindow { window } => Some(window),
+            _ => None,
+        }
+    }
+
+    /// Whether the kind is a `FullAttentionSpec` in vLLM (full or MLA): it
+    /// bounds the hybrid fixed point and is looked up first.
+    #[must_use]
+    pub fn is_full(self) -> bool {
+        matches!(self, GroupKind::FullAttention | GroupKind::Mla)
+    }
+
+    /// Whether vLLM's manager for the kind supports fine-grained (sub-block)
+    /// hash lookups (`supports_fine_grained_hash_lookup`).
+    #[must_use]
+    pub fn fine_grained_lookup(self) -> bool {
+        matches!(self, GroupKind::FullAttention | GroupKind::Mla | GroupKind::Mamba { .. })
+    }
+
+    /// Parses a kind from vLLM's `KVCacheSpecKind` value and its parameter:
+    /// the window (sliding window), the chunk (chunked local); `mamba_mode`
+    /// for Mamba.
+    ///
+    /// # Errors
+    /// `InvalidArgument` for an unknown kind, a zero window or chunk, or a
+    /// kind kvindex does not implement (named in the message).
+    pub fn parse(kind: &str, size: usize, mamba_mode: &str) -> KvResult<Self> {
+        let k = match kind {
+            "full_attention" => GroupKind::FullAttention,
+            "mla_attention" => GroupKind::Mla,
+            "sliding_window" => GroupKind::SlidingWindow { window: size },
+            "chunked_local_attention" => GroupKind::ChunkedLocal { chunk: size },
+            "mamba" => GroupKind::Mamba { mode: MambaMode::parse(mamba_mode)? },
+            "sliding_window_mla" | "sink_full_attention" | "encoder_only_attention" | "cross_attention" => {
+                return Err(KvError::invalid(format!(
+                    "KV cache group kind {kind:?} is not supported by kvindex"
+                )));
+            }
+            _ => return Err(KvError::invalid(format!("unknown KV cache group kind {kind:?}"))),
+        };
+        match k {
+            GroupKind::SlidingWindow { window: 0 } => {
+                Err(KvError::invalid("sliding_window must be positive"))
+            }
+            GroupKind::ChunkedLocal { chunk: 0 } => {
+                Err(KvError::invalid("attention_chunk_size must be positive"))
+            }
+            _ => Ok(k),
+        }
+    }
+}
+
+/// One group: its kind and block size (tokens per block).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct GroupSpec {
+    /// The single-type rule the group follows.
+    pub kind: GroupKind,
+    /// Tokens per block of this group.
+    pub block_size: usize,
+}
+
+impl GroupSpec {
+    /// A full-attention group of `block_size`.
+    #[must_use]
+    pub fn full(block_size: usize) -> Self {
+        GroupSpec { kind: GroupKind::FullAttention, block_size }
+    }
+}
+
+/// Options of a layout that change its rules (vLLM's coordinator arguments).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LayoutOptions {
+    /// Whether prefix caching is on.
+    pub enable_caching: bool,
+    /// vLLM's `prefix_match_unit`: the hash block size, instead of the gcd.
+    pub hash_block_size: Option<usize>,
+    /// The scheduler block size, instead of the lcm (a common multiple).
+    pub scheduler_block_size: Option<usize>,
+    /// EAGLE / MTP drops the last matched block of every group (vLLM's
+    /// `use_eagle` with no group flagged: all groups are EAGLE groups).
+    pub use_eagle: bool,
+    /// vLLM's `allow_partial_hash_hits`; a layout that would turn them on is
+    /// rejected (partial hits need copy-on-write, which kvindex lacks).
+    pub allow_partial_hash_hits: bool,
+}
+
+/// Groups sharing one spec, looked up together (vLLM's `SpecGroup`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SpecSet {
+    /// The shared spec.
+    pub spec: GroupSpec,
+    /// Member group indices, ascending.
+    pub group_ids: Vec<usize>,
+}
+
+/// A cache's groups and their derived sizes (module header, invariants).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupLayout {
+    groups: Vec<GroupSpec>,
+    hash_block_size: usize,
+    scheduler_block_size: usize,
+    enable_caching: bool,
+    use_eagle: bool,
+    /// Spec sets, full attention first, then first-seen order.
+    sets: Vec<SpecSet>,
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// Least common multiple, `None` on overflow.
+fn lcm(a: usize, b: usize) -> Option<usize> {
+    (a / gcd(a, b)).checked_mul(b)
+}
+
+impl GroupLayout {
+    /// The one-group layout of a full-attention cache (today's single group).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for `block_size == 0`.
+    pub fn single_full(block_size: usize, enable_caching: bool) -> KvResult<Self> {
+        Self::new(
+            vec![GroupSpec::full(block_size)],
+            LayoutOptions { enable_caching, ..LayoutOptions::default() },
+        )
+    }
+
+    /// Validates `groups` as vLLM 0.33 does for a (hybrid) `KVCacheConfig`
+    /// and derives the hash and scheduler block sizes.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming the first problem: no groups, a zero block
+    /// size, a hash block size that does not divide every group's, a
+    /// scheduler block size that is not a common multiple, Mamba caching
+    /// outside "align" mode, chunked local attention with differing block
+    /// sizes or EAGLE, or a layout that needs partial hash hits.
+    pub fn new(groups: Vec<GroupSpec>, opt: LayoutOptions) -> KvResult<Self> {
+        if groups.is_empty() {
+            return Err(KvError::invalid("a KV cache needs at least one group"));
+        }
+        if groups.len() > u32::MAX as usize {
+            return Err(KvError::invalid("too many KV cache groups"));
+        }
+        let mut l = 1usize;
+        let mut g = 0usize;
+        for (i, s) in groups.iter().enumerate() {
+            if s.block_size == 0 {
+                return Err(KvError::invalid(format!("group {i}: block_size must be positive")));
+            }
+            if s.block_size > u32::MAX as usize {
+                return Err(KvError::invalid(format!("group {i}: block_size {} is too large", s.block_size)));
+            }
+            l = lcm(l, s.block_size)
+                .ok_or_else(|| KvError::invalid("the groups' block sizes overflow their lcm"))?;
+            g = gcd(g, s.block_size);
+        }
+        let scheduler = match opt.scheduler_block_size {
+            Some(sb) => {
+                if sb == 0 || groups.iter().any(|s| sb % s.block_size != 0) {
+                    return Err(KvError::invalid(format!(
+                        "scheduler_block_size {sb} must be a positive multiple of every group's block size"
+                    )));
+                }
+                sb
+            }
+            None => l,
+        };
+        let mamba_not_align =
+            groups.iter().any(|s| matches!(s.kind, GroupKind::Mamba { mode: MambaMode::None }));
+        if opt.enable_caching && mamba_not_align {
+            return Err(KvError::invalid("Mamba prefix caching requires mamba_cache_mode='align'"));
+        }
+        let hash = if groups.len() == 1 {
+            groups[0].block_size
+        } else if !opt.enable_caching {
+            scheduler
+        } else {
+            opt.hash_block_size.unwrap_or(g)
+        };
+        if hash == 0 || groups.iter().any(|s| s.block_size % hash != 0) || scheduler % hash != 0 {
+            return Err(KvError::invalid(format!(
+                "hash_block_size {hash} must divide every group's block size ({:?})",
+                groups.iter().map(|s| s.block_size).collect::<Vec<_>>()
+            )));
+        }
+        if opt.enable_caching && groups.len() > 1 {
+            for (i, s) in groups.iter().enumerate() {
+                if let GroupKind::ChunkedLocal { .. } = s.kind {
+                    if s.block_size != scheduler {
+                        return Err(KvError::invalid(format!(
+                            "group {i}: KV cache groups with different block sizes are not compatible \
+                             with chunked local attention"
+                        )));
+                    }
+                    if opt.use_eagle {
+                        return Err(KvError::invalid(
+                            "hybrid KV cache is not supported for EAGLE + chunked local attention",
+                        ));
+                    }
+                }
+            }
+            let partial = groups.iter().any(|s| {
+                matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hash
+            }) && groups.iter().all(|s| s.kind.fine_grained_lookup() || s.block_size == hash);
+            if partial && opt.allow_partial_hash_hits {
+                return Err(KvError::invalid(
+                    "partial hash hits (sub-block Mamba hits with copy-on-write) are not supported by kvindex; \
+                     pass allow_partial_hash_hits=False or make the Mamba block size the hash block size",
+                ));
+            }
+        }
+        let mut sets: Vec<SpecSet> = Vec::new();
+        for (i, s) in groups.iter().enumerate() {
+            match sets.iter_mut().find(|x| x.spec == *s) {
+                Some(x) => x.group_ids.push(i),
+                None => sets.push(SpecSet { spec: *s, group_ids: vec![i] }),
+            }
+        }
+        sets.sort_by_key(|x| !x.spec.kind.is_full());
+        Ok(GroupLayout {
+            groups,
+            hash_block_size: hash,
+            scheduler_block_size: scheduler,
+            enable_caching: opt.enable_caching,
+            use_eagle: opt.use_eagle,
+            sets,
+        })
+    }
+
+    /// The groups, in `kv_cache_group_id` order.
+    #[must_use]
+    pub fn groups(&self) -> &[GroupSpec] {
+        &self.groups
+    }
+
+    /// Number of groups.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.groups.len()
+    }
+
+    /// Always false (a layout has at least one group).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// Tokens per request block hash (gcd of the block sizes).
+    #[must_use]
+    pub fn hash_block_size(&self) -> usize {
+        self.hash_block_size
+    }
+
+    /// The scheduler block size (lcm): hybrid hits are multiples of it.
+    #[must_use]
+    pub fn scheduler_block_size(&self) -> usize {
+        self.scheduler_block_size
+    }
+
+    /// Alignment of every hit, in tokens (vLLM's `cache_hit_alignment_tokens`;
+    /// the block size itself for one group).
+    #[must_use]
+    pub fn alignment(&self) -> usize {
+        if self.groups.len() == 1 {
+            self.groups[0].block_size
+        } else {
+            self.scheduler_block_size
+        }
+    }
+
+    /// Whether prefix caching is on.
+    #[must_use]
+    pub fn enable_caching(&self) -> bool {
+        self.enable_caching
+    }
+
+    /// Whether hits drop the EAGLE block.
+    #[must_use]
+    pub fn use_eagle(&self) -> bool {
+        self.use_eagle
+    }
+
+    /// The spec sets, full attention first (vLLM's `attention_groups`).
+    #[must_use]
+    pub fn spec_sets(&self) -> &[SpecSet] {
+        &self.sets
+    }
+
+    /// Whether this is vLLM's "simple hybrid" (two spec sets, full first):
+    /// one pass of the fixed point suffices.
+    #[must_use]
+    pub fn is_simple_hybrid(&self) -> bool {
+        self.sets.len() == 2 && self.sets[0].spec.kind.is_full()
+    }
+
+    /// Whether the layout is one full-attention (or MLA) group.
+    #[must_use]
+    pub fn is_single_full(&self) -> bool {
+        self.groups.len() == 1 && self.groups[0].kind.is_full()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn on() -> LayoutOptions {
+        LayoutOptions { enable_caching: true, ..LayoutOptions::default() }
+    }
+
+    #[test]
+    fn sizes_are_gcd_and_lcm_and_full_sets_come_first() {
+        let g = vec![
+            GroupSpec { kind: GroupKind::SlidingWindow { window: 128 }, block_size: 16 },
+            GroupSpec::full(32),
+            GroupSpec { kind: GroupKind::SlidingWindow { window: 128 }, block_size: 16 },
+        ];
+        let l = GroupLayout::new(g, on()).expect("valid");
+        assert_eq!(l.hash_block_size(), 16);
+        assert_eq!(l.scheduler_block_size(), 32);
+        assert_eq!(l.spec_sets().len(), 2);
+        assert_eq!(l.spec_sets()[0].group_ids, vec![1]);
+        assert_eq!(l.spec_sets()[1].group_ids, vec![0, 2]);
+        assert!(l.is_simple_hybrid());
+    }
+
+    #[test]
+    fn vllm_checks_reject() {
+        let mamba_none = GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::None }, block_size: 16 };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba_none], on()).is_err());
+        let off = LayoutOptions::default();
+        let l = GroupLayout::new(vec![GroupSpec::full(16), mamba_none], off).expect("caching off");
+        assert_eq!(l.hash_block_size(), 16);
+        let cl = GroupSpec { kind: GroupKind::ChunkedLocal { chunk: 64 }, block_size: 16 };
+        assert!(GroupLayout::new(vec![GroupSpec::full(32), cl], on()).is_err());
+        let mamba = GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: 64 };
+        let partial = LayoutOptions { allow_partial_hash_hits: true, ..on() };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], partial).is_err());
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], on()).is_ok());
+        assert!(GroupLayout::new(vec![], on()).is_err());
+        assert!(GroupLayout::new(vec![GroupSpec::full(0)], on()).is_err());
+        let bad_hash = LayoutOptions { hash_block_size: Some(3), ..on() };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), GroupSpec::full(32)], bad_hash).is_err());
+        assert!(GroupKind::parse("sliding_window", 0, "").is_err());
+        assert!(GroupKind::parse("cross_attention", 0, "").is_err());
+        assert_eq!(
+            GroupKind::parse("mamba", 0, "align").expect("ok"),
+            GroupKind::Mamba { mode: MambaMode::Align }
+        );
+    }
+}

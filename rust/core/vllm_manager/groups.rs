@@ -1,0 +1,520 @@
+//! The manager's calls over any number of KV cache groups: vLLM 0.33's
+//! `KVCacheManager` over its `HybridKVCacheCoordinator` (or the unitary one
+//! for one group), each group's single-type behaviour given by its
+//! [`GroupRule`].
+//!
+//! - hits: [`coordinator::longest_hit`] over the pool, one lookup per spec
+//!   set, each block looked up under its group's key;
+//! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
+//!   hits touched for every group before any group takes external blocks
+//!   (two phases, as vLLM), then new blocks group by group;
+//! - caching: each group's cacheable tokens (rounded to the scheduler block
+//!   on hybrids), its full blocks from its cached count, less null blocks and
+//!   the blocks its rule never serves (sliding-window segment heads).
+//!
+//! # Invariants (checked by [`VllmManager::check_invariants`])
+//! - the pool's invariants hold;
+//! - a block in a request's tables is in the tables of one group only and
+//!   is referenced at most its ref count times;
+//! - a cached block's recorded group is the group its key belongs to.
+//!
+//! Costs: a hit is O(blocks looked up) per spec set and round of the fixed
+//! point; allocation and caching O(blocks touched) per group.
+
+use rustc_hash::FxHashMap;
+
+use super::{cdiv, group_key, Req, SlotRequest, VllmManager};
+use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
+use crate::core::groups::rule::{BlockLookup, GroupRule};
+use crate::core::groups::spec::{GroupKind, GroupLayout};
+use crate::core::ids::{BlockHash, BlockId};
+use crate::ensure_inv;
+
+/// Rejects what the manager does not implement, naming it.
+pub(crate) fn check_supported(layout: &GroupLayout) -> KvResult<()> {
+    for (i, g) in layout.groups().iter().enumerate() {
+        if let GroupKind::Mamba { .. } = g.kind {
+            return Err(KvError::invalid(format!(
+                "group {i}: Mamba groups are not supported by the kvindex vLLM manager yet \
+                 (align-mode state, speculative and checkpoint blocks)"
+            )));
+        }
+        if layout.len() > 1
+            && layout.enable_caching()
+            && g.kind.is_full()
+            && g.block_size > layout.hash_block_size()
+        {
+            return Err(KvError::invalid(format!(
+                "group {i}: a full-attention block size ({}) larger than the hash block size ({}) \
+                 needs partial-block prefix entries, which kvindex does not support",
+                g.block_size,
+                layout.hash_block_size()
+            )));
+        }
+    }
+    if layout.len() > 64 {
+        return Err(KvError::invalid("at most 64 KV cache groups are supported"));
+    }
+    Ok(())
+}
+
+/// A hit over all groups.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct GroupHit {
+    /// Tokens reused and vLLM's uncached common prefix.
+    pub hit: HybridHit,
+    /// Per group: the hit's blocks, [`BlockId::NULL`] for skipped ones.
+    pub blocks: Vec<Vec<BlockId>>,
+}
+
+/// One group's caching step (what vLLM's `BlockStored` event describes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CachedRun {
+    /// The group (`group_idx`).
+    pub group: usize,
+    /// First table index of the run (the cached count before).
+    pub start: usize,
+    /// End of the run (the cached count after).
+    pub end: usize,
+    /// Table indices that got a hash, in order (null and unreachable blocks
+    /// left out; may be empty, vLLM still emits the event).
+    pub stored: Vec<usize>,
+}
+
+/// A spec set's view of the pool: block `i` at the set's block size,
+/// cached under every member group's key. Hits land in `side`.
+struct PoolLookup<'a> {
+    m: &'a VllmManager,
+    hashes: &'a [BlockHash],
+    scale: usize,
+    groups: &'a [usize],
+    side: Vec<BlockId>,
+}
+
+impl BlockLookup for PoolLookup<'_> {
+    type Block = u32;
+    fn get(&mut self, i: usize) -> Option<u32> {
+        let h = self.hashes.get(coarse_hash_index(i, self.scale))?;
+        let off = self.side.len();
+        for &g in self.groups {
+            match self.m.pool.get_cached(&group_key(h, g)) {
+                Some(b) => self.side.push(b),
+                None => {
+                    self.side.truncate(off);
+                    return None;
+                }
+            }
+        }
+        #[allow(clippy::cast_possible_truncation)]
+        Some(off as u32)
+    }
+}
+
+impl VllmManager {
+    /// Number of KV cache groups.
+    #[must_use]
+    pub fn num_groups(&self) -> usize {
+        self.layout.len()
+    }
+
+    /// Group `g`'s table of the request (empty if unknown).
+    #[must_use]
+    pub fn group_blocks(&self, rid: &str, g: usize) -> &[BlockId] {
+        match self.reqs.get(rid) {
+            Some(r) if g < self.layout.len() => r.g(g).blocks.as_slice(),
+            _ => &[],
+        }
+    }
+
+    /// Group `g`'s `num_cached_block` entry of the request.
+    #[must_use]
+    pub fn group_num_cached(&self, rid: &str, g: usize) -> Option<usize> {
+        self.reqs.get(rid).filter(|_| g < self.layout.len()).and_then(|r| r.g(g).num_cached)
+    }
+
+    /// vLLM's `find_longest_cache_hit` over all groups for request hashes
+    /// `hashes` (at the hash block size), at most `max_tokens`. No side effects.
+    #[must_use]
+    pub fn find_hit_groups(&self, hashes: &[BlockHash], max_tokens: usize) -> GroupHit {
+        let ng = self.layout.len();
+        let hbs = self.layout.hash_block_size();
+        let sets = self.layout.spec_sets();
+        let mut looks: Vec<PoolLookup<'_>> = sets
+            .iter()
+            .map(|s| PoolLookup {
+                m: self,
+                hashes,
+                scale: s.spec.block_size / hbs,
+                groups: &s.group_ids,
+                side: Vec::new(),
+            })
+            .collect();
+        let mut outs: Vec<Vec<Option<u32>>> = vec![Vec::new(); sets.len()];
+        let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
+        let mut blocks = vec![Vec::new(); ng];
+        for (si, s) in sets.iter().enumerate() {
+            for (m, &g) in s.group_ids.iter().enumerate() {
+                blocks[g] = outs[si]
+                    .iter()
+                    .map(|o| o.map_or(BlockId::NULL, |off| looks[si].side[off as usize + m]))
+                    .collect();
+            }
+        }
+        GroupHit { hit, blocks }
+    }
+
+    /// vLLM's single-type `get_num_blocks_to_allocate` for group `g`.
+    #[must_use]
+    pub fn num_blocks_to_allocate_group(
+        &self,
+        rid: &str,
+        g: usize,
+        num_tokens: usize,
+        new_computed: &[BlockId],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> usize {
+        let spec = self.layout.groups()[g];
+        let bs = spec.block_size;
+        let mut required = cdiv(num_tokens, bs);
+        if apply_cap {
+            if let Some(cap) = self.caps[g] {
+                required = required.min(cap);
+            }
+        }
+        let (held, running) =
+            self.reqs.get(rid).map_or((0, false), |r| (r.g(g).blocks.len(), r.g(g).num_cached.is_some()));
+        if running {
+            return required.saturating_sub(held);
+        }
+        let skipped = spec.skipped_tokens(total_computed) / bs;
+        let local = new_computed.len() + held;
+        let new = required.saturating_sub(skipped.max(local));
+        let skip_new = skipped.saturating_sub(held).min(new_computed.len());
+        let evictable = new_computed[skip_new..].iter().filter(|&&b| self.pool.is_free(b)).count();
+        new + evictable
+    }
+
+    /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups.
+    #[must_use]
+    pub fn num_blocks_to_allocate_groups(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> usize {
+        (0..self.layout.len())
+            .map(|g| {
+                let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
+                self.num_blocks_to_allocate_group(rid, g, num_tokens, nc, total_computed, apply_cap)
+            })
+            .sum()
+    }
+
+    /// Validates per-group hit blocks: one list per group (or none), each
+    /// block the null block or a cached block of that group.
+    fn check_hits(&self, new_computed: &[Vec<BlockId>]) -> KvResult<()> {
+        if !new_computed.is_empty() && new_computed.len() != self.layout.len() {
+            return Err(KvError::invalid(format!(
+                "{} hit block lists for {} KV cache groups",
+                new_computed.len(),
+                self.layout.len()
+            )));
+        }
+        for (g, blocks) in new_computed.iter().enumerate() {
+            for &b in blocks {
+                if b == BlockId::NULL {
+                    continue;
+                }
+                if b.idx() >= self.pool.num_blocks() {
+                    return Err(KvError::invalid(format!("block id {} out of range", b.0)));
+                }
+                if self.pool.block_hash(b).is_none() || self.block_group(b) != g {
+                    return Err(KvError::invalid(format!(
+                        "block {} is not cached for group {g}: not a cache hit",
+                        b.0
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// vLLM's `KVCacheManager.allocate_slots` over all groups, up to (not
+    /// including) caching: the full-sequence gate, `remove_skipped_blocks`
+    /// (`s.processed_tokens`), the free-block check, adopting every group's
+    /// hit and then external tokens, then new blocks up to
+    /// `num_tokens_need_slot`. Returns each group's new blocks, or `None`
+    /// (as in vLLM, skipped blocks may have been freed before a refusal).
+    ///
+    /// # Errors
+    /// `InvalidArgument` for hit lists that are not this manager's hits, or a
+    /// hit for a running request (nothing changed).
+    pub fn allocate_slots_groups(
+        &mut self,
+        rid: &str,
+        new_computed: &[Vec<BlockId>],
+        s: &SlotRequest,
+    ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
+        self.check_hits(new_computed)?;
+        let any_hit = new_computed.iter().any(|v| !v.is_empty());
+        let running = self.reqs.get(rid).is_some_and(Req::running);
+        if running && any_hit {
+            return Err(KvError::invalid(format!(
+                "request {rid:?} is running: it cannot adopt new prefix-cache hits"
+            )));
+        }
+        if !self.enable_caching && new_computed.iter().flatten().any(|&b| b != BlockId::NULL) {
+            return Err(KvError::invalid("prefix caching is off: there are no hit blocks".to_owned()));
+        }
+        let local = s.num_local_computed;
+        let total = local + s.num_external_computed;
+        if let Some(full) = s.full_sequence_tokens {
+            let gate_total = s.full_sequence_computed.unwrap_or(total);
+            let n = self.num_blocks_to_allocate_groups(rid, full, new_computed, gate_total, true);
+            if n + s.watermark_blocks > self.pool.num_free() {
+                return Ok(None);
+            }
+        }
+        if let Some(p) = s.processed_tokens {
+            self.remove_skipped_blocks(rid, p);
+        }
+        let need =
+            self.num_blocks_to_allocate_groups(rid, s.num_tokens_need_slot, new_computed, total, false);
+        if need + s.watermark_blocks + s.reserved_blocks > self.pool.num_free() {
+            return Ok(None);
+        }
+        let ng = self.layout.len();
+        let log_new = self.log_new;
+        if s.adopt && !running {
+            for g in 0..ng {
+                let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
+                self.add_local_computed(rid, g, nc, total);
+            }
+            if s.num_external_computed > 0 {
+                for g in 0..ng {
+                    let record = log_new && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
+                    self.allocate_external(rid, g, s.num_external_computed, total, record);
+                }
+            }
+        }
+        let mut out = Vec::with_capacity(ng);
+        for g in 0..ng {
+            let bs = self.layout.groups()[g].block_size;
+            let n = cdiv(s.num_tokens_need_slot, bs).saturating_sub(self.group_blocks(rid, g).len());
+            out.push(self.take_new(rid, g, n, log_new));
+        }
+        Ok(Some(out))
+    }
+
+    /// vLLM's `add_local_computed_blocks` for group `g`: skipped blocks
+    /// become nulls, the rest are touched and appended.
+    fn add_local_computed(&mut self, rid: &str, g: usize, hits: &[BlockId], total: usize) {
+        let spec = self.layout.groups()[g];
+        let skipped = spec.skipped_tokens(total) / spec.block_size;
+        let rest = &hits[skipped.min(hits.len())..];
+        let touch: Vec<BlockId> = rest.iter().copied().filter(|&b| b != BlockId::NULL).collect();
+        self.pool.touch(&touch);
+        let ng = self.layout.len();
+        let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
+        req.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
+        req.blocks.extend_from_slice(rest);
+        req.num_cached = Some(req.blocks.len());
+    }
+
+    /// vLLM's `allocate_external_computed_blocks` for group `g`.
+    fn allocate_external(&mut self, rid: &str, g: usize, ext: usize, total: usize, record: bool) {
+        let spec = self.layout.groups()[g];
+        let skipped = spec.skipped_tokens(total);
+        let ext = if skipped > 0 { (total - skipped).min(ext) } else { ext };
+        if ext == 0 {
+            return;
+        }
+        let n = cdiv(total, spec.block_size).saturating_sub(self.group_blocks(rid, g).len());
+        self.take_new(rid, g, n, record);
+    }
+
+    /// vLLM's `remove_skipped_blocks`: in each group, the blocks wholly before
+    /// the attention window of the token after `processed` are freed (last
+    /// first, stopping at a null) and replaced by nulls.
+    pub fn remove_skipped_blocks(&mut self, rid: &str, processed: usize) {
+        let ng = self.layout.len();
+        let mut freed = Vec::new();
+        for g in 0..ng {
+            let spec = self.layout.groups()[g];
+            let skipped = spec.skipped_tokens(processed);
+            if skipped == 0 {
+                continue;
+            }
+            let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
+            let n = (skipped / spec.block_size).min(req.blocks.len());
+            freed.clear();
+            for i in (0..n).rev() {
+                if req.blocks[i] == BlockId::NULL {
+                    break;
+                }
+                freed.push(req.blocks[i]);
+                req.blocks[i] = BlockId::NULL;
+            }
+            if !freed.is_empty() {
+                let mut scratch = std::mem::take(&mut self.scratch);
+                self.pool.free(freed.iter().copied(), &mut scratch);
+                self.scratch = scratch;
+            }
+        }
+    }
+
+    /// The runs `cache_blocks` would cache now, per group: `(group, start,
+    /// end)` for `num_tokens` computed tokens (less `reprefillable`) and
+    /// `num_hashes` request hashes. Groups with nothing to cache are left out.
+    #[must_use]
+    pub fn cache_plan(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        num_hashes: usize,
+        reprefillable: usize,
+    ) -> Vec<(usize, usize, usize)> {
+        let mut out = Vec::new();
+        if !self.enable_caching {
+            return out;
+        }
+        let Some(req) = self.reqs.get(rid) else { return out };
+        let hashed = num_hashes.saturating_mul(self.layout.hash_block_size());
+        for (g, spec) in self.layout.groups().iter().enumerate() {
+            let nt = coordinator::cacheable_tokens(&self.layout, spec.block_size, num_tokens, reprefillable);
+            let gr = req.g(g);
+            let start = gr.num_cached.unwrap_or(0);
+            let full = (nt.min(hashed) / spec.block_size).min(gr.blocks.len());
+            if start < full {
+                out.push((g, start, full));
+            }
+        }
+        out
+    }
+
+    /// The range of request hash indices `plan` reads: `(first, end)`.
+    #[must_use]
+    pub fn plan_hash_range(&self, plan: &[(usize, usize, usize)]) -> (usize, usize) {
+        let hbs = self.layout.hash_block_size();
+        let mut lo = usize::MAX;
+        let mut hi = 0;
+        for &(g, start, end) in plan {
+            let scale = self.layout.groups()[g].block_size / hbs;
+            lo = lo.min(coarse_hash_index(start, scale));
+            hi = hi.max(coarse_hash_index(end - 1, scale) + 1);
+        }
+        if lo == usize::MAX {
+            (0, 0)
+        } else {
+            (lo, hi)
+        }
+    }
+
+    /// Caches the runs of `plan` (from [`Self::cache_plan`]) with request
+    /// hashes `hashes`, which start at request hash index `first`; sets
+    /// each group's cached count to its run's end. Returns the runs.
+    ///
+    /// # Errors
+    /// `UnknownRequest` / `InvalidArgument` when the plan or the hashes do
+    /// not fit the request (nothing changed).
+    pub fn cache_apply(
+        &mut self,
+        rid: &str,
+        plan: &[(usize, usize, usize)],
+        first: usize,
+        hashes: &[BlockHash],
+    ) -> KvResult<Vec<CachedRun>> {
+        let Some(req) = self.reqs.get(rid) else {
+            return Err(KvError::new(ErrorKind::UnknownRequest, format!("unknown request {rid:?}")));
+        };
+        let (lo, hi) = self.plan_hash_range(plan);
+        for &(g, start, end) in plan {
+            if g >= self.layout.len() || start >= end || end > req.g(g).blocks.len() {
+                return Err(KvError::invalid(format!(
+                    "cache run ({g}, {start}, {end}) does not fit the request"
+                )));
+            }
+        }
+        if !plan.is_empty() && (lo < first || hi > first + hashes.len()) {
+            return Err(KvError::invalid("the hashes given do not cover the cache runs"));
+        }
+        let hbs = self.layout.hash_block_size();
+        let alignment = self.layout.scheduler_block_size();
+        let eagle = self.layout.use_eagle();
+        let mut runs = Vec::with_capacity(plan.len());
+        for &(g, start, end) in plan {
+            let spec = self.layout.groups()[g];
+            let scale = spec.block_size / hbs;
+            let mut stored = Vec::new();
+            for i in start..end {
+                let b = self.reqs[rid].g(g).blocks[i];
+                if b == BlockId::NULL
+                    || !spec.caches_block(i, alignment, eagle)
+                    || self.pool.block_hash(b).is_some()
+                {
+                    continue;
+                }
+                let h = hashes[coarse_hash_index(i, scale) - first];
+                self.pool.cache_block(b, group_key(&h, g));
+                #[allow(clippy::cast_possible_truncation)]
+                let t = ((i + 1) * spec.block_size).min(u32::MAX as usize) as u32;
+                self.hash_tokens[b.idx()] = t;
+                #[allow(clippy::cast_possible_truncation)]
+                let gi = g as u32;
+                self.owner[b.idx()] = gi;
+                stored.push(i);
+            }
+            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
+            gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
+            runs.push(CachedRun { group: g, start, end, stored });
+        }
+        Ok(runs)
+    }
+
+    /// The first cached block of group `g` under vLLM hash `h`.
+    #[must_use]
+    pub fn cached_block_of(&self, h: &BlockHash, g: usize) -> Option<BlockId> {
+        self.pool.get_cached(&group_key(h, g))
+    }
+
+    /// Checks the module header's invariants (and the pool's). O(blocks + tables).
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check_invariants(&self) -> Result<(), InvariantViolation> {
+        self.pool.check_invariants()?;
+        let mut refs: FxHashMap<u32, (usize, u32)> = FxHashMap::default();
+        for r in self.reqs.values() {
+            for g in 0..self.layout.len() {
+                for &b in &r.g(g).blocks {
+                    if b == BlockId::NULL {
+                        continue;
+                    }
+                    ensure_inv!(b.idx() < self.pool.num_blocks(), "table holds block {} out of range", b.0);
+                    #[allow(clippy::cast_possible_truncation)]
+                    let e = refs.entry(b.0).or_insert((g, 0));
+                    ensure_inv!(e.0 == g, "block {} is in the tables of groups {} and {g}", b.0, e.0);
+                    e.1 += 1;
+                }
+            }
+        }
+        for (&b, &(_, n)) in &refs {
+            let rc = self.pool.ref_count(BlockId(b));
+            ensure_inv!(n <= rc, "block {b} is in {n} tables but has ref count {rc}");
+        }
+        for i in 1..self.pool.num_blocks() {
+            #[allow(clippy::cast_possible_truncation)]
+            let b = BlockId(i as u32);
+            if let Some(k) = self.pool.block_hash(b) {
+                let g = self.block_group(b);
+                ensure_inv!(g < self.layout.len(), "block {i} cached for unknown group {g}");
+                ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,156 @@
+//! Hand-worked vLLM 0.33 examples for the multi-group manager calls.
+
+use super::*;
+use crate::core::groups::spec::{GroupKind, GroupSpec, LayoutOptions};
+
+fn h(i: u8) -> BlockHash {
+    BlockHash::from_digest(&[i; 16])
+}
+
+fn hashes(n: u8) -> Vec<BlockHash> {
+    (1..=n).map(h).collect()
+}
+
+fn manager(groups: Vec<GroupSpec>, num_blocks: usize) -> VllmManager {
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(groups, opt).expect("layout");
+    VllmManager::with_layout(num_blocks, l, true, true, None).expect("manager")
+}
+
+fn swa(window: usize, bs: usize) -> GroupSpec {
+    GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size: bs }
+}
+
+fn slots(need: usize, local: usize) -> SlotRequest {
+    SlotRequest {
+        num_tokens_need_slot: need,
+        num_local_computed: local,
+        adopt: true,
+        ..SlotRequest::default()
+    }
+}
+
+/// Runs a request of `n` tokens through allocate + cache (prefill in one step).
+fn prefill(m: &mut VllmManager, rid: &str, hs: &[BlockHash], n: usize) -> Vec<Vec<BlockId>> {
+    let new = m.allocate_slots_groups(rid, &[], &slots(n, 0)).expect("ok").expect("fits");
+    let plan = m.cache_plan(rid, n, hs.len(), 0);
+    m.cache_apply(rid, &plan, 0, hs).expect("cache");
+    m.check_invariants().expect("invariants");
+    new
+}
+
+#[test]
+fn one_full_group_matches_the_single_group_calls() {
+    let mut a = manager(vec![GroupSpec::full(4)], 12);
+    let mut b = VllmManager::new(12, 4, true, true, true).expect("single");
+    let hs = hashes(3);
+    prefill(&mut a, "r", &hs, 13);
+    let new = b.allocate_slots("r", &[], &slots(13, 0)).expect("ok").expect("fits");
+    assert_eq!(new, a.group_blocks("r", 0));
+    let (s, e) = b.cache_range("r", 13, 3).expect("range");
+    b.cache_run("r", s, &hs[s..e]).expect("cache");
+    a.free("r");
+    b.free("r");
+    assert_eq!(a.pool().free_queue().collect::<Vec<_>>(), b.pool().free_queue().collect::<Vec<_>>());
+    let ha = a.find_hit_groups(&hs, 12);
+    assert_eq!(ha.hit.tokens, 12);
+    assert_eq!(ha.blocks[0], b.find_hit(&hs, 3, false));
+    assert_eq!(a.take_removed_groups().len(), b.take_removed().len());
+}
+
+/// Full (block 4) + SWA window 8 (block 4): a second request over the same
+/// prompt hits 12 tokens; SWA's table is [null, b, b] and its skipped block
+/// is not touched.
+#[test]
+fn full_plus_sliding_window_hit_and_nulls() {
+    let mut m = manager(vec![GroupSpec::full(4), swa(8, 4)], 20);
+    let hs = hashes(4);
+    let first = prefill(&mut m, "a", &hs, 16);
+    assert_eq!(first[0].len(), 4);
+    assert_eq!(first[1].len(), 4);
+    m.free("a");
+    let hit = m.find_hit_groups(&hs, 15);
+    assert_eq!(hit.hit.tokens, 12);
+    assert_eq!(hit.blocks[0], first[0][..3].to_vec());
+    assert_eq!(hit.blocks[1], vec![BlockId::NULL, first[1][1], first[1][2]]);
+    let s = slots(16, 12);
+    let new = m.allocate_slots_groups("b", &hit.blocks, &s).expect("ok").expect("fits");
+    assert_eq!(new[0].len(), 1);
+    assert_eq!(new[1].len(), 1);
+    // skipped_tokens(12) = 12 - 8 + 1 = 5 -> one null block, not touched.
+    assert_eq!(m.group_blocks("b", 1)[0], BlockId::NULL);
+    assert_eq!(m.pool().ref_count(first[1][0]), 0);
+    assert_eq!(m.pool().ref_count(first[1][1]), 1);
+    m.check_invariants().expect("invariants");
+    // Decode to 17 tokens: the window of token 17 starts at 10 -> block 1 (4..8) is freed.
+    m.remove_skipped_blocks("b", 17);
+    assert_eq!(&m.group_blocks("b", 1)[..2], &[BlockId::NULL, BlockId::NULL]);
+    assert_eq!(m.pool().ref_count(first[1][1]), 0);
+    m.check_invariants().expect("invariants");
+}
+
+/// With block sizes 4 (SWA) and 8 (full), the scheduler block is 8: SWA
+/// caches only the tail of each 8-token segment it can serve a hit from.
+#[test]
+fn sliding_window_caches_only_reachable_blocks() {
+    // full block 8 > hash block 4 would need partial entries: rejected.
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(vec![swa(4, 4), GroupSpec::full(8)], opt).expect("layout");
+    assert!(VllmManager::with_layout(30, l, false, false, None).is_err());
+    let mut m = manager(vec![GroupSpec::full(4), swa(4, 8)], 30);
+    let hs = hashes(8);
+    prefill(&mut m, "a", &hs, 32);
+    let plan_blocks = m.group_blocks("a", 1).to_vec();
+    // window 4, block 8: need ceil(3/8) = 1 block; per segment 1 -> every block cached.
+    assert!(plan_blocks.iter().all(|&b| m.pool().block_hash(b).is_some()));
+    assert_eq!(m.vllm_hash(plan_blocks[0]), Some(hs[1]));
+    assert_eq!(m.block_group(plan_blocks[0]), 1);
+    // Window 5 on block 4 beside a block-16 group: the scheduler block is 16,
+    // one block per 16-token segment serves a hit (blocks 3 and 7).
+    let mut m = manager(vec![GroupSpec::full(4), swa(5, 4), swa(8, 16)], 40);
+    prefill(&mut m, "a", &hs, 32);
+    let t = m.group_blocks("a", 1).to_vec();
+    let cached: Vec<usize> = (0..t.len()).filter(|&i| m.pool().block_hash(t[i]).is_some()).collect();
+    assert_eq!(cached, vec![3, 7]);
+    m.free("a");
+    let hit = m.find_hit_groups(&hs, 31);
+    assert_eq!(hit.hit.tokens, 16);
+    assert_eq!(hit.blocks[1], vec![BlockId::NULL, BlockId::NULL, BlockId::NULL, t[3]]);
+}
+
+#[test]
+fn chunked_local_skips_whole_chunks() {
+    let cl = GroupSpec { kind: GroupKind::ChunkedLocal { chunk: 8 }, block_size: 4 };
+    let mut m = manager(vec![GroupSpec::full(4), cl], 30);
+    let hs = hashes(5);
+    let first = prefill(&mut m, "a", &hs, 20);
+    m.free("a");
+    let hit = m.find_hit_groups(&hs, 19);
+    // Full: 16 tokens. Chunked local at 16: chunk starts at 16 -> 4 nulls, hit 16.
+    assert_eq!(hit.hit.tokens, 16);
+    assert_eq!(hit.blocks[1], vec![BlockId::NULL; 4]);
+    assert_eq!(hit.blocks[0], first[0][..4].to_vec());
+    let new = m.allocate_slots_groups("b", &hit.blocks, &slots(20, 16)).expect("ok").expect("fits");
+    assert_eq!(new[1].len(), 1);
+    assert_eq!(m.group_blocks("b", 1).len(), 5);
+    m.check_invariants().expect("invariants");
+}
+
+#[test]
+fn errors_change_nothing() {
+    let mut m = manager(vec![GroupSpec::full(4), swa(8, 4)], 6);
+    let q: Vec<BlockId> = m.pool().free_queue().collect();
+    assert!(m.allocate_slots_groups("a", &[vec![BlockId(1)], vec![]], &slots(4, 0)).is_err());
+    assert!(m.allocate_slots_groups("a", &[vec![]], &slots(4, 0)).is_err());
+    assert!(m.allocate_slots_groups("a", &[], &slots(40, 0)).expect("ok").is_none());
+    assert_eq!(m.pool().free_queue().collect::<Vec<_>>(), q);
+    assert!(!m.has_request("a"));
+    let mamba = GroupSpec {
+        kind: GroupKind::Mamba { mode: crate::core::groups::spec::MambaMode::Align },
+        block_size: 4,
+    };
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(vec![GroupSpec::full(4), mamba], opt).expect("layout");
+    assert!(VllmManager::with_layout(8, l, false, false, None).is_err());
+    assert!(m.cache_apply("zz", &[(0, 0, 1)], 0, &hashes(1)).is_err());
+}

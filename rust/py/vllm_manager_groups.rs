@@ -1,0 +1,213 @@
+//! `_VllmManager`'s calls over several KV cache groups (see
+//! [`crate::core::vllm_manager::groups`]): hits, allocation, caching and
+//! tables per group, each group's block ids as one int32 numpy array.
+
+use numpy::PyArray1;
+use pyo3::prelude::*;
+use pyo3::types::PyBytes;
+
+use super::arrays::block_ids as read_ids;
+use super::errors::{invalid, IntoPyResult};
+use super::vllm_manager::{count, group_arrays, read_hashes, runs_out, PyVllmManager, RunOut};
+use crate::core::ids::BlockId;
+use crate::core::vllm_manager::SlotRequest;
+
+type Arrays<'py> = Vec<Bound<'py, PyArray1<i32>>>;
+
+impl PyVllmManager {
+    /// Per-group hit block lists from Python (None or one sequence per group).
+    fn hit_lists(&self, new_computed: Option<&Bound<'_, PyAny>>) -> PyResult<Vec<Vec<BlockId>>> {
+        let Some(obj) = new_computed else { return Ok(Vec::new()) };
+        let mut out = Vec::new();
+        for item in obj.try_iter()? {
+            let ids = read_ids(&item?, "new_computed")?;
+            out.push(ids.iter().map(|&i| self.inner.check_block(i)).collect::<Result<Vec<_>, _>>().py()?);
+        }
+        Ok(out)
+    }
+
+    /// Caches as [`Self::cache_groups`] and keeps the runs.
+    fn cache_into(&mut self, rid: &str, hashes: &Bound<'_, PyAny>, num_tokens: usize, reprefillable: usize) -> PyResult<()> {
+        self.last_runs.clear();
+        let plan = self.inner.cache_plan(rid, num_tokens, hashes.len()?, reprefillable);
+        if plan.is_empty() {
+            return Ok(());
+        }
+        let (lo, hi) = self.inner.plan_hash_range(&plan);
+        let hs = read_hashes(hashes, lo, hi)?;
+        self.last_runs = self.inner.cache_apply(rid, &plan, lo, &hs).py()?;
+        Ok(())
+    }
+}
+
+#[pymethods]
+impl PyVllmManager {
+    /// Number of KV cache groups.
+    #[getter]
+    fn num_groups(&self) -> usize {
+        self.inner.num_groups()
+    }
+
+    /// Tokens per request block hash (the gcd of the group block sizes).
+    #[getter]
+    fn hash_block_size(&self) -> usize {
+        self.inner.layout().hash_block_size()
+    }
+
+    /// The scheduler block size (hybrid hits are multiples of it).
+    #[getter]
+    fn scheduler_block_size(&self) -> usize {
+        self.inner.layout().scheduler_block_size()
+    }
+
+    /// Each group's block size, in group order.
+    #[getter]
+    fn group_block_sizes(&self) -> Vec<usize> {
+        self.inner.layout().groups().iter().map(|g| g.block_size).collect()
+    }
+
+    /// vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
+    /// common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
+    /// ``block_hashes`` (at :attr:`hash_block_size`).
+    fn find_hit_groups<'py>(
+        &self,
+        py: Python<'py>,
+        hashes: &Bound<'py, PyAny>,
+        max_tokens: i64,
+    ) -> PyResult<(usize, usize, Arrays<'py>)> {
+        let max_tokens = count(max_tokens, "max_tokens")?;
+        let hbs = self.inner.layout().hash_block_size();
+        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(1));
+        let hs = read_hashes(hashes, 0, n)?;
+        let h = self.inner.find_hit_groups(&hs, max_tokens);
+        Ok((h.hit.tokens, h.hit.uncached_common_prefix, group_arrays(py, &h.blocks)?))
+    }
+
+    /// vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
+    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false))]
+    fn num_blocks_to_allocate_groups(
+        &self,
+        request_id: &str,
+        num_tokens: i64,
+        new_computed: Option<&Bound<'_, PyAny>>,
+        total_computed: i64,
+        apply_admission_cap: bool,
+    ) -> PyResult<usize> {
+        let hits = self.hit_lists(new_computed)?;
+        Ok(self.inner.num_blocks_to_allocate_groups(
+            request_id,
+            count(num_tokens, "num_tokens")?,
+            &hits,
+            count(total_computed, "total_computed")?,
+            apply_admission_cap,
+        ))
+    }
+
+    /// vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
+    /// None. ``full_sequence_computed`` is the gate's (capped) computed count,
+    /// ``processed_tokens`` the position ``remove_skipped_blocks`` runs at first,
+    /// ``skip_zeroing`` the groups whose external blocks are not logged as new.
+    /// With ``hashes`` and ``cache_tokens`` the caching step follows (as
+    /// :meth:`cache_groups`; runs in :attr:`last_cached_runs`).
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, full_sequence_computed, processed_tokens, reserved_blocks, watermark_blocks, adopt, skip_zeroing = Vec::new(), hashes = None, cache_tokens = None, reprefillable = 0))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots_groups<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: &str,
+        new_computed: Option<&Bound<'py, PyAny>>,
+        num_tokens_need_slot: i64,
+        num_local_computed: i64,
+        num_external_computed: i64,
+        full_sequence_tokens: Option<i64>,
+        full_sequence_computed: Option<i64>,
+        processed_tokens: Option<i64>,
+        reserved_blocks: i64,
+        watermark_blocks: i64,
+        adopt: bool,
+        skip_zeroing: Vec<i64>,
+        hashes: Option<&Bound<'py, PyAny>>,
+        cache_tokens: Option<i64>,
+        reprefillable: i64,
+    ) -> PyResult<Option<Arrays<'py>>> {
+        let hits = self.hit_lists(new_computed)?;
+        let mut mask = 0u64;
+        for g in skip_zeroing {
+            match u32::try_from(g) {
+                Ok(g) if g < 64 => mask |= 1 << g,
+                _ => return Err(invalid(format!("skip_zeroing group {g} out of range"))),
+            }
+        }
+        let opt = |v: Option<i64>, what| v.map(|n| count(n, what)).transpose();
+        let s = SlotRequest {
+            num_tokens_need_slot: count(num_tokens_need_slot, "num_tokens_need_slot")?,
+            num_local_computed: count(num_local_computed, "num_local_computed")?,
+            num_external_computed: count(num_external_computed, "num_external_computed")?,
+            full_sequence_tokens: opt(full_sequence_tokens, "full_sequence_tokens")?,
+            reserved_blocks: count(reserved_blocks, "reserved_blocks")?,
+            watermark_blocks: count(watermark_blocks, "watermark_blocks")?,
+            adopt,
+            full_sequence_computed: opt(full_sequence_computed, "full_sequence_computed")?,
+            processed_tokens: opt(processed_tokens, "processed_tokens")?,
+            skip_zeroing: mask,
+        };
+        let cache_tokens = opt(cache_tokens, "cache_tokens")?;
+        let reprefillable = count(reprefillable, "reprefillable")?;
+        self.last_runs.clear();
+        let Some(new) = self.inner.allocate_slots_groups(request_id, &hits, &s).py()? else {
+            return Ok(None);
+        };
+        if let (Some(h), Some(n)) = (hashes, cache_tokens) {
+            self.cache_into(request_id, h, n, reprefillable)?;
+        }
+        Ok(Some(group_arrays(py, &new)?))
+    }
+
+    /// Caches every group's full blocks for ``num_tokens`` computed tokens (less
+    /// ``reprefillable``) under the request's ``hashes``. Returns the runs
+    /// ``(group_idx, start, end, stored table indices)`` (vLLM's BlockStored events).
+    #[pyo3(signature = (request_id, hashes, num_tokens, reprefillable = 0))]
+    fn cache_groups<'py>(
+        &mut self,
+        py: Python<'py>,
+        request_id: &str,
+        hashes: &Bound<'py, PyAny>,
+        num_tokens: i64,
+        reprefillable: i64,
+    ) -> PyResult<Vec<RunOut<'py>>> {
+        let n = count(num_tokens, "num_tokens")?;
+        self.cache_into(request_id, hashes, n, count(reprefillable, "reprefillable")?)?;
+        runs_out(py, &self.last_runs)
+    }
+
+    /// The runs the last ``allocate_slots_groups`` / ``cache_groups`` call cached.
+    #[getter]
+    fn last_cached_runs<'py>(&self, py: Python<'py>) -> PyResult<Vec<RunOut<'py>>> {
+        runs_out(py, &self.last_runs)
+    }
+
+    /// vLLM's ``remove_skipped_blocks``: frees and nulls each group's blocks that
+    /// fell out of its window for ``processed_tokens`` computed tokens.
+    fn remove_skipped_blocks(&mut self, request_id: &str, processed_tokens: i64) -> PyResult<()> {
+        let p = count(processed_tokens, "processed_tokens")?;
+        self.inner.remove_skipped_blocks(request_id, p);
+        Ok(())
+    }
+
+    /// Each group's table of the request.
+    fn group_blocks<'py>(&self, py: Python<'py>, request_id: &str) -> PyResult<Arrays<'py>> {
+        let tables: Vec<Vec<BlockId>> =
+            (0..self.inner.num_groups()).map(|g| self.inner.group_blocks(request_id, g).to_vec()).collect();
+        group_arrays(py, &tables)
+    }
+
+    /// Each group's ``num_cached_block`` entry of the request.
+    fn num_cached_groups(&self, request_id: &str) -> Vec<Option<usize>> {
+        (0..self.inner.num_groups()).map(|g| self.inner.group_num_cached(request_id, g)).collect()
+    }
+
+    /// Drains the hashes dropped since the last call with their group, in order.
+    fn take_removed_groups<'py>(&mut self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, usize)> {
+        self.inner.take_removed_groups().iter().map(|(h, g)| (PyBytes::new(py, h.as_bytes()), *g)).collect()
+    }
+}

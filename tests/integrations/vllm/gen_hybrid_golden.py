@@ -1,0 +1,258 @@
+"""Records vLLM 0.33's own KVCacheManager on synthetic multi-group KV cache configs.
+
+Run with vLLM 0.33.0 installed (not part of the test suite; its output is committed as
+``tests/data/vllm_hybrid_golden.json`` and replayed by
+``tests/integrations/test_hybrid_golden.py`` without vLLM)::
+
+    python tests/integrations/vllm/gen_hybrid_golden.py tests/data/vllm_hybrid_golden.json
+
+Each scenario builds a real ``KVCacheManager`` over a ``KVCacheConfig`` whose groups are
+full attention, sliding window and chunked local attention specs, and drives it through
+seeded scheduler-like operations (admission with a prefix-cache lookup and chunked prefill,
+prefill chunks, decode steps with lookahead slots, frees) on prompts that share prefixes.
+Requests hash their tokens with vLLM's ``get_request_block_hasher`` (sha256) at the hash
+block size. After every operation the file holds what vLLM returned (hit length and hit
+block ids per group, new block ids per group or None), every live request's block table
+and cached-block count per group, the free queue, and the KV events
+(``BlockStored`` / ``BlockRemoved`` with their group, kind and window).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import sys
+from typing import Any
+
+import torch
+from vllm.sampling_params import SamplingParams
+from vllm.utils.hashing import get_hash_fn_by_name
+from vllm.v1.core.kv_cache_manager import KVCacheManager
+from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    KVCacheGroupSpec,
+    SlidingWindowSpec,
+)
+from vllm.v1.request import Request, RequestStatus
+
+# (name, groups as (kind, block_size, window_or_chunk), num_blocks, use_eagle, max_model_len)
+SCENARIOS: list[tuple[str, list[tuple[str, int, int]], int, bool, int]] = [
+    ("full16_swa32", [("full_attention", 16, 0), ("sliding_window", 16, 32)], 48, False, 512),
+    (
+        "full8_swa5_swa24x16",
+        [("full_attention", 8, 0), ("sliding_window", 8, 5), ("sliding_window", 16, 24)],
+        64,
+        False,
+        512,
+    ),
+    (
+        "full16_chunked64",
+        [("full_attention", 16, 0), ("chunked_local_attention", 16, 64)],
+        48,
+        False,
+        512,
+    ),
+    ("swa_only16x4", [("sliding_window", 4, 16)], 40, False, 512),
+    ("full16_swa32_eagle", [("full_attention", 16, 0), ("sliding_window", 16, 32)], 48, True, 512),
+    (
+        "full4_swa9_full4_swa9",
+        [
+            ("full_attention", 4, 0),
+            ("sliding_window", 4, 9),
+            ("full_attention", 4, 0),
+            ("sliding_window", 4, 9),
+        ],
+        80,
+        False,
+        256,
+    ),
+]
+OPS_PER_SCENARIO = 120
+
+
+def _spec(kind: str, bs: int, size: int) -> Any:
+    common: dict[str, Any] = {
+        "block_size": bs,
+        "num_kv_heads": 1,
+        "head_size": 8,
+        "dtype": torch.float16,
+    }
+    if kind == "full_attention":
+        return FullAttentionSpec(**common)
+    if kind == "sliding_window":
+        return SlidingWindowSpec(**common, sliding_window=size)
+    return ChunkedLocalAttentionSpec(**common, attention_chunk_size=size)
+
+
+def _h(h: Any) -> int:
+    """An event hash as vLLM reports it by default: the low 64 bits of the digest."""
+    if isinstance(h, int):
+        return h
+    return int.from_bytes(bytes(h), "big") & ((1 << 64) - 1)
+
+
+def _events(mgr: KVCacheManager) -> list[list[Any]]:
+    out: list[list[Any]] = []
+    for e in mgr.take_events():
+        name = type(e).__name__
+        if name == "BlockStored":
+            out.append(
+                [
+                    "stored",
+                    e.group_idx,
+                    [_h(h) for h in e.block_hashes],
+                    None if e.parent_block_hash is None else _h(e.parent_block_hash),
+                    e.block_size,
+                    e.kv_cache_spec_kind,
+                    e.kv_cache_spec_sliding_window,
+                ]
+            )
+        elif name == "BlockRemoved":
+            out.append(["removed", e.group_idx, [_h(h) for h in e.block_hashes]])
+        else:
+            out.append([name])
+    return out
+
+
+def _scenario(
+    name: str, groups: list[tuple[str, int, int]], num_blocks: int, eagle: bool, mml: int, seed: int
+) -> dict[str, Any]:
+    rng = random.Random(seed)
+    sizes = [g[1] for g in groups]
+    sched = math.lcm(*sizes)
+    hbs = math.gcd(*sizes) if len(groups) > 1 else sizes[0]
+    config = KVCacheConfig(
+        num_blocks=num_blocks,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], _spec(*g)) for i, g in enumerate(groups)],
+    )
+    mgr = KVCacheManager(
+        config,
+        max_model_len=mml,
+        scheduler_block_size=sched,
+        hash_block_size=hbs,
+        enable_caching=True,
+        use_eagle=eagle,
+        enable_kv_cache_events=True,
+    )
+    hash_fn = get_hash_fn_by_name("sha256")
+    init_none_hash(hash_fn)
+    hasher = get_request_block_hasher(hbs, hash_fn)
+    families = [[rng.randrange(1000) for _ in range(rng.randrange(40, 160))] for _ in range(4)]
+    running: dict[str, Request] = {}
+    all_hashes: dict[str, list[str]] = {}
+    ops: list[dict[str, Any]] = []
+    next_id = 0
+
+    def snapshot(op: dict[str, Any]) -> None:
+        op["tables"] = {
+            rid: [[b.block_id for b in blocks] for blocks in mgr.coordinator.get_blocks(rid)]
+            for rid in running
+        }
+        op["num_cached"] = {
+            rid: [m.num_cached_block.get(rid) for m in mgr.coordinator.single_type_managers]
+            for rid in running
+        }
+        op["free_queue"] = [
+            b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()
+        ]
+        op["events"] = _events(mgr)
+        ops.append(op)
+
+    for _ in range(OPS_PER_SCENARIO):
+        r = rng.random()
+        if (r < 0.3 or not running) and len(running) < 6:
+            fam = rng.choice(families)
+            cut = rng.randrange(len(fam) // 2, len(fam) + 1)
+            tokens = fam[:cut] + [rng.randrange(1000) for _ in range(rng.randrange(0, 24))]
+            rid = f"r{next_id}"
+            next_id += 1
+            req = Request(rid, tokens, SamplingParams(max_tokens=64), None, block_hasher=hasher)
+            blocks, hit, _ = mgr.get_computed_blocks(req)
+            hit_ids = [[b.block_id for b in g] for g in blocks.blocks]
+            chunk = min(len(tokens) - hit, rng.randrange(8, 96))
+            op: dict[str, Any] = {
+                "op": "admit",
+                "rid": rid,
+                "num_tokens": req.num_tokens,
+                "num_computed": req.num_computed_tokens,
+                "hit": hit,
+                "hit_blocks": hit_ids,
+                "num_new": chunk,
+                "lookahead": 0,
+            }
+            new = mgr.allocate_slots(req, chunk, hit, blocks)
+            op["new"] = None if new is None else [[b.block_id for b in g] for g in new.blocks]
+            op["num_hashes"] = len(req.block_hashes)
+            all_hashes[rid] = [bytes(h).hex() for h in req.block_hashes]
+            if new is not None:
+                req.status = RequestStatus.RUNNING
+                req.num_computed_tokens = hit + chunk
+                running[rid] = req
+                if req.num_computed_tokens == req.num_tokens:
+                    req.append_output_token_ids(rng.randrange(1000))
+                    all_hashes[rid] = [bytes(h).hex() for h in req.block_hashes]
+            snapshot(op)
+        elif r < 0.85:
+            rid = rng.choice(sorted(running))
+            req = running[rid]
+            remaining = req.num_tokens - req.num_computed_tokens
+            n = min(remaining, rng.randrange(4, 64)) if remaining > 1 else 1
+            la = rng.randrange(0, 3) if remaining <= 1 else 0
+            op = {
+                "op": "step",
+                "rid": rid,
+                "num_tokens": req.num_tokens,
+                "num_computed": req.num_computed_tokens,
+                "num_new": n,
+                "lookahead": la,
+                "num_hashes": len(req.block_hashes),
+            }
+            if req.num_tokens + la >= mml:
+                op = {"op": "free", "rid": rid}
+                mgr.free(req)
+                del running[rid]
+                snapshot(op)
+                continue
+            new = mgr.allocate_slots(req, n, num_lookahead_tokens=la)
+            op["new"] = None if new is None else [[b.block_id for b in g] for g in new.blocks]
+            if new is not None:
+                req.num_computed_tokens += n
+                if req.num_computed_tokens == req.num_tokens:
+                    req.append_output_token_ids(rng.randrange(1000))
+                    all_hashes[rid] = [bytes(h).hex() for h in req.block_hashes]
+            snapshot(op)
+        else:
+            rid = rng.choice(sorted(running))
+            mgr.free(running.pop(rid))
+            snapshot({"op": "free", "rid": rid})
+    return {
+        "name": name,
+        "groups": [list(g) for g in groups],
+        "num_blocks": num_blocks,
+        "use_eagle": eagle,
+        "max_model_len": mml,
+        "scheduler_block_size": sched,
+        "hash_block_size": hbs,
+        "hashes": all_hashes,
+        "ops": ops,
+    }
+
+
+def main() -> None:
+    out = {
+        "vllm_version": "0.33.0",
+        "generator": "tests/integrations/vllm/gen_hybrid_golden.py",
+        "seed": 0,
+        "scenarios": [_scenario(*s, seed=i) for i, s in enumerate(SCENARIOS)],
+    }
+    with open(sys.argv[1], "w") as f:
+        json.dump(out, f, separators=(",", ":"))
+
+
+if __name__ == "__main__":
+    main()
