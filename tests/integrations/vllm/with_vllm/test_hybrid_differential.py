@@ -94,13 +94,13 @@ class Mix:
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
-#: (3 < 4), one block, several blocks; block sizes 4/8/16 and 8/12 (gcd 4, lcm 24).
+#: (3 < 4), one block, several blocks; block sizes 4/12 (gcd 4, lcm 12), 8/16, 16/8.
 MIXES: dict[str, Mix] = {
     "full": Mix((lambda: full(8),), 40, 1),
     "full+swa-small": Mix((lambda: full(4), lambda: swa(4, 3)), 60, 2),
     "full+swa-block": Mix((lambda: full(8), lambda: swa(8, 8)), 60, 3),
     "full+swa-large": Mix((lambda: full(4), lambda: swa(4, 17)), 80, 4),
-    "full+swa-lcm": Mix((lambda: full(8), lambda: swa(12, 20)), 80, 5),
+    "full+swa-lcm": Mix((lambda: full(4), lambda: swa(12, 20)), 80, 5),
     "full+chunked": Mix((lambda: full(4), lambda: chunked(4, 16)), 80, 6),
     "full+mamba": Mix((lambda: full(8), lambda: mamba(8)), 60, 7),
     "full+swa+chunked": Mix((lambda: full(4), lambda: swa(4, 9), lambda: chunked(4, 8)), 90, 8),
@@ -109,18 +109,25 @@ MIXES: dict[str, Mix] = {
         (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)), 120, 10
     ),
     "swa+swa": Mix((lambda: swa(4, 8), lambda: swa(4, 16)), 60, 11),
-    "full+swa-bs": Mix((lambda: full(16), lambda: swa(8, 24)), 80, 12),
+    "full+swa-bs": Mix((lambda: full(8), lambda: swa(16, 24)), 80, 12),
+    "full16+swa8": Mix((lambda: full(16), lambda: swa(8, 24)), 80, 14),
     "all-four": Mix(
         (lambda: full(8), lambda: swa(8, 5), lambda: chunked(8, 16), lambda: mamba(8)), 120, 13
     ),
 }
 
-_HYBRID = "several KV cache groups: the drop-in takes one full-attention / MLA group today"
-_ALONE = "a lone non-full-attention group (sliding window)"
+_MAMBA = "Mamba state groups (align-mode state blocks are not allocated by the core yet)"
+_COARSE_FULL = (
+    "a full-attention block larger than the hash block (vLLM keeps partial-block prefix "
+    "entries for its prompt tail, kvindex's pool does not)"
+)
 #: Mixes kvindex's manager refuses at construction (with the reason); the rest must match
 #: vLLM's manager op for op.
 UNSUPPORTED: dict[str, str] = {
-    name: (_ALONE if name == "swa+swa" else _HYBRID) for name in MIXES if name != "full"
+    "full+mamba": _MAMBA,
+    "full+swa+mamba": _MAMBA,
+    "all-four": _MAMBA,
+    "full16+swa8": _COARSE_FULL,
 }
 
 
