@@ -18,6 +18,8 @@ from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
 from kvindex.exceptions import InvalidArgumentError
 
+from .errors import UnsupportedVllmConfigError
+
 if TYPE_CHECKING:
     from kvindex._core import _VllmManager
 
@@ -188,6 +190,20 @@ class _Sentinel:
         return self._queue._view.blocks[q[-1]] if q else self._queue.fake_free_list_head
 
 
+class _ReadOnlyDict(dict[bytes, Any]):
+    """A snapshot of the pool's hash map: editing it would change nothing in the Rust pool,
+    so every edit raises instead of passing silently."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports no direct edits of the block pool's hash map "
+            "(cached_block_hash_to_block._cache): the Rust pool owns it; evict blocks with "
+            "evict_blocks"
+        )
+
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+
+
 class CachedHashView(Mapping[bytes, KVCacheBlock]):
     """vLLM's ``cached_block_hash_to_block``, read-only: hash (with group id) -> first block."""
 
@@ -210,8 +226,9 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
 
     @property
     def _cache(self) -> dict[bytes, Any]:
-        """vLLM's underlying dict (a snapshot): hash -> block, or -> {id: block} for copies."""
-        out: dict[bytes, Any] = {}
+        """vLLM's underlying dict (a read-only snapshot): hash -> block, or -> {id: block}
+        for copies."""
+        out: dict[bytes, Any] = _ReadOnlyDict()
         for b in self._view.blocks[1:]:
             h = b.block_hash
             if h is None:

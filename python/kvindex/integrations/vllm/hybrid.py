@@ -448,8 +448,8 @@ class HybridKVCacheManager:
             self._core.take_removed_groups()
 
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        raise InvalidArgumentError(
-            "get_new_blocks outside a request is not supported with several KV cache groups"
+        raise _unsupported(
+            "block_pool.get_new_blocks (blocks held by no request) with one KV cache group only"
         )
 
     def _reset_pool(self) -> bool:
