@@ -115,7 +115,7 @@ vllm-suite:
 # A crash fails the target; its reproducer stays in fuzz/artifacts/<t>/ (see fuzz/README.md).
 # FUZZ_SEED fixes libFuzzer's mutation sequence (the time limit decides how far it gets);
 # FUZZ_SEED=0 lets libFuzzer pick one and print it ("Seed: N").
-FUZZ_TARGETS := hash_chain radix_tree radix_cache pages lifecycle
+FUZZ_TARGETS := hash_chain radix_tree radix_cache pages lifecycle groups
 FUZZ_SECONDS ?= 45
 FUZZ_SEED ?= 1
 fuzz-smoke:

@@ -295,6 +295,8 @@ class Side:
     turns: dict[str, Turn] = field(default_factory=dict)
     pending: deque[Any] = field(default_factory=deque)
     step_ns: list[int] = field(default_factory=list)
+    # The schedule() part of each step (the rest is update_from_output()).
+    sched_ns: list[int] = field(default_factory=list)
     mgr_ns: int = 0
     mgr_calls: int = 0
     by_method: dict[str, list[int]] = field(default_factory=dict)
@@ -357,6 +359,7 @@ def step(v: Any, side: Side, is_async: bool) -> tuple[tuple[int, int, int, int],
     """One engine step; returns its work and the finished request ids."""
     t0 = time.perf_counter_ns()
     out = side.sched.schedule()
+    side.sched_ns.append(time.perf_counter_ns() - t0)
     side.pending.append((out, sampling_mask(side, out)))
     done = side.pending.popleft() if not is_async or len(side.pending) > 1 else None
     eco = None
@@ -588,6 +591,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if k == args.warmup - 1:
             for s in sides:
                 s.step_ns.clear()
+                s.sched_ns.clear()
         if args.verbose and k % 50 == 0:
             print(
                 f"step {k}: running {len(sides[0].sched.running)} waiting "
@@ -626,10 +630,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         res[s.name] = {
             "step_ms_median": statistics.median(plain) / 1e6,
             "step_ms_mean": statistics.mean(plain) / 1e6,
+            "schedule_ms_median": statistics.median(s.sched_ns[: args.steps]) / 1e6,
             "manager_ms_per_step": (s.mgr_ns - wc * s.mgr_calls) / args.steps / 1e6,
             "manager_calls_per_step": s.mgr_calls / args.steps,
             "manager_us_per_step_by_method": {
                 m: round((ns - wc * n) / args.steps / 1e3, 1)
+                for m, (ns, n) in sorted(s.by_method.items(), key=lambda x: -x[1][0])
+                if n
+            },
+            "manager_calls_per_step_by_method": {
+                m: round(n / args.steps, 2)
                 for m, (ns, n) in sorted(s.by_method.items(), key=lambda x: -x[1][0])
                 if n
             },

@@ -6,10 +6,11 @@
 //! operation; any violation panics (a crash for libFuzzer). The byte format is
 //! documented in `fuzz/README.md`; the libFuzzer entry points in
 //! `fuzz_targets/` only call [`hash_chain::run`], [`radix_tree::run`],
-//! [`radix_cache::run`], [`pages::run`] and [`lifecycle::run`], so the same harnesses run under `cargo test` on the
+//! [`radix_cache::run`], [`pages::run`], [`lifecycle::run`] and [`groups::run`], so the same harnesses run under `cargo test` on the
 //! committed corpus.
 
 pub mod common;
+pub mod groups;
 pub mod hash_chain;
 pub mod lifecycle;
 pub mod pages;
@@ -21,10 +22,11 @@ pub mod seeds;
 pub type Harness = fn(&[u8]);
 
 /// The fuzz targets, by name, with their harness.
-pub const TARGETS: [(&str, Harness); 5] = [
+pub const TARGETS: [(&str, Harness); 6] = [
     ("hash_chain", hash_chain::run),
     ("radix_tree", radix_tree::run),
     ("radix_cache", radix_cache::run),
     ("pages", pages::run),
     ("lifecycle", lifecycle::run),
+    ("groups", groups::run),
 ];

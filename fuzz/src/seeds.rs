@@ -626,7 +626,83 @@ pub fn all() -> Vec<(&'static str, Vec<Seed>)> {
         ("radix_cache", radix_cache()),
         ("pages", pages()),
         ("lifecycle", lifecycle()),
+        ("groups", groups()),
     ]
+}
+
+// ------------------------------------------------------------------ groups
+
+/// The multi-group manager: a shared prompt admitted twice (the second one
+/// hits), prefill and decode steps, windows sliding, frees, pops, bad hits,
+/// evictions and a reset, on full + sliding window, full + MLA + a wide
+/// sliding window under EAGLE, and full + chunked local layouts.
+fn groups() -> Vec<Seed> {
+    use crate::groups::op;
+    let ops = |v: &mut Vec<u8>| {
+        v.extend_from_slice(&[op::ADMIT, 0, 0, 39, 63, op::STEP, 0, 5, 0, op::STEP, 0, 0, 1, op::FREE, 0]);
+        v.extend_from_slice(&[
+            op::ADMIT,
+            1,
+            0,
+            39,
+            63,
+            op::STEP,
+            1,
+            0,
+            0,
+            op::STEP,
+            1,
+            0,
+            0,
+            op::STEP,
+            1,
+            0,
+            2,
+        ]);
+        v.extend_from_slice(&[
+            op::REMOVE_SKIPPED,
+            1,
+            60,
+            op::BAD_HIT,
+            2,
+            0,
+            5,
+            op::EVICT,
+            3,
+            op::ADMIT,
+            2,
+            1,
+            80,
+            20,
+        ]);
+        v.extend_from_slice(&[
+            op::STEP,
+            2,
+            30,
+            0,
+            op::POP,
+            1,
+            op::FREE,
+            2,
+            op::RESET,
+            op::ADMIT,
+            3,
+            0,
+            39,
+            10,
+        ]);
+    };
+    let mut out = Vec::new();
+    for (name, header) in [
+        ("full-swa", vec![40u8, 1, 1, 0, 0, 2, 7, 0]),
+        ("full-mla-wide-swa-eagle", vec![50, 1, 2, 0, 0, 1, 0, 2, 0x89, 1]),
+        ("full-chunked-local", vec![50, 1, 1, 0, 0, 3, 15, 0]),
+    ] {
+        let mut v = header;
+        ops(&mut v);
+        out.push((name, v));
+    }
+    out
 }
 
 // ------------------------------------------------------------------ lifecycle

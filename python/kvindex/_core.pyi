@@ -1042,6 +1042,9 @@ class _VllmManager:
         """The request's block table."""
     def num_request_blocks(self, request_id: str) -> int:
         """The request's table length."""
+    def table_state(self, request_id: str) -> tuple[int, int] | None:
+        """``(table length, cached blocks)`` of the request (its ``num_cached_block`` entry,
+        0 when it has none), or None when it holds no table."""
     def pop_blocks(self, request_id: str) -> list[int]:
         """Pops the request's tables without freeing them (each group's without its
         leading null blocks, in group order)."""

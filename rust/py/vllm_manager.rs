@@ -25,7 +25,10 @@ use crate::core::vllm_manager::{self as core, SlotRequest};
 type GroupArg = (String, i64, i64, String);
 
 /// Per-group block ids as int32 arrays.
-pub(super) fn group_arrays<'py>(py: Python<'py>, groups: &[Vec<BlockId>]) -> PyResult<Vec<Bound<'py, PyArray1<i32>>>> {
+pub(super) fn group_arrays<'py>(
+    py: Python<'py>,
+    groups: &[Vec<BlockId>],
+) -> PyResult<Vec<Bound<'py, PyArray1<i32>>>> {
     #[allow(clippy::cast_possible_wrap)]
     groups.iter().map(|g| i32_array(py, g.iter().map(|b| b.0 as i32))).collect()
 }
@@ -89,7 +92,9 @@ impl PyVllmManager {
         if self.inner.num_groups() == 1 {
             Ok(())
         } else {
-            Err(invalid(format!("{call} is a one-group call; this manager has several groups: use {call}_groups")))
+            Err(invalid(format!(
+                "{call} is a one-group call; this manager has several groups: use {call}_groups"
+            )))
         }
     }
 }
@@ -115,10 +120,17 @@ impl PyVllmManager {
         let num_blocks = count(num_blocks, "num_blocks")?;
         let block_size = count(block_size, "block_size")?;
         let Some(groups) = groups else {
-            if hash_block_size.is_some() || use_eagle || max_in_flight_tokens.is_some() || max_model_len.is_some() {
-                return Err(invalid("hash_block_size, use_eagle and the admission sizes need groups".to_owned()));
+            if hash_block_size.is_some()
+                || use_eagle
+                || max_in_flight_tokens.is_some()
+                || max_model_len.is_some()
+            {
+                return Err(invalid(
+                    "hash_block_size, use_eagle and the admission sizes need groups".to_owned(),
+                ));
             }
-            let inner = core::VllmManager::new(num_blocks, block_size, enable_caching, log_removed, log_new).py()?;
+            let inner =
+                core::VllmManager::new(num_blocks, block_size, enable_caching, log_removed, log_new).py()?;
             return Ok(PyVllmManager { inner, last_run: None, last_runs: Vec::new() });
         };
         let mut specs = Vec::with_capacity(groups.len());
@@ -139,7 +151,8 @@ impl PyVllmManager {
             (None, None) => None,
             _ => return Err(invalid("max_in_flight_tokens and max_model_len go together".to_owned())),
         };
-        let inner = core::VllmManager::with_layout(num_blocks, layout, log_removed, log_new, admission).py()?;
+        let inner =
+            core::VllmManager::with_layout(num_blocks, layout, log_removed, log_new, admission).py()?;
         Ok(PyVllmManager { inner, last_run: None, last_runs: Vec::new() })
     }
 
@@ -291,6 +304,15 @@ impl PyVllmManager {
     /// The request's table length.
     fn num_request_blocks(&self, request_id: &str) -> usize {
         self.inner.blocks(request_id).len()
+    }
+
+    /// ``(table length, cached blocks)`` of the request (its ``num_cached_block`` entry,
+    /// 0 when it has none), or None when it holds no table.
+    fn table_state(&self, request_id: &str) -> Option<(usize, usize)> {
+        if !self.inner.has_request(request_id) {
+            return None;
+        }
+        Some((self.inner.blocks(request_id).len(), self.inner.num_cached(request_id).unwrap_or(0)))
     }
 
     /// Pops the request's tables without freeing them (each group's without its

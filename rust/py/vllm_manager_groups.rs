@@ -27,7 +27,13 @@ impl PyVllmManager {
     }
 
     /// Caches as [`Self::cache_groups`] and keeps the runs.
-    fn cache_into(&mut self, rid: &str, hashes: &Bound<'_, PyAny>, num_tokens: usize, reprefillable: usize) -> PyResult<()> {
+    fn cache_into(
+        &mut self,
+        rid: &str,
+        hashes: &Bound<'_, PyAny>,
+        num_tokens: usize,
+        reprefillable: usize,
+    ) -> PyResult<()> {
         self.last_runs.clear();
         let plan = self.inner.cache_plan(rid, num_tokens, hashes.len()?, reprefillable);
         if plan.is_empty() {

@@ -23,7 +23,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::{cdiv, group_key, Req, SlotRequest, VllmManager};
+use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::{BlockLookup, GroupRule};
@@ -463,9 +463,7 @@ impl VllmManager {
                 #[allow(clippy::cast_possible_truncation)]
                 let t = ((i + 1) * spec.block_size).min(u32::MAX as usize) as u32;
                 self.hash_tokens[b.idx()] = t;
-                #[allow(clippy::cast_possible_truncation)]
-                let gi = g as u32;
-                self.owner[b.idx()] = gi;
+                self.owner[b.idx()] = owner_word(g, h.as_bytes().len());
                 stored.push(i);
             }
             let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);

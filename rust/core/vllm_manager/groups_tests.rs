@@ -154,3 +154,23 @@ fn errors_change_nothing() {
     assert!(VllmManager::with_layout(8, l, false, false, None).is_err());
     assert!(m.cache_apply("zz", &[(0, 0, 1)], 0, &hashes(1)).is_err());
 }
+
+#[test]
+fn group_keys_invert_and_stay_apart() {
+    for len in [1usize, 8, 16, 31, 32] {
+        let d: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let h = BlockHash::from_digest(&d);
+        assert_eq!(group_key(&h, 0), h);
+        for g in 1..5 {
+            let k = group_key(&h, g);
+            assert_ne!(k, h);
+            assert_ne!(k, group_key(&h, g + 1));
+            assert_eq!(group_unkey(&k, g, len), h);
+        }
+    }
+    // Hashes differing in their last bytes by a group id do not collide across groups.
+    let a = BlockHash::from_digest(&[0, 0, 0, 0, 0, 0, 0, 0]);
+    let b = BlockHash::from_digest(&[0, 0, 0, 0, 0, 0, 0, 1]);
+    assert_ne!(group_key(&a, 1), group_key(&b, 0));
+    assert_ne!(group_key(&a, 1), group_key(&b, 2));
+}

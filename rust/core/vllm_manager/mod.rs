@@ -21,9 +21,11 @@
 //! # Keys
 //! vLLM keys its cache by `hash ++ group_id` (`BlockHashWithGroupId`).
 //! Group 0's key is the hash itself (so a one-group cache is unchanged);
-//! group `g`'s key is the hash with `g` XORed into its last four bytes. The
-//! two agree unless two real hashes differ by exactly that XOR. Each cached
-//! block records its group, which recovers vLLM's hash for events.
+//! group `g > 0`'s key is the hash zero-padded to 32 bytes (its length in
+//! the last byte when shorter) XORed with a 32-byte pseudo-random mask of
+//! `g`. The two keyings agree unless two hashes differ by exactly two
+//! groups' masks (no structured or random hashes do). Each cached block
+//! records its group and hash length, which recover vLLM's hash for events.
 //!
 //! # Costs
 //! Per block O(1) as in the pool; per request one table per group (the
@@ -126,9 +128,9 @@ pub struct VllmManager {
     reqs: FxHashMap<String, Req>,
     /// Per block: tokens its cached hash covers (0: no hash).
     hash_tokens: Vec<u32>,
-    /// Per block: the group its cached hash belongs to.
+    /// Per block: the group its cached hash belongs to and the hash's length.
     owner: Vec<u32>,
-    /// Hashes dropped since the last drain, in order, with their group (kept when `log_removed`).
+    /// Keys dropped since the last drain, in order, with their owner word (kept when `log_removed`).
     removed: Vec<(BlockHash, u32)>,
     log_removed: bool,
     /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
@@ -141,22 +143,65 @@ fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
-/// Group `g`'s pool key for `h` (module header, Keys); its own inverse.
+/// The 32-byte mask of group `g`'s keys (splitmix64 from `g`).
+fn group_mask(g: usize) -> [u8; 32] {
+    let mut x = g as u64;
+    let mut out = [0u8; 32];
+    for chunk in out.chunks_mut(8) {
+        x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = x;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        chunk.copy_from_slice(&(z ^ (z >> 31)).to_be_bytes());
+    }
+    out
+}
+
+/// Group `g`'s pool key for vLLM hash `h` (module header, Keys).
 #[must_use]
 pub fn group_key(h: &BlockHash, g: usize) -> BlockHash {
     if g == 0 {
         return *h;
     }
     let d = h.as_bytes();
-    let mut bytes = [0u8; crate::core::ids::MAX_DIGEST_LEN];
+    let mut bytes = [0u8; 32];
     bytes[..d.len()].copy_from_slice(d);
-    #[allow(clippy::cast_possible_truncation)]
-    let tweak = (g as u32).to_be_bytes();
-    let n = d.len().min(4);
-    for k in 0..n {
-        bytes[d.len() - n + k] ^= tweak[4 - n + k];
+    if d.len() < 32 {
+        #[allow(clippy::cast_possible_truncation)]
+        let len = d.len() as u8;
+        bytes[31] = len;
     }
-    BlockHash::from_digest(&bytes[..d.len()])
+    for (b, m) in bytes.iter_mut().zip(group_mask(g)) {
+        *b ^= m;
+    }
+    BlockHash::from_digest(&bytes)
+}
+
+/// vLLM's hash back from group `g`'s key of a `len`-byte digest.
+#[must_use]
+pub fn group_unkey(k: &BlockHash, g: usize, len: usize) -> BlockHash {
+    if g == 0 {
+        return *k;
+    }
+    let mut bytes = [0u8; 32];
+    bytes[..k.as_bytes().len()].copy_from_slice(k.as_bytes());
+    for (b, m) in bytes.iter_mut().zip(group_mask(g)) {
+        *b ^= m;
+    }
+    BlockHash::from_digest(&bytes[..len.min(32)])
+}
+
+/// A block's owner word: its group (low 16 bits) and its digest length (bits 16..24).
+fn owner_word(g: usize, len: usize) -> u32 {
+    #[allow(clippy::cast_possible_truncation)]
+    let w = (g as u32 & 0xffff) | ((len as u32 & 0xff) << 16);
+    w
+}
+
+/// vLLM's hash and group of a logged `(key, owner word)`.
+fn unkey_owned(k: &BlockHash, w: u32) -> (BlockHash, usize) {
+    let g = (w & 0xffff) as usize;
+    (group_unkey(k, g, ((w >> 16) & 0xff) as usize), g)
 }
 
 impl VllmManager {
@@ -232,13 +277,13 @@ impl VllmManager {
     /// The group whose hash block `b` is cached under (0 if none).
     #[must_use]
     pub fn block_group(&self, b: BlockId) -> usize {
-        self.owner.get(b.idx()).map_or(0, |&g| g as usize)
+        self.owner.get(b.idx()).map_or(0, |&w| (w & 0xffff) as usize)
     }
 
     /// vLLM's hash of block `b` (its key without the group), if cached.
     #[must_use]
     pub fn vllm_hash(&self, b: BlockId) -> Option<BlockHash> {
-        self.pool.block_hash(b).map(|k| group_key(&k, self.block_group(b)))
+        self.pool.block_hash(b).map(|k| unkey_owned(&k, self.owner[b.idx()]).0)
     }
 
     /// The block pool (read-only).
@@ -571,12 +616,12 @@ impl VllmManager {
 
     /// Drains vLLM's hashes dropped since the last call, in order.
     pub fn take_removed(&mut self) -> Vec<BlockHash> {
-        self.removed.drain(..).map(|(h, g)| group_key(&h, g as usize)).collect()
+        self.removed.drain(..).map(|(h, w)| unkey_owned(&h, w).0).collect()
     }
 
     /// Drains vLLM's hashes dropped since the last call with their group, in order.
     pub fn take_removed_groups(&mut self) -> Vec<(BlockHash, usize)> {
-        self.removed.drain(..).map(|(h, g)| (group_key(&h, g as usize), g as usize)).collect()
+        self.removed.drain(..).map(|(h, w)| unkey_owned(&h, w)).collect()
     }
 
     /// Drains the block ids allocated since the last call, group by group.

@@ -7,6 +7,13 @@ kept in Python. The views answer what vLLM reads (the free queue, the hash map, 
 request tables); they do not mutate, except ``BlockPoolView.free_blocks`` /
 ``evict_blocks`` / ``reset_prefix_cache`` / ``take_events``, which go through the
 manager like the scheduler's own calls.
+
+Writes to a block's fields do what they do to vLLM's block where vLLM's own code makes
+them on a block it holds: ``block.ref_cnt += 1`` / ``-= 1`` on a held block takes / drops
+one reference in the Rust pool (vLLM's copy-on-write pins), and a write of the value a
+field already has changes nothing. Every other write (a hash, a free-queue link, the
+block id, a count moved otherwise) would corrupt the index and raises
+:class:`~kvindex.integrations.vllm.errors.BlockFieldWriteError` naming the field.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-from kvindex.exceptions import InvalidArgumentError
+from .errors import BlockFieldWriteError
 
 from .errors import UnsupportedVllmConfigError
 
@@ -48,18 +55,34 @@ class ManagerSide(Protocol):
 
 _GROUP0 = (0).to_bytes(4, "big")
 
+_MISSING: Any = object()
+#: Fields compared by value for a write that changes nothing (the others by identity).
+_VALUE_FIELDS = frozenset(
+    {"block_id", "is_null", "_block_hash", "block_hash", "_block_hash_num_tokens",
+     "block_hash_num_tokens"}
+)  # fmt: skip
+_HASH_FIELDS = frozenset(
+    {"_block_hash", "block_hash", "_block_hash_num_tokens", "block_hash_num_tokens"}
+)
+_LINK_FIELDS = frozenset({"prev_free_block", "next_free_block"})
+
 
 class _Block(KVCacheBlock):
     """A ``KVCacheBlock`` whose ref count and hash live in the Rust pool."""
 
     def __init__(self, block_id: int, view: BlockPoolView) -> None:
         # vLLM's dataclass __init__ would assign ref_cnt / hash fields; these are
-        # read-through properties here, so only the plain slots are set.
+        # read-through properties here, so only the plain slots are set (attribute
+        # writes go through __setattr__ below, which refuses them).
         object.__setattr__(self, "block_id", block_id)
         object.__setattr__(self, "pool", view)
         object.__setattr__(self, "is_null", block_id == 0)
-        self._core: _VllmManager = view._core
-        self._view = view
+        object.__setattr__(self, "_core", view._core)
+        object.__setattr__(self, "_view", view)
+
+    if TYPE_CHECKING:
+        _core: _VllmManager
+        _view: BlockPoolView
 
     @property
     def ref_cnt(self) -> int:
@@ -69,7 +92,57 @@ class _Block(KVCacheBlock):
 
     @ref_cnt.setter
     def ref_cnt(self, value: int) -> None:
-        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns ref counts")
+        # What vLLM's own code does to a block it holds: ``ref_cnt += 1`` pins it for
+        # one more owner (a copy-on-write source or target until the worker copied
+        # it), ``ref_cnt -= 1`` drops such a pin while another reference remains; the
+        # pool's touch / free do the same to the Rust count. Any other write (a free
+        # block's count raised without leaving the free queue, a last reference
+        # dropped without entering it, a jump) would corrupt the pool: refused.
+        current = self.ref_cnt
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise BlockFieldWriteError(
+                f"KVCacheBlock.ref_cnt must be an int, got {type(value).__name__}",
+                name="ref_cnt",
+            )
+        if value == current:
+            return
+        if self.block_id != 0 and current >= 1:
+            if value == current + 1:
+                self._core.touch([self.block_id])
+                return
+            if value == current - 1 and value >= 1:
+                self._core.free_blocks([self.block_id])
+                return
+        raise BlockFieldWriteError(
+            f"KVCacheBlock.ref_cnt of block {self.block_id}: {current} -> {value} would corrupt "
+            "kvindex's pool (only a held block's count moves, by one, while it stays held); "
+            "take and release references with block_pool.touch / block_pool.free_blocks",
+            name="ref_cnt",
+        )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "ref_cnt":
+            object.__setattr__(self, name, value)
+            return
+        try:
+            current = getattr(self, name)
+        except AttributeError:
+            current = _MISSING
+        if current is value or (name in _VALUE_FIELDS and current == value):
+            return  # a write of the value already there changes nothing, as in vLLM
+        if current is _MISSING:
+            what = "is not a KVCacheBlock field"
+        elif name in _HASH_FIELDS:
+            what = "is owned by kvindex's Rust pool (blocks are cached and evicted by the manager)"
+        elif name in _LINK_FIELDS:
+            what = "is kvindex's free queue, which the Rust pool owns"
+        else:
+            what = "is fixed for the pool's life"
+        raise BlockFieldWriteError(
+            f"KVCacheBlock.{name} of block {self.block_id} {what}: writing it would corrupt "
+            "kvindex's index, so the block is left unchanged",
+            name=name,
+        )
 
     @property
     def _block_hash(self) -> bytes | None:
@@ -97,10 +170,20 @@ class _Block(KVCacheBlock):
         return self._view.free_block_queue._neighbour(self.block_id, 1)
 
     def set_block_hash(self, block_hash: Any, num_tokens: int | None = None) -> None:
-        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns hashes")
+        raise BlockFieldWriteError(
+            f"KVCacheBlock.set_block_hash on block {self.block_id}: the _block_hash field is "
+            "owned by kvindex's Rust pool (the manager caches blocks in cache_blocks)",
+            name="_block_hash",
+        )
 
     def reset_hash(self) -> None:
-        raise InvalidArgumentError("kvindex blocks are read-only: the Rust pool owns hashes")
+        if self._block_hash is None:
+            return  # nothing to reset, as on vLLM's block
+        raise BlockFieldWriteError(
+            f"KVCacheBlock.reset_hash on block {self.block_id}: the _block_hash field is owned "
+            "by kvindex's Rust pool (drop cached blocks with evict_blocks or reset_prefix_cache)",
+            name="_block_hash",
+        )
 
     def __eq__(self, other: object) -> bool:
         return self is other

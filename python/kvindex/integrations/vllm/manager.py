@@ -138,7 +138,7 @@ class _CoordinatorView:
         self.kv_cache_config = manager.kv_cache_config
         self.block_pool = manager.block_pool
         self.kv_cache_spec = spec
-        self.block_size = spec.block_size
+        self.block_size: int = spec.block_size
         self.scheduler_block_size = spec.block_size
         self.dcp_world_size = 1
         self.pcp_world_size = 1
@@ -237,7 +237,7 @@ class KVCacheManager:
         self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
         self.kv_cache_config = kv_cache_config
         self.num_kv_cache_groups = 1
-        self.block_size = spec.block_size
+        self.block_size: int = spec.block_size
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._eagle_group_ids: set[int] = (
             {0} if getattr(group, "is_eagle_group", False) or use_eagle else set()
@@ -264,6 +264,12 @@ class KVCacheManager:
         self._loose = 0
         self._last_hit: tuple[KVCacheBlocks, list[int]] | None = None
         self._last_ids: list[int] = []
+        # Per request with a table, mirrored after every Rust call that may change it:
+        # (slots held in tokens, blocks held, cached blocks). The no-op paths of
+        # allocate_slots and cache_blocks read it instead of crossing into Rust.
+        self._room: dict[str, tuple[int, int, int]] = {}
+        # get_blocks' result per request, dropped when the request's table changes.
+        self._tables: dict[str, KVCacheBlocks] = {}
         # The one-call path serves running requests when nothing else must watch the
         # allocation (KV events, the metrics collector) and caching is on.
         self._fast = enable_caching and not enable_kv_cache_events and metrics_collector is None
@@ -350,6 +356,9 @@ class KVCacheManager:
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens the request's table holds cached blocks for (the furthest hashed block)."""
+        room = self._room.get(request.request_id)
+        if room is not None:
+            return room[2] * self.block_size
         n = self._core.num_cached(request.request_id)
         return 0 if not n else n * self.block_size
 
@@ -371,48 +380,83 @@ class KVCacheManager:
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or None (nothing changed)."""
+        rid = request.request_id
         if (
             new_computed_blocks is None
             and num_new_tokens > 0
             and not num_external_computed_tokens
             and not num_new_computed_tokens
             and not full_sequence_must_fit
-            and self._fast
         ):
             # A running request's next chunk or decode step (the scheduler's call for
-            # every running request, every step): one Rust call, allocation and caching.
+            # every running request, every step).
             total = request.num_computed_tokens
-            need = total + num_new_tokens + num_lookahead_tokens
             max_len = self.max_model_len
+            need = total + num_new_tokens + num_lookahead_tokens
             if need > max_len:
                 need = max_len
             if total > max_len:
                 total = max_len
             cache_to = total + num_new_tokens
-            if cache_to > request.num_tokens:
-                cache_to = request.num_tokens
-            watermark = (
-                self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
-            )
-            new = self._core.allocate_slots(
-                request.request_id,
-                _NO_IDS,
-                need,
-                total,
-                0,
-                None,
-                reserved_blocks,
-                watermark,
-                False,
-                None if delay_cache_blocks else request.block_hashes,
-                None if delay_cache_blocks else cache_to - self._num_reprefillable,
-            )
-            if new is None:
-                return None
-            if not new:
+            num_tokens = request.num_tokens
+            if cache_to > num_tokens:
+                cache_to = num_tokens
+            cache_to -= self._num_reprefillable
+            if cache_to < 0:
+                cache_to = 0
+            room = self._room.get(rid)
+            if (
+                room is not None
+                and need <= room[0]
+                and total >= 0
+                and not reserved_blocks
+                and not (
+                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
+                )
+                and (
+                    delay_cache_blocks
+                    or not self.enable_caching
+                    or cache_to // self.block_size <= room[2]
+                    or room[1] <= room[2]
+                    or len(request.block_hashes) <= room[2]
+                )
+            ):
+                # The table already holds every slot the step needs and no block
+                # becomes cacheable: the Rust call would allocate, cache, evict and
+                # log nothing (no new blocks: vLLM's empty result).
                 return self.empty_kv_cache_blocks
-            blocks = self._blocks
-            return KVCacheBlocks(([blocks[i] for i in new],))
+            if self._fast:
+                # Allocation and caching in one Rust call.
+                watermark = (
+                    self.watermark_blocks
+                    if has_scheduled_reqs and request.status in _ADMITTING
+                    else 0
+                )
+                new = self._core.allocate_slots(
+                    rid,
+                    _NO_IDS,
+                    need,
+                    total,
+                    0,
+                    None,
+                    reserved_blocks,
+                    watermark,
+                    False,
+                    None if delay_cache_blocks else request.block_hashes,
+                    None if delay_cache_blocks else cache_to,
+                )
+                if new is None:
+                    return None
+                held = self._note(rid)
+                if not new:
+                    return self.empty_kv_cache_blocks
+                blocks = self._blocks
+                new_blocks = [blocks[i] for i in new]
+                if held == len(new_blocks):
+                    self._tables[rid] = KVCacheBlocks((list(new_blocks),))
+                else:
+                    self._tables.pop(rid, None)
+                return KVCacheBlocks((new_blocks,))
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
@@ -432,15 +476,17 @@ class KVCacheManager:
                 and len(last[1]) == len(new_computed_blocks.blocks[0])
             ):
                 hit = last[1]
+                hit_blocks: list[KVCacheBlock] | None = list(new_computed_blocks.blocks[0])
             else:
                 hit = [b.block_id for b in new_computed_blocks.blocks[0]]
+                hit_blocks = None
             self._last_hit = None
             adopt = new_computed_blocks.blocks is not self.empty_kv_cache_blocks.blocks
         else:
             hit = []
+            hit_blocks = []
             adopt = False
         adopt = adopt or num_external_computed_tokens > 0
-        rid = request.request_id
         num_local = request.num_computed_tokens + num_new_computed_tokens
         total = min(num_local + num_external_computed_tokens, self.max_model_len)
         watermark = 0
@@ -479,8 +525,17 @@ class KVCacheManager:
         )
         if new is None:
             return None
+        held = self._note(rid)
         blocks = self._blocks
         new_blocks = [blocks[i] for i in new]
+        if held == len(hit) + len(new_blocks):
+            # Nothing was held before and nothing was allocated for external tokens:
+            # the table is the adopted hit and the new blocks.
+            if hit_blocks is None:
+                hit_blocks = [blocks[i] for i in hit]
+            self._tables[rid] = KVCacheBlocks((hit_blocks + new_blocks,))
+        else:
+            self._tables.pop(rid, None)
         if collector is not None:
             self._collect(collector, touched, new_blocks)
         if self.enable_kv_cache_events:
@@ -510,8 +565,23 @@ class KVCacheManager:
         if not self.enable_caching:
             return
         num_tokens = max(0, num_tokens - self._num_reprefillable)
-        run = self._core.cache(request.request_id, request.block_hashes, num_tokens)
-        if run is not None and self.enable_kv_cache_events:
+        rid = request.request_id
+        room = self._room.get(rid)
+        if room is not None and (
+            num_tokens // self.block_size <= room[2]
+            or room[1] <= room[2]
+            or len(request.block_hashes) <= room[2]
+        ):
+            # No held block becomes cacheable (the Rust call would cache nothing).
+            return
+        run = self._core.cache(rid, request.block_hashes, num_tokens)
+        if run is None:
+            return
+        if room is not None:
+            self._room[rid] = (room[0], room[1], run[1])
+        else:
+            self._note(rid)
+        if self.enable_kv_cache_events:
             self._emit_stored(request, run[0], run[1])
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -519,15 +589,35 @@ class KVCacheManager:
         if self.enable_caching:
             self._cache(request, num_computed_tokens)
 
+    def _note(self, rid: str) -> int:
+        """Mirrors the request's table state after a Rust call that may have changed it
+        (what the no-op paths of ``allocate_slots`` / ``cache_blocks`` read): returns
+        the table length."""
+        state = self._core.table_state(rid)
+        if state is None:
+            self._room.pop(rid, None)
+            return 0
+        held, cached = state
+        self._room[rid] = (held * self.block_size, held, cached)
+        return held
+
+    def _forget(self, rid: str) -> None:
+        self._room.pop(rid, None)
+        self._tables.pop(rid, None)
+
     def free(self, request: Request) -> None:
         """Free the request's blocks in reverse order (tail blocks are evicted first)."""
-        self._core.free(request.request_id)
+        rid = request.request_id
+        self._forget(rid)
+        self._core.free(rid)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Pop the request's table and return its blocks, not yet freed (the caller frees
         them through ``block_pool.free_blocks``, in reverse order)."""
+        rid = request.request_id
+        self._forget(rid)
         blocks = self._blocks
-        return [blocks[i] for i in self._core.pop_blocks(request.request_id)]
+        return [blocks[i] for i in self._core.pop_blocks(rid)]
 
     def remove_skipped_blocks(
         self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
@@ -663,9 +753,17 @@ class KVCacheManager:
         return [blocks[i] for i in self._core.blocks(request_id)]
 
     def get_blocks(self, request_id: str) -> KVCacheBlocks:
-        """The request's blocks."""
+        """The request's blocks (kept per request until its table changes)."""
+        cached = self._tables.get(request_id)
+        if cached is not None:
+            return cached
         table = self._table(request_id)
-        return KVCacheBlocks((table,)) if table else self.empty_kv_cache_blocks
+        if not table:
+            return self.empty_kv_cache_blocks
+        result = KVCacheBlocks((table,))
+        if request_id in self._room:
+            self._tables[request_id] = result
+        return result
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
         """The request's block ids."""

@@ -232,6 +232,20 @@ def summarize_engine(eco: Any) -> dict[Any, Any]:
     return res
 
 
+def check_mirror(m: Any, step: int) -> None:
+    """The drop-in's per-request Python state (what its no-op paths read) equals the Rust
+    tables: (slots, blocks held, cached blocks) per request, and each kept ``get_blocks``
+    result is the request's table."""
+    core = m._core
+    rids = set(core.request_ids())
+    assert set(m._room) <= rids, f"step {step}: mirrored requests without a table"
+    for rid in rids - {r for r in rids if r.startswith("\x00")}:
+        held, cached = core.table_state(rid)
+        assert m._room.get(rid) == (held * m.block_size, held, cached), f"step {step}: {rid}"
+    for rid, kept in m._tables.items():
+        assert [b.block_id for b in kept.blocks[0]] == core.blocks(rid), f"step {step}: {rid}"
+
+
 def first_difference(a: dict[Any, Any], b: dict[Any, Any]) -> str:
     for k in a:
         if a[k] != b.get(k):
@@ -369,6 +383,7 @@ class Driver:
             pcs = st.prefix_cache_stats if st is not None else None
             stats.append((m.usage, None if pcs is None else (pcs.requests, pcs.queries, pcs.hits)))
         assert stats[0] == stats[1], f"step {self.steps} usage/stats: {stats[0]} vs {stats[1]}"
+        check_mirror(self.sides[1].sched.kv_cache_manager, self.steps)
 
     def drafts(self, mro: ModelRunnerOutput) -> None:
         reqs = self.sides[0].sched.requests

@@ -1,0 +1,266 @@
+//! Fuzz harness for the vLLM manager over several KV cache groups: a
+//! decoded layout (full attention, MLA, sliding windows, chunked local, two
+//! block sizes), then admissions with prefix-cache hits, prefill / decode
+//! steps, frees, `remove_skipped_blocks`, evictions, resets, pops and calls
+//! with hit blocks that are not hits (caller errors).
+//!
+//! Input: `[num_blocks][hash block][num groups][(kind, param) per group][flags]`
+//! then operations; see `fuzz/README.md`. After every operation:
+//! `check_invariants()`; every held block's ref count equals its references
+//! in the live tables (blocks are conserved); sliding-window and
+//! chunked-local tables are nulls then real blocks; after a caller error,
+//! tables, cached counts and the free queue are unchanged.
+
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::ids::{BlockHash, BlockId};
+use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
+
+use crate::common::{Input, MAX_OPS, NUM_IDS};
+
+/// Operation codes (`opcode byte % NUM_OPS`).
+pub mod op {
+    /// `[id][family][len][chunk]`.
+    pub const ADMIT: u8 = 0;
+    /// `[id][n][lookahead]`.
+    pub const STEP: u8 = 1;
+    /// `[id]`.
+    pub const FREE: u8 = 2;
+    /// `[id][group][block]`: a hit block that is not a hit.
+    pub const BAD_HIT: u8 = 3;
+    /// `[block]`.
+    pub const EVICT: u8 = 4;
+    /// `[id][tokens]`.
+    pub const REMOVE_SKIPPED: u8 = 5;
+    /// No argument.
+    pub const RESET: u8 = 6;
+    /// `[id]`: pops the tables, then releases them in reverse.
+    pub const POP: u8 = 7;
+    /// Number of operation codes.
+    pub const NUM_OPS: u8 = 8;
+}
+
+fn hashes(family: u8, len: usize, h: usize) -> Vec<BlockHash> {
+    (0..len / h)
+        .map(|i| {
+            let mut d = [0u8; 16];
+            d[0] = family;
+            d[8..16].copy_from_slice(&(i as u64).to_be_bytes());
+            BlockHash::from_digest(&d)
+        })
+        .collect()
+}
+
+/// Decodes the layout; `None` when the manager refuses it (a valid outcome).
+fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
+    let nb = 2 + inp.count(60);
+    let h = 1 + inp.count(3);
+    let n = 1 + inp.count(3);
+    let mut groups = Vec::with_capacity(n);
+    for _ in 0..n {
+        let kind = inp.u8() % 4;
+        let p = inp.u8();
+        let size = 1 + usize::from(p % 24);
+        let bs = if p & 0x80 != 0 { 2 * h } else { h };
+        groups.push(match kind {
+            0 => GroupSpec::full(h),
+            1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
+            2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
+            _ => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+        });
+    }
+    let flags = inp.u8();
+    let opt = LayoutOptions {
+        enable_caching: flags & 2 == 0,
+        use_eagle: flags & 1 != 0,
+        ..LayoutOptions::default()
+    };
+    let layout = GroupLayout::new(groups, opt).ok()?;
+    VllmManager::with_layout(nb, layout, flags & 4 != 0, flags & 8 != 0, None).ok()
+}
+
+type Snapshot = (Vec<(String, Vec<Vec<BlockId>>, Vec<Option<usize>>)>, Vec<BlockId>);
+
+fn snapshot(m: &VllmManager) -> Snapshot {
+    let mut ids: Vec<String> = m.request_ids(false).into_iter().map(str::to_owned).collect();
+    ids.sort();
+    let t = ids
+        .iter()
+        .map(|r| {
+            let tables = (0..m.num_groups()).map(|g| m.group_blocks(r, g).to_vec()).collect();
+            let cached = (0..m.num_groups()).map(|g| m.group_num_cached(r, g)).collect();
+            (r.clone(), tables, cached)
+        })
+        .collect();
+    (t, m.pool().free_queue().collect())
+}
+
+fn check(m: &VllmManager) {
+    if let Err(e) = m.check_invariants() {
+        panic!("{e}");
+    }
+    let mut refs = vec![0u32; m.pool().num_blocks()];
+    for r in m.request_ids(false) {
+        for g in 0..m.num_groups() {
+            let t = m.group_blocks(r, g);
+            for &b in t {
+                if b != BlockId::NULL {
+                    refs[b.idx()] += 1;
+                }
+            }
+            if !m.layout().groups()[g].kind.is_full() {
+                let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
+                assert!(t[nulls..].iter().all(|&b| b != BlockId::NULL), "group {g}: nulls after real blocks");
+            }
+        }
+    }
+    for (i, &n) in refs.iter().enumerate().skip(1) {
+        #[allow(clippy::cast_possible_truncation)]
+        let rc = m.pool().ref_count(BlockId(i as u32));
+        assert_eq!(n, rc, "block {i}: {n} table references, ref count {rc}");
+    }
+}
+
+/// Per request: its hashes, tokens known and computed.
+type Live = Option<(Vec<BlockHash>, usize, usize)>;
+
+fn cache(m: &mut VllmManager, name: &str, tokens: usize, hs: &[BlockHash]) {
+    let plan = m.cache_plan(name, tokens, hs.len(), 0);
+    let (lo, hi) = m.plan_hash_range(&plan);
+    m.cache_apply(name, &plan, lo, &hs[lo..hi]).expect("a plan fits its request");
+}
+
+/// Runs one input (panics on a violation).
+pub fn run(data: &[u8]) {
+    let mut inp = Input::new(data);
+    let Some(mut m) = manager(&mut inp) else { return };
+    let h = m.layout().hash_block_size();
+    #[allow(clippy::cast_possible_truncation)]
+    let mut live: Vec<Live> = (0..NUM_IDS).map(|_| None).collect();
+    for _ in 0..MAX_OPS {
+        if inp.is_empty() {
+            break;
+        }
+        let code = inp.u8() % op::NUM_OPS;
+        match code {
+            op::ADMIT => {
+                let id = inp.id();
+                let family = inp.u8() % 3;
+                let len = 1 + inp.count(150);
+                let chunk = 1 + inp.count(90);
+                #[allow(clippy::cast_possible_truncation)]
+                let slot = &mut live[id as usize];
+                if slot.is_some() {
+                    continue;
+                }
+                let name = format!("r{id}");
+                let hs = hashes(family, len, h);
+                let hit = m.find_hit_groups(&hs, len - 1);
+                let tokens = hit.hit.tokens;
+                assert!(tokens < len, "a hit leaves the last token");
+                let n = chunk.min(len - tokens).max(1);
+                let adopt = hit.blocks.iter().any(|b| !b.is_empty());
+                let s = SlotRequest {
+                    num_tokens_need_slot: tokens + n,
+                    num_local_computed: tokens,
+                    adopt,
+                    processed_tokens: Some(tokens),
+                    full_sequence_tokens: chunk.is_multiple_of(2).then_some(len),
+                    ..SlotRequest::default()
+                };
+                let hits = if adopt { hit.blocks } else { Vec::new() };
+                if m.allocate_slots_groups(&name, &hits, &s).expect("a valid call").is_some() {
+                    cache(&mut m, &name, tokens + n, &hs);
+                    *slot = Some((hs, len, tokens + n));
+                } else {
+                    m.free(&name);
+                }
+            }
+            op::STEP => {
+                let id = inp.id();
+                let n = 1 + inp.count(40);
+                let la = inp.count(2);
+                let name = format!("r{id}");
+                #[allow(clippy::cast_possible_truncation)]
+                let Some((hs, known, done)) = live[id as usize].as_mut() else {
+                    continue;
+                };
+                let remaining = *known - *done;
+                let n = if remaining > 0 { n.min(remaining) } else { 1 };
+                if remaining == 0 {
+                    *known += 1;
+                    #[allow(clippy::cast_possible_truncation)]
+                    let fam = 200 + id as u8;
+                    *hs = hashes(fam, *known, h);
+                }
+                let total = *done;
+                let s = SlotRequest {
+                    num_tokens_need_slot: total + n + la,
+                    num_local_computed: total,
+                    processed_tokens: Some(total),
+                    ..SlotRequest::default()
+                };
+                let hs2 = hs.clone();
+                let known2 = *known;
+                if m.allocate_slots_groups(&name, &[], &s).expect("a valid call").is_some() {
+                    #[allow(clippy::cast_possible_truncation)]
+                    if let Some(l) = live[id as usize].as_mut() {
+                        l.2 += n;
+                    }
+                    cache(&mut m, &name, (total + n).min(known2), &hs2);
+                }
+            }
+            op::FREE => {
+                let id = inp.id();
+                m.free(&format!("r{id}"));
+                #[allow(clippy::cast_possible_truncation)]
+                let slot = &mut live[id as usize];
+                *slot = None;
+            }
+            op::BAD_HIT => {
+                let id = inp.id();
+                let g = inp.count(7);
+                let block = u32::from(inp.u8());
+                let before = snapshot(&m);
+                let mut hits = vec![Vec::new(); m.num_groups()];
+                if g < hits.len() {
+                    hits[g].push(BlockId(block));
+                } else {
+                    hits.push(vec![BlockId(block)]);
+                }
+                let s = SlotRequest { num_tokens_need_slot: 4, adopt: true, ..SlotRequest::default() };
+                let name = format!("bad{id}");
+                match m.allocate_slots_groups(&name, &hits, &s) {
+                    Err(_) => assert!(snapshot(&m) == before, "a refused call changed state"),
+                    Ok(_) => m.free(&name),
+                }
+            }
+            op::EVICT => {
+                let b = i64::from(inp.u8());
+                let before = snapshot(&m);
+                if m.evict_blocks(&[b]).is_err() {
+                    assert!(snapshot(&m) == before, "a refused eviction changed state");
+                }
+            }
+            op::REMOVE_SKIPPED => {
+                let id = inp.id();
+                let p = inp.count(200);
+                #[allow(clippy::cast_possible_truncation)]
+                let done = live[id as usize].as_ref().map_or(p, |l| l.2.min(p));
+                m.remove_skipped_blocks(&format!("r{id}"), done);
+            }
+            op::RESET => {
+                let _ = m.reset();
+            }
+            _ => {
+                let id = inp.id();
+                let popped = m.pop_blocks(&format!("r{id}"));
+                let rev: Vec<BlockId> = popped.into_iter().rev().collect();
+                m.free_blocks(&rev).expect("popped blocks are held");
+                #[allow(clippy::cast_possible_truncation)]
+                let slot = &mut live[id as usize];
+                *slot = None;
+            }
+        }
+        check(&m);
+    }
+}

@@ -1,0 +1,330 @@
+//! Property test: random KV cache group layouts (full attention, MLA, sliding windows,
+//! chunked local, block sizes whose lcm exceeds their gcd) and random scheduler call
+//! sequences on the multi-group vLLM manager. After every call:
+//! - `check_invariants()` passes (pool invariants, no block in two groups' tables, cached
+//!   blocks keyed for their group);
+//! - blocks are conserved: every held block's ref count equals its references in the live
+//!   tables (no call here pins blocks outside a table);
+//! - sliding-window and chunked-local tables are nulls then real blocks, and right after an
+//!   allocation they keep no real block before their rule's window;
+//! - a refused call (caller error) changes nothing: tables, cached counts and free queue.
+//!
+//! A second property runs one full-attention group through the multi-group calls and the
+//! one-group fast calls side by side: every answer and the free queue must agree. The exact
+//! answers are checked against vLLM itself by `tests/vllm_manager/test_hybrid_golden.py`.
+//!
+//! Deterministic by default (fixed RNG seed, 96 cases); `PROPTEST_CASES` and
+//! `PROPTEST_RNG_SEED` override.
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config as ProptestConfig, RngSeed};
+
+use kvindex::core::groups::rule::GroupRule;
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::ids::{BlockHash, BlockId};
+use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
+
+#[derive(Clone, Debug)]
+enum Op {
+    Admit { rid: u8, family: u8, len: usize, chunk: usize },
+    Step { rid: u8, n: usize, lookahead: usize },
+    Free { rid: u8 },
+    BadHit { rid: u8, block: u32 },
+    Evict { block: u32 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u8..6, 0u8..3, 1usize..120, 1usize..80).prop_map(|(rid, family, len, chunk)| Op::Admit { rid, family, len, chunk }),
+        5 => (0u8..6, 1usize..40, 0usize..3).prop_map(|(rid, n, lookahead)| Op::Step { rid, n, lookahead }),
+        2 => (0u8..6).prop_map(|rid| Op::Free { rid }),
+        1 => (0u8..6, 0u32..80).prop_map(|(rid, block)| Op::BadHit { rid, block }),
+        1 => (0u32..80).prop_map(|block| Op::Evict { block }),
+    ]
+}
+
+/// A layout: hash block `h`; each group full (block `h`), MLA, a sliding window
+/// (block `h` or `2h`) or chunked local (only when every block is `h`).
+fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
+    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..4, 1usize..20, any::<bool>()), 1..5))
+        .prop_map(|(h, gs)| {
+            let mut out = vec![GroupSpec::full(h)];
+            for (k, size, wide) in gs {
+                let bs = if wide { 2 * h } else { h };
+                out.push(match k {
+                    0 => GroupSpec::full(h),
+                    1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
+                    2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
+                    _ => {
+                        GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size * h / 2 + 1 }, block_size: h }
+                    }
+                });
+            }
+            out
+        })
+}
+
+/// Hashes of a prompt of `len` tokens from `family` at hash block `h`: chained, so
+/// prompts of one family share their prefix's hashes.
+fn prompt_hashes(family: u8, len: usize, h: usize) -> Vec<BlockHash> {
+    (0..len / h)
+        .map(|i| {
+            let mut d = [0u8; 16];
+            d[0] = family;
+            d[8..16].copy_from_slice(&(i as u64).to_be_bytes());
+            BlockHash::from_digest(&d)
+        })
+        .collect()
+}
+
+struct Live {
+    hashes: Vec<BlockHash>,
+    num_tokens: usize,
+    num_computed: usize,
+}
+
+type Snapshot = (Vec<(String, Vec<Vec<BlockId>>, Vec<Option<usize>>)>, Vec<BlockId>);
+
+fn snapshot(m: &VllmManager) -> Snapshot {
+    let mut ids: Vec<String> = m.request_ids(false).into_iter().map(str::to_owned).collect();
+    ids.sort();
+    let tables = ids
+        .iter()
+        .map(|r| {
+            let t = (0..m.num_groups()).map(|g| m.group_blocks(r, g).to_vec()).collect();
+            let c = (0..m.num_groups()).map(|g| m.group_num_cached(r, g)).collect();
+            (r.clone(), t, c)
+        })
+        .collect();
+    (tables, m.pool().free_queue().collect())
+}
+
+fn check_conservation(m: &VllmManager) -> Result<(), TestCaseError> {
+    let mut refs = vec![0u32; m.pool().num_blocks()];
+    for r in m.request_ids(false) {
+        for g in 0..m.num_groups() {
+            for &b in m.group_blocks(r, g) {
+                if b != BlockId::NULL {
+                    refs[b.idx()] += 1;
+                }
+            }
+        }
+    }
+    for (i, &n) in refs.iter().enumerate().skip(1) {
+        #[allow(clippy::cast_possible_truncation)]
+        let rc = m.pool().ref_count(BlockId(i as u32));
+        prop_assert_eq!(n, rc, "block {} referenced {} times, ref count {}", i, n, rc);
+    }
+    Ok(())
+}
+
+/// Tables of windowed groups: a null prefix, then real blocks; after an allocation at
+/// `total` computed tokens, no real block before the window.
+fn check_windows(m: &VllmManager, rid: &str, total: Option<usize>) -> Result<(), TestCaseError> {
+    for (g, spec) in m.layout().groups().iter().enumerate() {
+        if spec.kind.is_full() {
+            continue;
+        }
+        let t = m.group_blocks(rid, g);
+        let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
+        prop_assert!(
+            t[nulls..].iter().all(|&b| b != BlockId::NULL),
+            "group {}: nulls after real blocks {:?}",
+            g,
+            t
+        );
+        if let Some(total) = total {
+            let skip = (spec.skipped_tokens(total) / spec.block_size).min(t.len());
+            prop_assert!(
+                nulls >= skip,
+                "group {}: {} nulls, window skips {} blocks: {:?}",
+                g,
+                nulls,
+                skip,
+                t
+            );
+        }
+    }
+    Ok(())
+}
+
+fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let Ok(layout) = GroupLayout::new(groups, opt) else { return Ok(()) };
+    let h = layout.hash_block_size();
+    let Ok(mut m) = VllmManager::with_layout(60, layout, true, true, None) else { return Ok(()) };
+    let mut live: Vec<Option<Live>> = (0..6).map(|_| None).collect();
+    for op in ops {
+        let mut total_after = None;
+        let mut rid_checked = None;
+        match op {
+            Op::Admit { rid, family, len, chunk } => {
+                if live[rid as usize].is_some() {
+                    continue;
+                }
+                let name = format!("r{rid}");
+                let hashes = prompt_hashes(family, len, h);
+                let hit = m.find_hit_groups(&hashes, len - 1);
+                let tokens = hit.hit.tokens;
+                prop_assert!(tokens < len && tokens % m.layout().alignment() == 0);
+                let n = chunk.min(len - tokens).max(1);
+                let adopt = hit.blocks.iter().any(|b| !b.is_empty());
+                let s = SlotRequest {
+                    num_tokens_need_slot: tokens + n,
+                    num_local_computed: tokens,
+                    adopt,
+                    processed_tokens: Some(tokens),
+                    ..SlotRequest::default()
+                };
+                let hits = if adopt { hit.blocks } else { Vec::new() };
+                if let Some(_new) = m.allocate_slots_groups(&name, &hits, &s).expect("valid call") {
+                    let plan = m.cache_plan(&name, tokens + n, hashes.len(), 0);
+                    let (lo, hi) = m.plan_hash_range(&plan);
+                    m.cache_apply(&name, &plan, lo, &hashes[lo..hi]).expect("plan fits");
+                    live[rid as usize] = Some(Live { hashes, num_tokens: len, num_computed: tokens + n });
+                    total_after = Some(tokens);
+                    rid_checked = Some(name);
+                } else {
+                    m.free(&name);
+                }
+            }
+            Op::Step { rid, n, lookahead } => {
+                let Some(l) = live[rid as usize].as_mut() else { continue };
+                let name = format!("r{rid}");
+                let remaining = l.num_tokens - l.num_computed;
+                let n = if remaining > 0 { n.min(remaining) } else { 1 };
+                if remaining == 0 {
+                    l.num_tokens += 1;
+                    l.hashes = prompt_hashes(255 - rid, l.num_tokens, h);
+                }
+                let total = l.num_computed;
+                let s = SlotRequest {
+                    num_tokens_need_slot: total + n + lookahead,
+                    num_local_computed: total,
+                    processed_tokens: Some(total),
+                    ..SlotRequest::default()
+                };
+                if m.allocate_slots_groups(&name, &[], &s).expect("valid call").is_some() {
+                    l.num_computed += n;
+                    let plan = m.cache_plan(&name, l.num_computed.min(l.num_tokens), l.hashes.len(), 0);
+                    let (lo, hi) = m.plan_hash_range(&plan);
+                    m.cache_apply(&name, &plan, lo, &l.hashes[lo..hi]).expect("plan fits");
+                    total_after = Some(total);
+                    rid_checked = Some(name);
+                }
+            }
+            Op::Free { rid } => {
+                m.free(&format!("r{rid}"));
+                live[rid as usize] = None;
+            }
+            Op::BadHit { rid, block } => {
+                let before = snapshot(&m);
+                let mut hits = vec![Vec::new(); m.num_groups()];
+                hits[0].push(BlockId(block));
+                let s = SlotRequest { num_tokens_need_slot: 8, adopt: true, ..SlotRequest::default() };
+                let name = format!("bad{rid}");
+                if m.allocate_slots_groups(&name, &hits, &s).is_err() {
+                    prop_assert_eq!(snapshot(&m), before);
+                } else {
+                    m.free(&name);
+                }
+            }
+            Op::Evict { block } => {
+                let before = snapshot(&m);
+                if m.evict_blocks(&[i64::from(block)]).is_err() {
+                    prop_assert_eq!(snapshot(&m), before);
+                }
+            }
+        }
+        m.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        check_conservation(&m)?;
+        if let Some(r) = rid_checked {
+            check_windows(&m, &r, total_after)?;
+        }
+        for rid in 0..6u8 {
+            check_windows(&m, &format!("r{rid}"), None)?;
+        }
+    }
+    Ok(())
+}
+
+/// One full group: the multi-group calls and the one-group calls agree.
+fn run_single(bs: usize, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let layout = GroupLayout::single_full(bs, true).expect("valid");
+    let mut a = VllmManager::with_layout(40, layout, true, true, None).expect("manager");
+    let mut b = VllmManager::new(40, bs, true, true, true).expect("manager");
+    let mut live: Vec<Option<(Vec<BlockHash>, usize)>> = (0..6).map(|_| None).collect();
+    for op in ops {
+        match op {
+            Op::Admit { rid, family, len, chunk } => {
+                if live[rid as usize].is_some() {
+                    continue;
+                }
+                let name = format!("r{rid}");
+                let hashes = prompt_hashes(family, len, bs);
+                let ha = a.find_hit_groups(&hashes, len - 1);
+                let hb = b.find_hit(&hashes, (len - 1) / bs, false);
+                prop_assert_eq!(&ha.blocks[0], &hb);
+                let tokens = hb.len() * bs;
+                let n = chunk.min(len - tokens).max(1);
+                let s = SlotRequest {
+                    num_tokens_need_slot: tokens + n,
+                    num_local_computed: tokens,
+                    adopt: !hb.is_empty(),
+                    ..SlotRequest::default()
+                };
+                let hits = if hb.is_empty() { Vec::new() } else { ha.blocks };
+                let na = a.allocate_slots_groups(&name, &hits, &s).expect("valid");
+                let nb = b.allocate_slots(&name, &hb, &s).expect("valid");
+                prop_assert_eq!(na.as_ref().map(|v| v[0].clone()), nb.clone());
+                if nb.is_some() {
+                    let plan = a.cache_plan(&name, tokens + n, hashes.len(), 0);
+                    let (lo, hi) = a.plan_hash_range(&plan);
+                    a.cache_apply(&name, &plan, lo, &hashes[lo..hi]).expect("fits");
+                    if let Some((s0, e0)) = b.cache_range(&name, tokens + n, hashes.len()) {
+                        b.cache_run(&name, s0, &hashes[s0..e0]).expect("fits");
+                    }
+                    live[rid as usize] = Some((hashes, tokens + n));
+                } else {
+                    a.free(&name);
+                    b.free(&name);
+                }
+            }
+            Op::Free { rid } => {
+                a.free(&format!("r{rid}"));
+                b.free(&format!("r{rid}"));
+                live[rid as usize] = None;
+            }
+            _ => {}
+        }
+        prop_assert_eq!(a.pool().free_queue().collect::<Vec<_>>(), b.pool().free_queue().collect::<Vec<_>>());
+        prop_assert_eq!(a.take_removed(), b.take_removed());
+        prop_assert_eq!(a.take_new_ids(), b.take_new_ids());
+    }
+    Ok(())
+}
+
+fn config() -> ProptestConfig {
+    let cases = std::env::var("PROPTEST_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(96);
+    let seed = std::env::var("PROPTEST_RNG_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or(0x6b76_6772);
+    ProptestConfig {
+        cases,
+        rng_seed: RngSeed::Fixed(seed),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    }
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn groups_keep_their_rules_and_conserve_blocks(groups in layout(), ops in prop::collection::vec(op(), 1..60)) {
+        run(groups, ops)?;
+    }
+
+    #[test]
+    fn one_full_group_agrees_with_the_fast_calls(bs in 1usize..6, ops in prop::collection::vec(op(), 1..60)) {
+        run_single(bs, ops)?;
+    }
+}
