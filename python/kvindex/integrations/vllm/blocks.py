@@ -23,9 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-from .errors import BlockFieldWriteError
-
-from .errors import UnsupportedVllmConfigError
+from .errors import BlockFieldWriteError, UnsupportedVllmConfigError
 
 if TYPE_CHECKING:
     from kvindex._core import _VllmManager
