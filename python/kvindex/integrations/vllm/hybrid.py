@@ -14,7 +14,7 @@ groups (or one that is not full attention / MLA) to this class; it is not constr
 directly. Supported group kinds: full attention, MLA, sliding window, chunked local
 attention (as the Rust layout accepts them); anything else (Mamba state until the core
 allocates align-mode state blocks, partial hash hits, retention intervals, cross-attention,
-HiSparse roles, context parallelism, KV cache zeroing) raises
+HiSparse roles, context parallelism, KV cache zeroing, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -205,6 +205,11 @@ class HybridKVCacheManager:
             raise _unsupported("no KV cache zeroing (needs_kv_cache_zeroing)")
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
+        if metrics_collector is not None:
+            raise _unsupported(
+                "the KV cache metrics collector with one KV cache group only (its block "
+                "hooks are not called per group yet)"
+            )
         if num_hash_lookahead_tokens or num_prefill_lookahead > 1:
             raise _unsupported("no hash lookahead or multi-module MTP over several KV cache groups")
         if max_in_flight_tokens is None:
