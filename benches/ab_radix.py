@@ -10,6 +10,10 @@ first. Usage::
 
     taskset -c 1 python benches/ab_radix.py A.so B.so [--rounds 20] [--page-sizes 1,16]
 
+With ``--b-window W`` build B's trees with a sliding-window component of ``W`` tokens
+(``RadixTree(ps, sliding_window=W)``): passing the same build as A and B then measures
+what a full + SWA tree costs per request against the one-group tree.
+
 Prints, per page size and per quantity (µs per call: match, insert, evict per request):
 the minimum and median of each build and the median of the B / A ratios.
 """
@@ -36,7 +40,9 @@ def load_core(path: str) -> ModuleType:
     return mod
 
 
-def ab(a: ModuleType, b: ModuleType, rounds: int, ps: int, reqs: list) -> dict[str, list]:
+def ab(
+    a: ModuleType, b: ModuleType, rounds: int, ps: int, reqs: list, b_window: int | None = None
+) -> dict[str, list]:
     """Per-quantity lists of (A, B) figures, one pair per round."""
     overhead = br.timer_overhead()
     out: dict[str, list] = {k: [] for k in KEYS}
@@ -45,7 +51,8 @@ def ab(a: ModuleType, b: ModuleType, rounds: int, ps: int, reqs: list) -> dict[s
         for i in (0, 1) if r % 2 == 0 else (1, 0):
             core = (a, b)[i]
             pool = br.SlotPool(br.CAPACITY + 8192 + 16 * ps, ps)
-            tree = core.RadixTree(ps)
+            hybrid = i == 1 and b_window
+            tree = core.RadixTree(ps, sliding_window=b_window) if hybrid else core.RadixTree(ps)
             got[i] = br.request_loop(tree, pool, reqs, br.CAPACITY, overhead)
             pool.audit(tree.all_slots(), len(pool.pages))
         for k in KEYS:
@@ -60,11 +67,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--page-sizes", default="1,16")
     ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--b-window", type=int, default=None, help="B: full + SWA, this window")
     args = ap.parse_args()
     a, b = load_core(args.a), load_core(args.b)
     reqs = br.workload(args.requests)
     for ps in (int(x) for x in args.page_sizes.split(",")):
-        res = ab(a, b, args.rounds, ps, reqs)
+        res = ab(a, b, args.rounds, ps, reqs, args.b_window)
         print(f"page size {ps} ({args.rounds} rounds, µs per call)")
         for k, pairs in res.items():
             xa, xb = [p[0] for p in pairs], [p[1] for p in pairs]

@@ -15,6 +15,7 @@ pub mod hash_chain;
 pub mod lifecycle;
 pub mod pages;
 pub mod radix_cache;
+pub mod radix_hybrid;
 pub mod radix_tree;
 pub mod seeds;
 

@@ -193,7 +193,13 @@ pub fn run(data: &[u8]) {
     let mut inp = Input::new(data);
     let ps = page_size_of(inp.u8());
     let policy = policy_of(inp.u8());
-    let events = inp.u8() & 1 != 0;
+    let flags = inp.u8();
+    let events = flags & 1 != 0;
+    if flags & 2 != 0 && (1..=1 << 20).contains(&ps) {
+        // Hybrid components (SWA / Mamba): their own harness.
+        crate::radix_hybrid::run(ps, policy, flags, &mut inp);
+        return;
+    }
     let t = match RadixTree::new(ps, policy, events) {
         Ok(t) => {
             assert!((1..=1 << 20).contains(&ps), "RadixTree::new accepted page size {ps}");

@@ -488,6 +488,25 @@ pub fn radix_tree() -> Vec<Seed> {
     out.push(("bad-page-size-0", rt(4, 0, false).ins(P(0, 4, &[]), 0).done()));
     out.push(("bad-page-size-huge", rt(6, 0, false).done()));
     out.push(("unknown-policy", rt(5, 7, false).ins(P(0, 6, &[]), 0).revict(255).done()));
+    // Hybrid components (flags bit 1; see `radix_hybrid`): SWA window 4
+    // (bits 2-4 = 2), then SWA 4 + Mamba (bit 5), page sizes 1 and 2.
+    // Ops: 0 match, 1 insert [prompt][swa evicted], 2 lock, 3 unlock,
+    // 4 evict [kind][n], 5 reset, 6 probe.
+    for (name, ps, flags) in
+        [("hybrid-swa-ps1", 0u8, 0b0000_1010u8), ("hybrid-swa-mamba-ps2", 1, 0b0010_1010)]
+    {
+        let mut b = B::with_header([ps, 0, flags]);
+        b.push(&[1]).prompt(P(0, 12, &[])).push(&[8]);
+        b.push(&[1]).prompt(P(0, 12, &[1, 2])).push(&[0]);
+        b.push(&[4, 1, 6]);
+        b.push(&[0]).prompt(P(0, 12, &[1, 2]));
+        b.push(&[2, 0]);
+        b.push(&[4, 1, 24]).push(&[4, 2, 1]).push(&[4, 0, 24]);
+        b.push(&[1]).prompt(P(0, 12, &[])).push(&[4]);
+        b.push(&[6]).prompt(P(0, 12, &[1]));
+        b.push(&[3, 0]).push(&[4, 0, 255]).push(&[5]);
+        out.push((name, b.done()));
+    }
     out
 }
 

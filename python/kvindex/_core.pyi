@@ -593,6 +593,9 @@ class RadixTree:
         slru_threshold: int = 2,
         enable_events: bool = False,
         max_events: int = 100000,
+        sliding_window: int | None = None,
+        mamba: bool = False,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
     ) -> Self: ...
     @property
     def page_size(self) -> int:
@@ -628,6 +631,8 @@ class RadixTree:
         namespace: str | None = None,
         *,
         priority: int = 0,
+        swa_evicted_len: int = 0,
+        mamba_state: int | None = None,
     ) -> InsertResult:
         """Inserts a sequence with one slot per token; returns the present prefix and the
         slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
@@ -663,6 +668,46 @@ class RadixTree:
     def dump(self) -> str:
         """A human-readable dump, one line per node."""
     def __len__(self) -> int: ...
+    @property
+    def sliding_window(self) -> int | None:
+        """The SWA window in tokens (``None``: no sliding-window component)."""
+    @property
+    def mamba(self) -> bool:
+        """Whether the tree keeps a Mamba state per node."""
+    @property
+    def swa_evictable_size(self) -> int:
+        """Tokens of live SWA KV held by no SWA lock."""
+    @property
+    def swa_protected_size(self) -> int:
+        """Tokens of live SWA KV under an SWA (window) lock."""
+    @property
+    def mamba_evictable_size(self) -> int:
+        """Mamba states held by no lock."""
+    @property
+    def mamba_protected_size(self) -> int:
+        """Mamba states under a lock."""
+    def evict_swa(self, num_tokens: int) -> npt.NDArray[np.int32]:
+        """Evicts SWA KV until ``num_tokens`` SWA tokens are freed: the least recent
+        SWA-unlocked node; a deletable leaf is deleted (its slots are returned), an
+        inner node becomes a tombstone (its SWA slots, and Mamba state, wait in
+        :meth:`take_component_frees`)."""
+    def evict_mamba(self, num_states: int) -> npt.NDArray[np.int32]:
+        """Evicts ``num_states`` Mamba states: the least recent unlocked one; a deletable
+        leaf is deleted (its slots are returned), an inner node only loses its state."""
+    def take_component_frees(
+        self,
+    ) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int32], list[int], bool]:
+        """Drains the component frees of the operations since the last call:
+        ``(swa_slots, full_only_slots, mamba_states, mamba_exist)``. ``swa_slots``: slots
+        whose SWA KV was freed; ``full_only_slots``: slots to free without their SWA KV
+        (a revived tombstone's old slots, or the caller's whose SWA a locked tombstone
+        adopted); ``mamba_exist``: an insert ended on a node that already had a state
+        (the caller frees its own)."""
+    def node_components(self, node: int) -> tuple[bool, int, int | None, int]:
+        """``(swa_live, swa_lock_ref, mamba_state, mamba_lock_ref)`` of a node."""
+    def component_lru(self, component: str) -> list[int]:
+        """Node handles of a component's recency list (``"swa"`` or ``"mamba"``), least
+        recent first."""
 
 #: The tree's former name.
 RadixCache = RadixTree
@@ -692,6 +737,7 @@ class RadixPrefixCache(PrefixCache):
         slru_threshold: int = 2,
         enable_events: bool = False,
         max_events: int = 100000,
+        groups: Sequence[tuple[str, int, int, str]] | None = None,
     ) -> Self: ...
     @property
     def policy(self) -> str:

@@ -17,6 +17,7 @@ pub mod hashing;
 pub mod keys;
 pub mod lifecycle;
 pub mod radix;
+pub mod radix_hybrid;
 pub mod vllm_hashing;
 pub mod vllm_manager;
 pub mod vllm_manager_groups;

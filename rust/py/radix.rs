@@ -45,7 +45,7 @@ use super::errors::{capacity, inv_to_py, invalid, stale, IntoPyResult};
 use super::{args, common, events};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
-use crate::core::radix::{NodeHandle, Policy, RadixTree};
+use crate::core::radix::{Components, HybridInsert, NodeHandle, Policy, RadixTree};
 use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
 
 /// A token array as int32 (int64 input is narrowed, with a range check).
@@ -71,7 +71,11 @@ fn slots_i32(t: TokenArray<'_>) -> PyResult<Cow<'_, [i32]>> {
 ///
 /// # Errors
 /// `CapacityError` when the array cannot be allocated.
-fn slot_array<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bound<'py, PyArray1<i32>>> {
+pub(super) fn slot_array<'py>(
+    py: Python<'py>,
+    pages: &[PageId],
+    ps: usize,
+) -> PyResult<Bound<'py, PyArray1<i32>>> {
     let len = pages.len().checked_mul(ps).ok_or_else(|| capacity("slot array too large"))?;
     arrays::filled_i32(py, len, |dst| pages_to_slots(pages, ps, dst))
 }
@@ -82,13 +86,25 @@ fn opt_namespace<'a>(ns: Option<&'a Bound<'_, PyAny>>) -> PyResult<Option<&'a st
     ns.filter(|o| !o.is_none()).map(|o| args::text(o, "namespace")).transpose()
 }
 
+fn mamba_flag(o: &Bound<'_, PyAny>) -> PyResult<bool> {
+    args::flag(o, "mamba")
+}
+
+fn swa_evicted_arg(o: &Bound<'_, PyAny>) -> PyResult<usize> {
+    args::usize_arg(o, "swa_evicted_len", usize::MAX)
+}
+
 fn parse_policy(policy: &str, slru_threshold: usize) -> PyResult<Policy> {
     Policy::parse(policy, slru_threshold as u64).py()
 }
 
 /// The Python handle of a core handle: `tag << 64 | handle` (the root is 0),
 /// built with two C-API calls from the tree's cached `base = tag << 64`.
-fn encode_handle<'py>(py: Python<'py>, base: &Py<PyInt>, h: NodeHandle) -> PyResult<Bound<'py, PyAny>> {
+pub(super) fn encode_handle<'py>(
+    py: Python<'py>,
+    base: &Py<PyInt>,
+    h: NodeHandle,
+) -> PyResult<Bound<'py, PyAny>> {
     if h.0 == 0 {
         return Ok(0u64.into_pyobject(py)?.into_any());
     }
@@ -189,10 +205,10 @@ static NEXT_TAG: AtomicU64 = AtomicU64::new(1);
 /// raises ``StaleHandleError``. Policies: ``RADIX_POLICIES``.
 #[pyclass(module = "kvindex._core", name = "RadixTree")]
 pub struct PyRadixTree {
-    inner: RadixTree,
+    pub(super) inner: RadixTree,
     /// `tag << 64`, where `tag` is this tree's identity: the top bits of
     /// every non-root handle.
-    base: Py<PyInt>,
+    pub(super) base: Py<PyInt>,
     /// `(tag + 1) << 64`: the end of this tree's handle range.
     next: Py<PyInt>,
     /// Scratch: pages out of the core (matches, duplicates, evictions).
@@ -210,7 +226,7 @@ impl PyRadixTree {
     /// The core handle of a Python handle. A handle of another tree (or one
     /// never issued) raises `StaleHandleError`; a negative one
     /// `InvalidArgumentError`.
-    fn decode(&self, v: &Bound<'_, PyInt>) -> PyResult<NodeHandle> {
+    pub(super) fn decode(&self, v: &Bound<'_, PyInt>) -> PyResult<NodeHandle> {
         // SAFETY: `v` is an int, for which the mask conversion cannot fail.
         let low = unsafe { ffi::PyLong_AsUnsignedLongLongMask(v.as_ptr()) };
         if low == 0 {
@@ -249,9 +265,10 @@ fn foreign(v: &Bound<'_, PyInt>) -> PyErr {
 impl PyRadixTree {
     #[new]
     #[pyo3(
-        signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
-        text_signature = "(page_size=1, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000)"
+        signature = (page_size = 1, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, sliding_window = None, mamba = false, groups = None),
+        text_signature = "(page_size=1, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, sliding_window=None, mamba=False, groups=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         #[pyo3(from_py_with = named::page_size)] page_size: usize,
@@ -259,9 +276,26 @@ impl PyRadixTree {
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
+        sliding_window: Option<&Bound<'_, PyAny>>,
+        #[pyo3(from_py_with = mamba_flag)] mamba: bool,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<Self> {
         let policy = parse_policy(&policy, slru_threshold)?;
-        let mut inner = RadixTree::new(page_size, policy, enable_events).py()?;
+        let mut comps =
+            Components { swa_window: args::opt_usize_arg(sliding_window, "sliding_window", 1 << 40)?, mamba };
+        if let Some(g) = groups.filter(|g| !g.is_none()) {
+            let (bs, from_layout, _) = super::radix_hybrid::layout_components(g)?;
+            if comps.any() {
+                return Err(invalid("give either groups or sliding_window / mamba, not both"));
+            }
+            if bs != page_size {
+                return Err(invalid(format!(
+                    "page_size ({page_size}) must be the groups' block size ({bs})"
+                )));
+            }
+            comps = from_layout;
+        }
+        let mut inner = RadixTree::with_components(page_size, policy, enable_events, comps).py()?;
         inner.events_mut().set_capacity(max_events).py()?;
         let tag = NEXT_TAG.fetch_add(1, Ordering::Relaxed);
         let int =
@@ -350,15 +384,22 @@ impl PyRadixTree {
     /// Inserts a sequence with one slot per token; returns the present prefix and the
     /// slots the caller must free. Rejects (unchanged) a slot the tree holds elsewhere
     /// or one passed twice.
-    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0))]
+    #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0, swa_evicted_len = 0, mamba_state = None))]
     fn insert(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,
         slots: &Bound<'_, PyAny>,
         namespace: Option<&Bound<'_, PyAny>>,
         #[pyo3(from_py_with = named::priority)] priority: i64,
+        #[pyo3(from_py_with = swa_evicted_arg)] swa_evicted_len: usize,
+        mamba_state: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<InsertResult> {
         let namespace = opt_namespace(namespace)?;
+        let hi = HybridInsert {
+            swa_evicted: swa_evicted_len,
+            mamba: args::opt_usize_arg(mamba_state, "mamba_state", u32::MAX as usize - 1)?
+                .map(|s| u32::try_from(s).expect("bounded")),
+        };
         let py = slf.py();
         let mut guard = slf.try_borrow_mut()?;
         let me = &mut *guard;
@@ -379,7 +420,15 @@ impl PyRadixTree {
             me.pages.clear();
             let res = slots_to_pages(&slots, PageMath::new(ps), &mut pages).py().and_then(|tail_page| {
                 me.inner
-                    .insert(&toks[..full], &pages, namespace, priority, tail_page.as_slice(), &mut me.pages)
+                    .insert_hybrid(
+                        &toks[..full],
+                        &pages,
+                        namespace,
+                        priority,
+                        tail_page.as_slice(),
+                        &mut me.pages,
+                        &hi,
+                    )
                     .py()
                     .map(|prefix| (prefix, tail_page, toks.len() - full))
             });
@@ -540,8 +589,8 @@ fn radix<'a>(base: &'a PyRef<'_, PyPrefixCache>) -> PyResult<&'a RadixPrefixCach
 impl PyRadixPrefixCache {
     #[new]
     #[pyo3(
-        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000),
-        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000)"
+        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, groups = None),
+        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, groups=None)"
     )]
     fn new(
         #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
@@ -550,8 +599,24 @@ impl PyRadixPrefixCache {
         #[pyo3(from_py_with = named::slru_threshold)] slru_threshold: usize,
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
+        groups: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let policy = parse_policy(&policy, slru_threshold)?;
+        if let Some(g) = groups.filter(|g| !g.is_none()) {
+            let (bs, comps, names) = super::radix_hybrid::layout_components(g)?;
+            if bs != block_size {
+                return Err(invalid(format!(
+                    "block_size ({block_size}) must be the groups' block size ({bs})"
+                )));
+            }
+            if comps.any() {
+                return Err(invalid(format!(
+                    "RadixPrefixCache cannot serve the layout {names} yet: its sliding-window / Mamba \
+                     components are served by the radix tree (RadixTree(groups=...)), not yet by \
+                     the request-level cache's page pools (full-attention layouts only)"
+                )));
+            }
+        }
         let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
         inner.set_max_events(max_events).py()?;
         Ok(PyClassInitializer::from(PyPrefixCache::new(AnyCache::Radix(inner)))

@@ -196,6 +196,9 @@ impl RadixTree {
         n.live = true;
         n.seq = seq;
         self.nodes.push(n);
+        if self.hy.is_some() {
+            self.hy_grow();
+        }
         id
     }
 

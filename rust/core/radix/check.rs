@@ -246,6 +246,6 @@ impl RadixTree {
                 }
             }
         }
-        Ok(())
+        self.hy_check()
     }
 }

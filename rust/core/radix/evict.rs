@@ -219,10 +219,29 @@ impl RadixTree {
     pub fn evict(&mut self, num_tokens: usize, freed: &mut Vec<PageId>) -> usize {
         let mut done = 0;
         while done < num_tokens {
-            let Some((k, x)) = self.evictable.pop_first() else { break };
+            let Some((_, x)) = self.evictable.pop_first() else { break };
+            done += self.delete_leaf(x, freed);
+        }
+        done
+    }
+
+    /// Deletes the evictable leaf `x` (with its components): its values go
+    /// to `freed`, a `BlockRemoved` is recorded, the parent may become an
+    /// evictable leaf. Returns its tokens. O(log L + pages).
+    pub(super) fn remove_leaf(&mut self, x: NodeId, freed: &mut Vec<PageId>) -> usize {
+        let k = self.nodes[x.idx()].evict_key.expect("an evictable leaf");
+        self.evictable.remove(&(k, x));
+        self.delete_leaf(x, freed)
+    }
+
+    /// [`Self::remove_leaf`] of a leaf already taken out of the evictable set.
+    fn delete_leaf(&mut self, x: NodeId, freed: &mut Vec<PageId>) -> usize {
+        {
+            if self.hy.is_some() {
+                self.hy_remove(x);
+            }
             let node = std::mem::replace(&mut self.nodes[x.idx()], Node::empty(0));
-            debug_assert_eq!(node.evict_key, Some(k));
-            done += node.key.len();
+            let n_tokens = node.key.len();
             freed.extend_from_slice(&node.value);
             super::unmark_all(&mut self.in_tree, &node.value);
             self.events.record(|| KvEvent::BlockRemoved { block_hashes: node.hashes });
@@ -260,7 +279,7 @@ impl RadixTree {
             self.nodes[x.idx()].live = true;
             self.release_node(x);
             self.update_leaf_status(parent);
+            n_tokens
         }
-        done
     }
 }

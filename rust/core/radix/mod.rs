@@ -118,6 +118,9 @@ mod check;
 mod dump;
 mod event_hash;
 mod evict;
+mod hybrid;
+#[cfg(test)]
+mod hybrid_tests;
 mod namespace;
 #[cfg(test)]
 mod tests;
@@ -139,6 +142,8 @@ use crate::core::ids::PageId;
 use arena::FORCE_COLLISIONS;
 use arena::{child_key, Kids, Node};
 pub use evict::{EvictKey, Policy, POLICY_NAMES};
+use hybrid::Hybrid;
+pub use hybrid::{Components, HybridFreed, HybridInsert};
 use namespace::Namespaces;
 pub use namespace::Ns;
 #[cfg(test)]
@@ -233,6 +238,8 @@ pub struct RadixTree {
     /// Scratch: the path of the last walk, `(child, matched tokens)`.
     path: Vec<(NodeId, usize)>,
     scratch_bytes: Vec<u8>,
+    /// SWA / Mamba components (`None`: full attention only).
+    hy: Option<Box<Hybrid>>,
 }
 
 impl RadixTree {
@@ -265,6 +272,7 @@ impl RadixTree {
             events: Events::new(enable_events),
             path: Vec::new(),
             scratch_bytes: Vec::new(),
+            hy: None,
         })
     }
 
@@ -382,6 +390,9 @@ impl RadixTree {
             self.update_leaf_status(cur);
             cur = parent;
         }
+        if self.hy.is_some() {
+            self.hy_lock(id);
+        }
     }
 
     /// Releases a lock taken on `id` by [`RadixTree::lock`]; the reverse
@@ -407,6 +418,9 @@ impl RadixTree {
             ));
         }
         n.own_locks -= 1;
+        if self.hy.is_some() {
+            self.hy_unlock(id);
+        }
         // Settle what extensions below owe to this path (before any of its
         // nodes can become evictable): each node gets the owed hits of its
         // walked subtree part and the latest owed stamp.
@@ -467,6 +481,7 @@ impl RadixTree {
     /// The node-removing half of a reset: every node freed (handles go
     /// stale), sizes, bitmap and namespaces cleared, `AllBlocksCleared`.
     fn clear(&mut self) {
+        self.hy_clear();
         for i in 1..self.nodes.len() {
             if self.nodes[i].live {
                 #[allow(clippy::cast_possible_truncation)]

@@ -21,7 +21,7 @@ use std::collections::hash_map::Entry;
 
 use super::arena::{child_key, child_key_of, Kids};
 use super::values::same_values;
-use super::{Match, Matched, NodeId, Ns, Probe, RadixTree};
+use super::{HybridInsert, Match, Matched, NodeId, Ns, Probe, RadixTree};
 use crate::core::error::{KvError, KvResult};
 use crate::core::hash::Token;
 use crate::core::ids::PageId;
@@ -134,9 +134,17 @@ impl RadixTree {
         if q.is_empty() {
             return Probe { len: 0, lockable: 0 };
         }
-        let len = self.walk(q, ns);
-        let lockable =
-            self.path.iter().filter(|(c, _)| self.nodes[c.idx()].lock_ref == 0).map(|&(_, l)| l).sum();
+        let mut len = self.walk(q, ns);
+        let mut upto = self.path.len();
+        if self.hy.is_some() {
+            let partial = self.path.last().is_some_and(|&(c, l)| l < self.nodes[c.idx()].key.len());
+            (upto, len) = self.hy_best(&self.path, partial);
+        }
+        let lockable = self.path[..upto]
+            .iter()
+            .filter(|(c, _)| self.nodes[c.idx()].lock_ref == 0)
+            .map(|&(_, l)| l)
+            .sum();
         Probe { len, lockable }
     }
 
@@ -184,7 +192,7 @@ impl RadixTree {
         let tick = self.clock;
         self.nodes[0].last_access = tick;
         let Some(ns) = self.ns.lookup(ns) else { return Matched { tree: self, len: 0, node: NodeId::ROOT } };
-        let len = self.walk(q, ns);
+        let mut len = self.walk(q, ns);
         let mut node = NodeId::ROOT;
         for i in 0..self.path.len() {
             let (c, l) = self.path[i];
@@ -192,6 +200,14 @@ impl RadixTree {
             node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
             // From here on `path` holds the matched nodes (after any split).
             self.path[i].0 = node;
+        }
+        if self.hy.is_some() {
+            // The hit ends at the deepest node every component accepts.
+            let (upto, hit) = self.hy_best(&self.path, false);
+            self.path.truncate(upto);
+            len = hit;
+            node = self.path.last().map_or(NodeId::ROOT, |p| p.0);
+            self.hy_touch(node, true);
         }
         Matched { tree: self, len, node }
     }
@@ -226,6 +242,9 @@ impl RadixTree {
         un.last_access = tick;
         un.only = c;
         self.nodes[c.idx()].parent = u;
+        if self.hy.is_some() {
+            self.hy_split(c, u);
+        }
         if self.nodes[parent.idx()].only == c {
             self.nodes[parent.idx()].only = u;
             return u;
@@ -273,6 +292,27 @@ impl RadixTree {
         extra: &[PageId],
         to_free: &mut Vec<PageId>,
     ) -> KvResult<usize> {
+        self.insert_hybrid(tokens, values, ns, priority, extra, to_free, &HybridInsert::default())
+    }
+
+    /// [`RadixTree::insert`] with the components' arguments (see
+    /// [`super::hybrid`]); their frees wait in [`RadixTree::take_hybrid_freed`].
+    ///
+    /// # Errors
+    /// As [`RadixTree::insert`]; also `InvalidArgument`, with nothing
+    /// changed, for a misaligned `swa_evicted`, a missing, foreign or
+    /// repeated Mamba state.
+    #[allow(clippy::too_many_arguments)]
+    pub fn insert_hybrid(
+        &mut self,
+        tokens: &[i32],
+        values: &[PageId],
+        ns: Option<&str>,
+        priority: i64,
+        extra: &[PageId],
+        to_free: &mut Vec<PageId>,
+        hi: &HybridInsert,
+    ) -> KvResult<usize> {
         let ps = self.page_size;
         if !tokens.len().is_multiple_of(ps) {
             return Err(KvError::invalid(format!(
@@ -287,6 +327,7 @@ impl RadixTree {
                 values.len()
             )));
         }
+        self.hy_check_insert(tokens.len(), hi)?;
         if tokens.is_empty() {
             self.check_values([&[], &[], extra])?;
             return Ok(0);
@@ -334,9 +375,25 @@ impl RadixTree {
             n.hit_count += 1;
             self.rekey(c);
             self.rekey(node);
+            self.path[i].0 = node;
+        }
+        if self.hy.is_none() {
+            if prefix < tokens.len() {
+                self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            }
+            return Ok(prefix);
+        }
+        let mut node = self.path.last().map_or(NodeId::ROOT, |p| p.0);
+        if self.hy_tombstone_past(hi.swa_evicted) {
+            let mut matched: Vec<NodeId> = self.path.iter().map(|p| p.0).collect();
+            self.hy_insert_prefix(&mut matched, values, hi.swa_evicted, to_free, dup_start, tick);
+            node = matched.last().copied().unwrap_or(NodeId::ROOT);
         }
         if prefix < tokens.len() {
-            self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            let leaf = self.add_leaf(node, ns, &tokens[prefix..], &values[pp..], priority, tick, false);
+            self.hy_insert_end(leaf, true, prefix, hi, tick);
+        } else {
+            self.hy_insert_end(node, false, prefix, hi, tick);
         }
         Ok(prefix)
     }
@@ -363,6 +420,10 @@ impl RadixTree {
         values: &[PageId],
     ) -> Option<NodeId> {
         let ps = self.page_size;
+        if self.hy.is_some() {
+            // Components change where a request's pages end up: the general path.
+            return None;
+        }
         let root = node == NodeId::ROOT;
         let n = &self.nodes[node.idx()];
         let ns = if root { self.ns.lookup(ns)? } else { n.ns };
