@@ -159,6 +159,9 @@ SOAK_CASES ?= 2000
 SOAK_FUZZ_SECONDS ?= 600
 # Seconds per traffic phase of the cluster fault injection (six phases).
 SOAK_FAULT_SECONDS ?= 60
+# Ops per configuration of the hybrid-groups differential against vLLM's manager (the CI
+# run does 300 per configuration, fixed seeds; the soak run draws a seed and prints it).
+SOAK_HYBRID_OPS ?= 5000
 soak: install
 	for i in $$(seq 1 $(SOAK_ROUNDS)); do \
 	  seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
@@ -172,3 +175,9 @@ soak: install
 	  KVINDEX_FAULT_SEED=$$seed KVINDEX_FAULT_SOAK_S=$(SOAK_FAULT_SECONDS) \
 	    $(VPY) -m pytest tests/cluster/test_fault_injection.py -q -s -p no:cacheprovider
 	$(MAKE) fuzz-smoke FUZZ_SECONDS=$(SOAK_FUZZ_SECONDS) FUZZ_SEED=0
+	bash tests/integrations/vllm/setup_env.sh $(VLLM_ENV) $(VPY)
+	seed=$$(od -An -N4 -tu4 /dev/urandom | tr -d ' '); \
+	  echo "hybrid differential: KVINDEX_HYBRID_DIFF_SEED=$$seed KVINDEX_HYBRID_DIFF_OPS=$(SOAK_HYBRID_OPS)"; \
+	  KVINDEX_HYBRID_DIFF_SEED=$$seed KVINDEX_HYBRID_DIFF_OPS=$(SOAK_HYBRID_OPS) VLLM_TARGET_DEVICE=cpu \
+	    $(VLLM_ENV)/venv/bin/python -m pytest tests/integrations/vllm/with_vllm/test_hybrid_differential.py \
+	    -q -p no:cacheprovider -W ignore::DeprecationWarning

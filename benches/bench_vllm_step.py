@@ -27,6 +27,11 @@ cost of both hashers on the same prompts (first hashing of each arriving prompt)
         --running 1024 [--async] [--kvindex-side stock]
 
 ``--kvindex-side stock`` runs vLLM's manager on both sides (the harness on its own).
+``--model openai/gpt-oss-20b`` (a config under ``tests/integrations/vllm/models``) runs that
+model's KV cache groups instead of Qwen3-0.6B's one full-attention group: with
+``layer_types`` naming sliding-window layers, a full-attention group and a sliding-window
+group of the config's ``sliding_window`` (vLLM groups gpt-oss's 12 + 12 layers so), both
+of block 16.
 """
 
 from __future__ import annotations
@@ -68,6 +73,19 @@ MODEL_CONFIG = {
     "eos_token_id": 151645,
 }
 VOCAB = 151_936
+MODELS_DIR = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "tests", "integrations", "vllm", "models"
+)
+
+
+def model_groups(config: dict[str, Any]) -> list[int | None]:
+    """The KV cache groups of a model config: None for full attention, else the window."""
+    layer_types = config.get("layer_types") or []
+    if "sliding_attention" in layer_types:
+        return [None, int(config["sliding_window"])]
+    return [None]
+
+
 MANAGER_METHODS = [
     "get_computed_blocks",
     "get_computed_blocks_for_connector",
@@ -110,6 +128,7 @@ def import_vllm() -> Any:
             FullAttentionSpec,
             KVCacheConfig,
             KVCacheGroupSpec,
+            SlidingWindowSpec,
         )
         from vllm.v1.outputs import ModelRunnerOutput
         from vllm.v1.request import Request
@@ -125,6 +144,7 @@ def import_vllm() -> Any:
         kv_cache_utils=kv_cache_utils,
         AsyncScheduler=AsyncScheduler,
         FullAttentionSpec=FullAttentionSpec,
+        SlidingWindowSpec=SlidingWindowSpec,
         KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec,
         ModelRunnerOutput=ModelRunnerOutput,
@@ -218,6 +238,7 @@ def build_scheduler(
     manager: Any,
     caching: bool = True,
     budget: int = 8192,
+    groups: list[int | None] | None = None,
 ) -> Any:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -237,13 +258,21 @@ def build_scheduler(
         vllm_config = v.VllmConfig(
             scheduler_config=scheduler_config, model_config=model_config, cache_config=cache_config
         )
-        spec = v.FullAttentionSpec(
-            block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=__import__("torch").float32
-        )
+        f32 = __import__("torch").float32
+        specs = [
+            v.FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=f32)
+            if w is None
+            else v.SlidingWindowSpec(
+                block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=f32, sliding_window=w
+            )
+            for w in (groups or [None])
+        ]
         kv_config = v.KVCacheConfig(
             num_blocks=num_blocks,
             kv_cache_tensors=[],
-            kv_cache_groups=[v.KVCacheGroupSpec(["layer"], spec)],
+            kv_cache_groups=[
+                v.KVCacheGroupSpec([f"layer{i}"], spec) for i, spec in enumerate(specs)
+            ],
         )
         cache_config.num_gpu_blocks = num_blocks
         cls = v.AsyncScheduler if is_async else v.sched_mod.Scheduler
@@ -502,9 +531,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     else:
         KvManager = None
     num_blocks = int(args.running * args.blocks_per_request / 0.8)
+    model_config = MODEL_CONFIG
+    if args.model:
+        with open(os.path.join(MODELS_DIR, args.model, "config.json")) as f:
+            model_config = json.load(f)
+    groups = model_groups(model_config)
     tmp = tempfile.mkdtemp(prefix="kvindex-bench-model-")
     with open(os.path.join(tmp, "config.json"), "w") as f:
-        json.dump(MODEL_CONFIG, f)
+        json.dump(model_config, f)
     budget = args.budget or max(8192, 16 * args.running)
     sides = [
         Side(
@@ -517,6 +551,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 is_async=args.is_async,
                 manager=None,
                 budget=budget,
+                groups=groups,
             ),
             stock_hasher,
         ),
@@ -530,6 +565,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 is_async=args.is_async,
                 manager=KvManager,
                 budget=budget,
+                groups=groups,
             ),
             kv_hasher,
         ),
@@ -590,6 +626,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "running": args.running,
         "async": args.is_async,
         "num_blocks": num_blocks,
+        "model": args.model or "Qwen/Qwen3-0.6B",
+        "kv_cache_groups": ["full" if w is None else f"sliding_window={w}" for w in groups],
         "budget": budget,
         "kvindex_side": args.kvindex_side,
         "steps": args.steps,
@@ -651,6 +689,12 @@ def main() -> None:
         type=int,
         default=None,
         help="max_num_batched_tokens (default: 16 per running request, at least 8192)",
+    )
+    ap.add_argument(
+        "--model",
+        default=None,
+        help="a model config under tests/integrations/vllm/models (e.g. openai/gpt-oss-20b); "
+        "its KV cache groups (default: Qwen3-0.6B's one full-attention group)",
     )
     ap.add_argument("--verbose", action="store_true")
     ap.add_argument(

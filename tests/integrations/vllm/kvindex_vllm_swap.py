@@ -29,18 +29,21 @@ def pytest_configure(config: pytest.Config) -> None:
     import vllm.v1.core.kv_cache_manager as manager_module
     import vllm.v1.core.sched.scheduler  # noqa: F401  (loaded so that it is patched too)
 
+    from kvindex.integrations.vllm.hybrid import HybridKVCacheManager
     from kvindex.integrations.vllm.manager import KVCacheManager
 
     stock = manager_module.KVCacheManager
     assert stock is not KVCacheManager, "the swap plugin was configured twice"
-    original_init = KVCacheManager.__init__
+    # Both classes count: constructing KVCacheManager for several groups returns the other.
+    for cls in (KVCacheManager, HybridKVCacheManager):
+        original_init = cls.__init__
 
-    def counting_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        original_init(self, *args, **kwargs)
-        _state["constructed"] += 1
+        def counting_init(self: Any, *args: Any, _init: Any = original_init, **kwargs: Any) -> None:
+            _init(self, *args, **kwargs)
+            _state["constructed"] += 1
 
-    counting_init.__wrapped__ = original_init  # type: ignore[attr-defined]
-    KVCacheManager.__init__ = counting_init  # type: ignore[method-assign]
+        counting_init.__wrapped__ = original_init  # type: ignore[attr-defined]
+        cls.__init__ = counting_init  # type: ignore[method-assign]
     for name, module in list(sys.modules.items()):
         if name.split(".")[0] == "vllm" and getattr(module, "KVCacheManager", None) is stock:
             module.KVCacheManager = KVCacheManager  # type: ignore[attr-defined]

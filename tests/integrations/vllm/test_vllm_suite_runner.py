@@ -81,3 +81,13 @@ def test_junit_node_ids_are_rebuilt_from_classnames(tmp_path: Path) -> None:
     assert got[f"{SCHED}::test_a[1-x.y]"] == ("passed", "")
     assert got[f"{SCHED}::TestK::test_b"] == ("failed", "AssertionError: no\ntrace")
     assert got[f"{SCHED}::test_c"] == ("skipped", "needs a GPU")
+
+
+def test_a_reason_may_name_another_error_of_kvindexs() -> None:
+    fake = "tests/v1/core/test_prefix_caching.py::test_cache_hit_local_and_external"
+    assert suite.out_of_scope_reason(fake) in suite.REASON_ERRORS
+    ok = "InvalidArgumentError: block 1 is not cached for group 0: not a cache hit"
+    problems, _ = suite.compare({fake: ("passed", "")}, {fake: ("failed", ok)})
+    assert problems == []
+    problems, _ = suite.compare({fake: ("passed", "")}, {fake: ("failed", OURS + " supports")})
+    assert len(problems) == 1 and problems[0].startswith("OUT OF SCOPE")

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from vllm.v1.core.kv_cache_utils import KVCacheBlock
 
-from .errors import BlockFieldWriteError
+from .errors import BlockFieldWriteError, UnsupportedVllmConfigError
 
 if TYPE_CHECKING:
     from kvindex._core import _VllmManager
@@ -197,6 +197,23 @@ class _Block(KVCacheBlock):
         )
 
 
+class _GroupBlock(_Block):
+    """A block of a pool shared by several KV cache groups: its hash carries the group it
+    is cached for, as vLLM's ``BlockHashWithGroupId``."""
+
+    @property
+    def _block_hash(self) -> bytes | None:
+        h = self._core.block_hash(self.block_id)
+        if h is None:
+            return None
+        group = self._core.block_group(self.block_id)
+        return h + (group or 0).to_bytes(4, "big")
+
+    @property
+    def block_hash(self) -> bytes | None:
+        return self._block_hash
+
+
 class FreeQueueView:
     """vLLM's ``FreeKVCacheBlockQueue``, read-only: the Rust pool's free queue."""
 
@@ -254,6 +271,20 @@ class _Sentinel:
         return self._queue._view.blocks[q[-1]] if q else self._queue.fake_free_list_head
 
 
+class _ReadOnlyDict(dict[bytes, Any]):
+    """A snapshot of the pool's hash map: editing it would change nothing in the Rust pool,
+    so every edit raises instead of passing silently."""
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports no direct edits of the block pool's hash map "
+            "(cached_block_hash_to_block._cache): the Rust pool owns it; evict blocks with "
+            "evict_blocks"
+        )
+
+    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+
+
 class CachedHashView(Mapping[bytes, KVCacheBlock]):
     """vLLM's ``cached_block_hash_to_block``, read-only: hash (with group id) -> first block."""
 
@@ -261,15 +292,24 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
         self._view = view
 
     def get_one_block(self, key: bytes) -> KVCacheBlock | None:
-        if not isinstance(key, bytes) or len(key) < 4 or key[-4:] != _GROUP0:
+        if not isinstance(key, bytes) or len(key) < 4:
             return None
-        b = self._view._core.cached_block(key[:-4])
+        if not self._view._groups:
+            if key[-4:] != _GROUP0:
+                return None
+            b = self._view._core.cached_block(key[:-4])
+        else:
+            group = int.from_bytes(key[-4:], "big")
+            if group >= self._view._core.num_groups:
+                return None
+            b = self._view._core.cached_block(key[:-4], group)
         return None if b is None else self._view.blocks[b]
 
     @property
     def _cache(self) -> dict[bytes, Any]:
-        """vLLM's underlying dict (a snapshot): hash -> block, or -> {id: block} for copies."""
-        out: dict[bytes, Any] = {}
+        """vLLM's underlying dict (a read-only snapshot): hash -> block, or -> {id: block}
+        for copies."""
+        out: dict[bytes, Any] = _ReadOnlyDict()
         for b in self._view.blocks[1:]:
             h = b.block_hash
             if h is None:
@@ -312,14 +352,19 @@ class BlockPoolView:
     """The members of vLLM's ``BlockPool`` that the scheduler, KV connectors and
     vLLM's tests read, over kvindex's Rust pool."""
 
-    def __init__(self, manager: ManagerSide, core: _VllmManager, hash_block_size: int) -> None:
+    def __init__(
+        self, manager: ManagerSide, core: _VllmManager, hash_block_size: int, groups: bool = False
+    ) -> None:
         self._manager = manager
         self._core = core
+        # Several KV cache groups: hashes are keyed by group (``_GroupBlock``).
+        self._groups = groups
         self.num_gpu_blocks = core.num_blocks
         self.enable_caching = manager.enable_caching
         self.hash_block_size = hash_block_size
         self.enable_kv_cache_events = manager.enable_kv_cache_events
-        self.blocks: list[KVCacheBlock] = [_Block(i, self) for i in range(core.num_blocks)]
+        block_cls = _GroupBlock if groups else _Block
+        self.blocks: list[KVCacheBlock] = [block_cls(i, self) for i in range(core.num_blocks)]
         self.null_block = self.blocks[0]
         self.free_block_queue = FreeQueueView(self)
         self.cached_block_hash_to_block = CachedHashView(self)
@@ -338,10 +383,21 @@ class BlockPoolView:
     def get_cached_block(
         self, block_hash: bytes, kv_cache_group_ids: Sequence[int]
     ) -> list[KVCacheBlock] | None:
-        if list(kv_cache_group_ids) != [0]:
-            return None
-        b = self._core.cached_block(block_hash)
-        return None if b is None else [self.blocks[b]]
+        group_ids = list(kv_cache_group_ids)
+        if not self._groups:
+            if group_ids != [0]:
+                return None
+            b = self._core.cached_block(block_hash)
+            return None if b is None else [self.blocks[b]]
+        out = []
+        for g in group_ids:
+            if not 0 <= g < self._core.num_groups:
+                return None
+            b = self._core.cached_block(block_hash, g)
+            if b is None:
+                return None
+            out.append(self.blocks[b])
+        return out
 
     def get_new_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         """Takes ``num_blocks`` blocks off the free queue's head, held by no request (the
@@ -366,19 +422,22 @@ class BlockPoolView:
 
 
 class GroupManagerView:
-    """vLLM's single-type manager of the one group, as the scheduler and tests read it."""
+    """vLLM's single-type manager of one group, as the scheduler and tests read it
+    (``group``: its index in a manager of several groups; None for the one group)."""
 
-    def __init__(self, manager: ManagerSide, core: _VllmManager, spec: Any) -> None:
+    def __init__(
+        self, manager: ManagerSide, core: _VllmManager, spec: Any, group: int | None = None
+    ) -> None:
         self._core = core
         self._blocks = manager.block_pool.blocks
         self.kv_cache_spec = spec
-        self.block_size = core.block_size
-        self.kv_cache_group_id = 0
+        self.block_size = core.block_size if group is None else spec.block_size
+        self.kv_cache_group_id = group or 0
         self.block_pool = manager.block_pool
         self.enable_caching = manager.enable_caching
         self.use_eagle = manager.use_eagle
-        self.req_to_blocks = _ReqTables(core, self._blocks)
-        self.num_cached_block = _NumCached(core)
+        self.req_to_blocks = _ReqTables(core, self._blocks, group)
+        self.num_cached_block = _NumCached(core, group)
         self._null_block = manager.block_pool.null_block
         self.retains_longer_hit = False
         # Copy-on-write block pairs awaiting the worker (vLLM's partial-hit copies).
@@ -400,17 +459,20 @@ class GroupManagerView:
 
 
 class _ReqTables(Mapping[str, list[KVCacheBlock]]):
-    """``req_to_blocks``: request id -> its blocks (a fresh list per read)."""
+    """``req_to_blocks``: request id -> its blocks in the group (a fresh list per read)."""
 
-    def __init__(self, core: _VllmManager, blocks: list[KVCacheBlock]) -> None:
+    def __init__(self, core: _VllmManager, blocks: list[KVCacheBlock], group: int | None) -> None:
         self._core = core
         self._blocks = blocks
+        self._group = group
 
     def __getitem__(self, rid: str) -> list[KVCacheBlock]:
         if not self._core.has_request(rid):
             raise KeyError(rid)
         blocks = self._blocks
-        return [blocks[i] for i in self._core.blocks(rid)]
+        if self._group is None:
+            return [blocks[i] for i in self._core.blocks(rid)]
+        return [blocks[i] for i in self._core.group_blocks(rid)[self._group].tolist()]
 
     def __contains__(self, rid: object) -> bool:
         return isinstance(rid, str) and self._core.has_request(rid)
@@ -423,19 +485,27 @@ class _ReqTables(Mapping[str, list[KVCacheBlock]]):
 
 
 class _NumCached(Mapping[str, int]):
-    """``num_cached_block``: request id -> cached blocks (present as in vLLM)."""
+    """``num_cached_block``: request id -> cached blocks of the group (present as in vLLM)."""
 
-    def __init__(self, core: _VllmManager) -> None:
+    def __init__(self, core: _VllmManager, group: int | None) -> None:
         self._core = core
+        self._group = group
+
+    def _get(self, rid: object) -> int | None:
+        if not isinstance(rid, str):
+            return None
+        if self._group is None:
+            return self._core.num_cached(rid)
+        return self._core.num_cached_groups(rid)[self._group]
 
     def __getitem__(self, rid: str) -> int:
-        n = self._core.num_cached(rid) if isinstance(rid, str) else None
+        n = self._get(rid)
         if n is None:
             raise KeyError(rid)
         return n
 
     def __contains__(self, rid: object) -> bool:
-        return isinstance(rid, str) and self._core.num_cached(rid) is not None
+        return self._get(rid) is not None
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._core.request_ids(cached_only=True))

@@ -9,10 +9,13 @@ Rust ``_VllmManager``'s (``kvindex._core``), over the same block pool as
 ``HashChainCache``, keyed on the hashes vLLM computed for each request
 (``request.block_hashes``), so hits and events agree with vLLM's bit for bit.
 
-Scope: one full-attention (or MLA) KV cache group; prefix caching on or off; chunked
-prefill, async scheduling, speculative decoding (lookahead slots, EAGLE's last-block
-drop, multi-module MTP's re-prefilled tail), preemption, KV connectors' scheduler side,
-KV events, reset and metrics. Anything else raises
+Scope: one full-attention (or MLA) KV cache group here; a config with several groups (or
+one sliding-window / chunked-local group) is served by
+:class:`~kvindex.integrations.vllm.hybrid.HybridKVCacheManager`, which constructing this
+class returns for it. Prefix caching on or off; chunked prefill, async scheduling,
+speculative decoding (lookahead slots, EAGLE's last-block drop, multi-module MTP's
+re-prefilled tail), preemption, KV connectors' scheduler side, KV events, reset and
+metrics. Anything else raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -54,6 +57,7 @@ from kvindex.exceptions import InvalidArgumentError
 
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
+from .hybrid import HybridKVCacheManager
 
 __all__ = ["KVCacheManager"]
 
@@ -176,8 +180,23 @@ class _CoordinatorView:
         return None
 
 
+def _needs_groups(kv_cache_config: KVCacheConfig) -> bool:
+    """Whether the config is for the manager of several groups (hybrid.py)."""
+    groups = kv_cache_config.kv_cache_groups
+    return len(groups) > 1 or (
+        len(groups) == 1 and type(groups[0].kv_cache_spec) not in _SUPPORTED_SPECS
+    )
+
+
 class KVCacheManager:
-    """vLLM 0.33's ``KVCacheManager`` for one full-attention (or MLA) group (module doc)."""
+    """vLLM 0.33's ``KVCacheManager`` for one full-attention (or MLA) group (module doc);
+    constructing it for several groups returns a :class:`HybridKVCacheManager`."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        config = args[0] if args else kwargs.get("kv_cache_config")
+        if cls is KVCacheManager and config is not None and _needs_groups(config):
+            return HybridKVCacheManager(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(
         self,

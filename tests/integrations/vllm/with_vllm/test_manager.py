@@ -28,12 +28,14 @@ with warnings.catch_warnings():
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
+        MambaSpec,
         SlidingWindowSpec,
     )
     from vllm.v1.request import Request
 
     from kvindex.exceptions import KvIndexError
     from kvindex.integrations.vllm.errors import UnsupportedVllmConfigError
+    from kvindex.integrations.vllm.hybrid import HybridKVCacheManager
     from kvindex.integrations.vllm.manager import KVCacheManager
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
@@ -54,6 +56,12 @@ def full_attention(block_size: int) -> FullAttentionSpec:
 def swa(block_size: int) -> SlidingWindowSpec:
     return SlidingWindowSpec(
         block_size=block_size, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=8
+    )
+
+
+def mamba(block_size: int) -> MambaSpec:
+    return MambaSpec(
+        block_size=block_size, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
     )
 
 
@@ -243,8 +251,12 @@ def test_events_have_vllm_content() -> None:
 @pytest.mark.parametrize(
     ("cfg", "kw", "what"),
     [
-        (config(10, 4, full_attention(4), swa(4)), {}, "one KV cache group"),
-        (config(10, 4, swa(4)), {}, "SlidingWindowSpec"),
+        (config(10, 4, full_attention(4), mamba(4)), {}, "not MambaSpec"),
+        (
+            config(10, 4, full_attention(8), swa(4)),
+            {"scheduler_block_size": 8},
+            "partial-block prefix entries",
+        ),
         (config(10, 4), {"dcp_world_size": 2}, "context parallelism"),
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),
     ],
@@ -257,6 +269,15 @@ def test_unsupported_configs_raise_one_clear_error(
     with pytest.raises(UnsupportedVllmConfigError, match=what) as info:
         KVCacheManager(cfg, **args)
     assert isinstance(info.value, KvIndexError)
+
+
+def test_several_groups_get_the_hybrid_manager() -> None:
+    args: dict[str, Any] = dict(max_model_len=64, scheduler_block_size=4, hash_block_size=4)
+    for cfg in (config(10, 4, full_attention(4), swa(4)), config(10, 4, swa(4))):
+        m = KVCacheManager(cfg, **args)
+        assert isinstance(m, HybridKVCacheManager)
+        assert m.num_kv_cache_groups == len(cfg.kv_cache_groups)
+    assert type(KVCacheManager(config(10, 4, full_attention(4)), **args)) is KVCacheManager
 
 
 def test_blocks_are_read_only_views() -> None:

@@ -1,0 +1,632 @@
+"""``HybridKVCacheManager``: vLLM 0.33's ``KVCacheManager`` over several KV cache groups.
+
+What vLLM's ``HybridKVCacheCoordinator`` (or, for one non-full-attention group, its unitary
+coordinator) does, decided by kvindex's Rust ``_VllmManager`` built with ``groups``: one
+block pool shared by the groups, one table per group per request, the longest hit as the
+fixed point over groups (full attention bounds it), null blocks where a sliding-window or
+chunked-local group skips positions, ``remove_skipped_blocks`` freeing what fell out of a
+window, block hashes keyed by group, KV events carrying ``group_idx``, the group's kind and
+its window. Python only converts vLLM's arguments, wraps block ids in vLLM's block objects
+and builds vLLM's event objects.
+
+:class:`~kvindex.integrations.vllm.manager.KVCacheManager` hands a config with several
+groups (or one that is not full attention / MLA) to this class; it is not constructed
+directly. Supported group kinds: full attention, MLA, sliding window, chunked local
+attention (as the Rust layout accepts them); anything else (Mamba state until the core
+allocates align-mode state blocks, partial hash hits, retention intervals, cross-attention,
+HiSparse roles, context parallelism, KV cache zeroing, the KV cache metrics collector) raises
+:class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.distributed.kv_events import (
+    MEDIUM_GPU,
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    KVCacheEvent,
+)
+from vllm.v1.core import kv_cache_manager as _vllm_manager_module
+from vllm.v1.core.kv_cache_manager import KVCacheBlocks
+from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
+from vllm.v1.core.kv_cache_utils import (
+    KVCacheBlock,
+    KVCacheBlockCopy,
+    generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
+from vllm.v1.kv_cache_interface import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheConfig,
+    MLAAttentionSpec,
+    SlidingWindowSpec,
+    get_kv_cache_spec_kind,
+    get_kv_cache_spec_sliding_window,
+)
+from vllm.v1.metrics.stats import PrefixCacheStats
+from vllm.v1.request import Request, RequestStatus
+
+from kvindex._core import _VllmManager
+from kvindex.exceptions import InvalidArgumentError, KvIndexError
+
+from .blocks import BlockPoolView, GroupManagerView
+from .errors import UnsupportedVllmConfigError
+
+__all__ = ["HybridKVCacheManager", "group_args"]
+
+#: vLLM spec type -> the kind name kvindex's layout takes (exact types: subclasses such as
+#: sliding-window MLA are other kinds).
+_KINDS: dict[type, str] = {
+    FullAttentionSpec: "full_attention",
+    MLAAttentionSpec: "mla_attention",
+    SlidingWindowSpec: "sliding_window",
+    ChunkedLocalAttentionSpec: "chunked_local_attention",
+}
+_ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _unsupported(what: str) -> UnsupportedVllmConfigError:
+    return UnsupportedVllmConfigError(f"kvindex's KVCacheManager supports {what}")
+
+
+def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]]:
+    """Each group as kvindex's layout takes it: (kind, block size, window or chunk, Mamba
+    mode); raises :class:`UnsupportedVllmConfigError` for a kind it does not take."""
+    out: list[tuple[str, int, int, str]] = []
+    for group in kv_cache_config.kv_cache_groups:
+        spec = group.kv_cache_spec
+        kind = _KINDS.get(type(spec))
+        if kind is None:
+            raise _unsupported(
+                "full attention, MLA, sliding window and chunked local KV cache groups, not "
+                f"{type(spec).__name__} (groups: "
+                + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
+                + ")"
+            )
+        role = getattr(group, "role", None)
+        if role is not None and getattr(role, "value", role) != "default":
+            raise _unsupported(f"the default KV cache group role only, not {role!r} (HiSparse)")
+        size = 0
+        if isinstance(spec, SlidingWindowSpec):
+            size = spec.sliding_window
+        elif isinstance(spec, ChunkedLocalAttentionSpec):
+            size = spec.attention_chunk_size
+        out.append((kind, spec.block_size, size, ""))
+    return out
+
+
+class _HybridCoordinatorView:
+    """The members of vLLM's hybrid coordinator the scheduler and tests read."""
+
+    enable_partial_hash_hits = False
+
+    def __init__(self, manager: HybridKVCacheManager, core: _VllmManager, specs: list[Any]) -> None:
+        self._manager = manager
+        self._core = core
+        self.kv_cache_config = manager.kv_cache_config
+        self.block_pool = manager.block_pool
+        self.hash_block_size = core.hash_block_size
+        self.scheduler_block_size = core.scheduler_block_size
+        self.dcp_world_size = 1
+        self.pcp_world_size = 1
+        self.eagle_group_ids = set(range(len(specs))) if manager.use_eagle else set()
+        self.drop_eagle_group_ids = set(self.eagle_group_ids)
+        self.num_reprefillable_tokens = manager._num_reprefillable
+        self.retention_interval = getattr(
+            manager.kv_cache_config, "prefix_cache_retention_interval", None
+        )
+        self.single_type_managers = tuple(
+            GroupManagerView(manager, core, spec, group=g) for g, spec in enumerate(specs)
+        )
+        self.group_block_sizes = tuple(core.group_block_sizes)
+        full = [g for g, s in enumerate(specs) if isinstance(s, FullAttentionSpec)]
+        self.full_attention_group_id: int | None = full[0] if full else None
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        new_computed_blocks: tuple[Sequence[KVCacheBlock], ...],
+        num_encoder_tokens: int,
+        total_computed_tokens: int,
+        num_local_computed_tokens: int,
+        num_tokens_main_model: int,
+        apply_admission_cap: bool = False,
+        prefill_end: int = 0,
+    ) -> int:
+        hits = [[b.block_id for b in g] for g in new_computed_blocks] or None
+        return self._core.num_blocks_to_allocate_groups(
+            request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap
+        )
+
+    def find_longest_cache_hit(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        return self._manager._find_hit(block_hashes, max_cache_hit_length)
+
+    def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return self._manager._tables(request_id)
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        self._manager.remove_skipped_blocks(request_id, processed_tokens, num_prompt_tokens)
+
+    def new_step_starts(self) -> None:
+        return None
+
+
+class HybridKVCacheManager:
+    """vLLM 0.33's ``KVCacheManager`` over several KV cache groups (module doc)."""
+
+    def __init__(
+        self,
+        kv_cache_config: KVCacheConfig,
+        max_model_len: int,
+        scheduler_block_size: int,
+        hash_block_size: int,
+        max_in_flight_tokens: int | None = None,
+        enable_caching: bool = True,
+        use_eagle: bool = False,
+        num_hash_lookahead_tokens: int = 0,
+        num_prefill_lookahead: int = 0,
+        log_stats: bool = False,
+        enable_kv_cache_events: bool = False,
+        dcp_world_size: int = 1,
+        pcp_world_size: int = 1,
+        metrics_collector: KVCacheMetricsCollector | None = None,
+        watermark: float = 0.0,
+        enable_mamba_shared_prefix_checkpoint: bool = False,
+    ) -> None:
+        groups = group_args(kv_cache_config)
+        if dcp_world_size != 1 or pcp_world_size != 1:
+            raise _unsupported(
+                "no decode/prefill context parallelism "
+                f"(dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
+            )
+        retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+        if retention is not None:
+            raise _unsupported(
+                f"no prefix_cache_retention_interval (got {retention}): every window "
+                "group's blocks are cached densely"
+            )
+        if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+            raise _unsupported("no KV cache zeroing (needs_kv_cache_zeroing)")
+        if watermark < 0.0:
+            raise UnsupportedVllmConfigError("watermark must be non-negative")
+        if metrics_collector is not None:
+            raise _unsupported(
+                "the KV cache metrics collector with one KV cache group only (its block "
+                "hooks are not called per group yet)"
+            )
+        if num_hash_lookahead_tokens or num_prefill_lookahead > 1:
+            raise _unsupported("no hash lookahead or multi-module MTP over several KV cache groups")
+        if max_in_flight_tokens is None:
+            max_in_flight_tokens = max_model_len
+        try:
+            self._core = _VllmManager(
+                kv_cache_config.num_blocks,
+                scheduler_block_size,
+                enable_caching=enable_caching,
+                log_removed=enable_kv_cache_events or metrics_collector is not None,
+                groups=groups,
+                hash_block_size=hash_block_size,
+                use_eagle=use_eagle,
+                max_in_flight_tokens=max_in_flight_tokens,
+                max_model_len=max_model_len,
+                allow_partial_hash_hits=True,
+            )
+        except KvIndexError as e:
+            raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+        self._specs = specs
+        self.max_model_len = max_model_len
+        self.enable_caching = enable_caching
+        self.enable_kv_cache_events = enable_kv_cache_events
+        self.use_eagle = use_eagle
+        self.log_stats = log_stats
+        self.metrics_collector = metrics_collector
+        self.prefix_cache_stats: PrefixCacheStats | None = PrefixCacheStats() if log_stats else None
+        self.kv_cache_config = kv_cache_config
+        self.num_kv_cache_groups = len(specs)
+        self.block_size = scheduler_block_size
+        self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
+        self._num_reprefillable = max(0, num_prefill_lookahead - 1)
+        self._group_sizes: list[int] = list(self._core.group_block_sizes)
+        self._hash_block_size = self._core.hash_block_size
+        self._events: list[KVCacheEvent] = []
+        self._loose = 0
+        self.block_pool: BlockPoolView = BlockPoolView(
+            self, self._core, self._hash_block_size, groups=True
+        )
+        self._blocks = self.block_pool.blocks
+        self.coordinator = _HybridCoordinatorView(self, self._core, specs)
+        self.mamba_shared_prefix_checkpoint = False
+        self.retained_hit_group_ids: tuple[int, ...] = ()
+        self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
+        self.kv_cache_event_metadata = tuple(
+            (get_kv_cache_spec_kind(s).value, get_kv_cache_spec_sliding_window(s)) for s in specs
+        )
+        self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in specs))
+
+    # ------------------------------------------------------------------ stats
+
+    @property
+    def usage(self) -> float:
+        """The KV cache usage (between 0.0 and 1.0)."""
+        return self._core.usage
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
+        """Get (and reset) the prefix cache stats; None if logging is disabled."""
+        if not self.log_stats:
+            return None
+        stats = self.prefix_cache_stats
+        self.prefix_cache_stats = PrefixCacheStats()
+        return stats
+
+    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
+        """Whether a local prefix cache lookup may be run for this request."""
+        return self.enable_caching and not request.skip_reading_prefix_cache
+
+    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
+        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
+            return
+        assert self.prefix_cache_stats is not None
+        self.prefix_cache_stats.record(
+            num_tokens=request.num_tokens,
+            num_hits=num_hits,
+            preempted=request.num_preemptions > 0,
+        )
+
+    # ----------------------------------------------------------------- lookups
+
+    def _wrap(self, groups: Sequence[Any]) -> tuple[list[KVCacheBlock], ...]:
+        blocks = self._blocks
+        return tuple([blocks[i] for i in g.tolist()] for g in groups)
+
+    def _find_hit(
+        self, block_hashes: Sequence[bytes], max_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        n, uncached, groups = self._core.find_hit_groups(block_hashes, max_length)
+        return self._wrap(groups), n, uncached
+
+    def get_computed_blocks(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int]:
+        """The cached blocks of the request's longest hit (one list per group), the hit
+        tokens, and the shared-prefix boundary a lagging group has not cached (or 0)."""
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        groups, n, uncached = self._find_hit(request.block_hashes, max_cache_hit_length)
+        if (
+            n > 0
+            and self.enable_kv_cache_events
+            and getattr(request, "kv_cache_report_mode", "incremental") == "full"
+        ):
+            for g, blocks in enumerate(groups):
+                end = len(blocks)
+                stored = [i for i in range(end) if blocks[i].block_id != 0]
+                self._emit_stored(request, g, 0, end, stored)
+        return self.create_kv_cache_blocks(groups), n, (n + uncached if uncached else 0)
+
+    def get_computed_blocks_for_connector(
+        self, request: Request, max_cache_hit_length: int | None = None
+    ) -> tuple[KVCacheBlocks, int, int, bool]:
+        """``get_computed_blocks`` plus ``hit_diverged`` (False: no Mamba group)."""
+        return *self.get_computed_blocks(request, max_cache_hit_length), False
+
+    def estimate_cached_tokens(self, request: Request) -> int:
+        """The fewest tokens any group's table of the request holds cached blocks for."""
+        cached: int | None = None
+        for table in self._tables(request.request_id):
+            n = max((b.block_hash_num_tokens or 0 for b in table), default=0)
+            cached = n if cached is None else min(cached, n)
+        return cached or 0
+
+    # -------------------------------------------------------------- allocation
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: KVCacheBlocks | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> KVCacheBlocks | None:
+        """vLLM's ``allocate_slots``: each group's new blocks, or None."""
+        if (
+            num_new_tokens == 0
+            and num_external_computed_tokens == 0
+            and num_new_computed_tokens == 0
+        ):
+            raise InvalidArgumentError(
+                "num_new_tokens must be greater than 0 when there are no computed tokens to adopt"
+            )
+        if new_computed_blocks is not None:
+            hit_groups = new_computed_blocks.blocks
+        else:
+            hit_groups = self.empty_kv_cache_blocks.blocks
+        adopt = hit_groups is not self.empty_kv_cache_blocks.blocks
+        hits = [[b.block_id for b in g] for g in hit_groups] if adopt else None
+        adopt = adopt or num_external_computed_tokens > 0
+        num_local = request.num_computed_tokens + num_new_computed_tokens
+        total = min(num_local + num_external_computed_tokens, self.max_model_len)
+        watermark = (
+            self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
+        )
+        full = min(request.num_tokens, self.max_model_len) if full_sequence_must_fit else None
+        main = total + num_new_tokens
+        need_slot = min(main + num_lookahead_tokens, self.max_model_len)
+        processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
+        caching = self.enable_caching and not delay_cache_blocks
+        cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
+        new = self._core.allocate_slots_groups(
+            request.request_id,
+            hits,
+            need_slot,
+            num_local,
+            num_external_computed_tokens,
+            full,
+            total if full is not None else None,
+            processed,
+            reserved_blocks,
+            watermark,
+            adopt,
+            list(skip_zeroing_group_ids),
+            request.block_hashes if caching else None,
+            cache_tokens,
+            self._num_reprefillable,
+        )
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+        elif self.metrics_collector is not None:
+            self._core.take_removed_groups()
+        if new is None:
+            return None
+        if self.enable_kv_cache_events:
+            for g, start, end, stored in self._core.last_cached_runs:
+                self._emit_stored(request, g, start, end, stored.tolist())
+        return self.create_kv_cache_blocks(self._wrap(new))
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
+        if not self.enable_caching:
+            return
+        runs = self._core.cache_groups(
+            request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
+        )
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+            for g, start, end, stored in runs:
+                self._emit_stored(request, g, start, end, stored.tolist())
+
+    def free(self, request: Request) -> None:
+        """Free the request's blocks, each group in reverse order (tail blocks are evicted
+        first), group 0 first."""
+        self._core.free(request.request_id)
+
+    def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
+        """Pop the request's tables and return their blocks, not yet freed."""
+        blocks = self._blocks
+        return [blocks[i] for i in self._core.pop_blocks(request.request_id)]
+
+    def remove_skipped_blocks(
+        self, request_id: str, processed_computed_tokens: int, num_prompt_tokens: int | None = None
+    ) -> None:
+        """Free (and null) each group's blocks that fell out of its window."""
+        self._core.remove_skipped_blocks(request_id, processed_computed_tokens)
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+
+    def evict_blocks(self, block_ids: set[int]) -> None:
+        """Evict blocks from the prefix cache by id (held blocks keep their references)."""
+        ids = list(block_ids)
+        collector = self.metrics_collector
+        if collector is not None:
+            for i in ids:
+                if 0 <= i < len(self._blocks):
+                    collector.on_block_evicted(self._blocks[i])
+        self._core.evict_blocks(ids)
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+        elif collector is not None:
+            self._core.take_removed_groups()
+
+    def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
+        raise _unsupported(
+            "block_pool.get_new_blocks (blocks held by no request) with one KV cache group only"
+        )
+
+    def _reset_pool(self) -> bool:
+        if not self._core.reset():
+            return False
+        if self.metrics_collector is not None:
+            self.metrics_collector.reset()
+        if self.enable_kv_cache_events:
+            self._events.append(AllBlocksCleared())
+        return True
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block; False (nothing changed) while requests hold blocks."""
+        if not self._reset_pool():
+            return False
+        if self.log_stats:
+            assert self.prefix_cache_stats is not None
+            self.prefix_cache_stats.reset = True
+        return True
+
+    def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
+        """Deprecated in vLLM (cascade attention is gone): 0 per group."""
+        return [0] * self.num_kv_cache_groups
+
+    # ------------------------------------------------------------------ events
+
+    def _drain_removed(self) -> None:
+        for h, g in self._core.take_removed_groups():
+            self._events.append(
+                BlockRemoved(
+                    block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=g
+                )
+            )
+
+    def _group_hash(self, hashes: Sequence[bytes], group: int, i: int) -> bytes:
+        """Block ``i``'s hash at the group's block size (the last fine hash it covers)."""
+        k = self._group_sizes[group] // self._hash_block_size
+        return hashes[(i + 1) * k - 1]
+
+    def _emit_stored(
+        self, request: Request, group: int, start: int, end: int, stored: Sequence[int]
+    ) -> None:
+        bs = self._group_sizes[group]
+        hashes = request.block_hashes
+        extra: list[tuple[Any, ...] | None] = []
+        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+        mm_idx = 0
+        tokens = request.all_token_ids
+        for i in stored:
+            b0, b1 = i * bs, (i + 1) * bs
+            if self.num_hash_lookahead_tokens:
+                keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+                    request, b0, b1, b1 + self.num_hash_lookahead_tokens, mm_idx
+                )
+                assert lookahead is not None
+                lookahead.append(list(tokens[b1 : b1 + self.num_hash_lookahead_tokens]))
+            else:
+                keys, mm_idx = generate_block_hash_extra_keys(request, b0, b1, mm_idx)
+            extra.append(keys)
+        lora = request.lora_request
+        self._events.append(
+            BlockStored(
+                block_hashes=[
+                    maybe_convert_block_hash(self._group_hash(hashes, group, i)) for i in stored
+                ],
+                parent_block_hash=None
+                if start == 0
+                else maybe_convert_block_hash(self._group_hash(hashes, group, start - 1)),
+                token_ids=tokens[start * bs : end * bs],
+                block_size=bs,
+                lora_id=lora.adapter_id if lora else None,
+                medium=MEDIUM_GPU,
+                lora_name=lora.name if lora else None,
+                extra_keys=to_event_extra_keys(extra),
+                group_idx=group,
+                session_id=request.session_id,
+                lookahead_token_ids=lookahead,
+            )
+        )
+
+    def _take_raw_events(self) -> list[KVCacheEvent]:
+        events = self._events
+        self._events = []
+        return events
+
+    def take_events(self) -> list[KVCacheEvent]:
+        """Take the buffered KV events, each ``BlockStored`` annotated with its group's
+        kind and sliding window."""
+        if not self.enable_kv_cache_events:
+            return []
+        events = self._take_raw_events()
+        meta = self.kv_cache_event_metadata
+        for event in events:
+            if not isinstance(event, BlockStored) or event.group_idx is None:
+                continue
+            if not 0 <= event.group_idx < len(meta):
+                _vllm_manager_module.logger.warning(
+                    "Group index `%s` not in KV cache metadata", event.group_idx
+                )
+                continue
+            event.kv_cache_spec_kind, event.kv_cache_spec_sliding_window = meta[event.group_idx]
+        return events
+
+    # ------------------------------------------------------------------ tables
+
+    def _tables(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
+        return self._wrap(self._core.group_blocks(request_id))
+
+    def get_blocks(self, request_id: str) -> KVCacheBlocks:
+        """The request's blocks, one list per group."""
+        return self.create_kv_cache_blocks(self._tables(request_id))
+
+    def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:
+        """The request's block ids, one list per group (0: the null block)."""
+        return tuple(g.tolist() for g in self._core.group_blocks(request_id))
+
+    def get_block_ids_for_computed_tokens(
+        self, request_id: str, num_computed_tokens: int
+    ) -> tuple[list[int], ...]:
+        """Each group's block ids covering the request's first ``num_computed_tokens``."""
+        return tuple(
+            ids[: _cdiv(num_computed_tokens, bs)]
+            for ids, bs in zip(self.get_block_ids(request_id), self._group_sizes, strict=True)
+        )
+
+    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
+        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
+
+    def truncate_computed_blocks(
+        self, blocks: KVCacheBlocks, num_computed_tokens: int
+    ) -> KVCacheBlocks:
+        """A lookup result cut at a token count aligned to every group's block size."""
+        out: list[list[KVCacheBlock]] = []
+        for group, bs in zip(blocks.blocks, self._group_sizes, strict=True):
+            if num_computed_tokens % bs != 0 or num_computed_tokens // bs > len(group):
+                raise InvalidArgumentError(
+                    f"cannot truncate {len(group)} blocks of {bs} tokens at {num_computed_tokens}"
+                )
+            out.append(list(group[: num_computed_tokens // bs]))
+        return self.create_kv_cache_blocks(tuple(out))
+
+    # ------------------------------------------------------- worker hand-offs
+
+    def take_new_block_ids(self) -> list[int]:
+        """Block ids to zero on the worker: none (zeroing is refused at construction)."""
+        return []
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """No group records blocks for zeroing (refused at construction)."""
+        return None
+
+    def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
+        """Drain pending copy-on-write copies (kvindex queues none: partial-block hits are
+        refused at construction) and their retained endpoints."""
+        pending = [
+            pair
+            for m in self.coordinator.single_type_managers
+            for pair in m.take_pending_cow_copies()
+        ]
+        copies = [
+            KVCacheBlockCopy(src_block_id=s.block_id, dst_block_id=d.block_id) for s, d in pending
+        ]
+        return copies, [b for pair in pending for b in pair]
+
+    def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
+        """Mamba boundary states: none (no Mamba group)."""
+        return {}
+
+    def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
+        """Mamba partial tails: none (no Mamba group)."""
+        return []
+
+    def new_step_starts(self) -> None:
+        """A new scheduler step starts (nothing to do without Mamba groups)."""
+        return None
