@@ -149,6 +149,7 @@ fn step(h: &mut Harness, inp: &mut Input<'_>) {
                     h.next_state += 1;
                     h.next_state
                 }),
+                inserted_len: 0,
             };
             let mut dups = Vec::new();
             h.t.insert_hybrid(&toks, &vals, None, 0, &[], &mut dups, &hi).expect("a valid insert");

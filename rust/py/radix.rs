@@ -388,6 +388,7 @@ impl PyRadixTree {
     /// ``inserted_len``: tokens this caller inserted before (SGLang's
     /// ``cache_inserted_len``); only nodes the path reaches past it count a hit.
     #[pyo3(signature = (tokens, slots, namespace = None, *, priority = 0, swa_evicted_len = 0, mamba_state = None, inserted_len = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn insert(
         slf: &Bound<'_, Self>,
         tokens: &Bound<'_, PyAny>,

@@ -62,11 +62,11 @@ fn swa_insert_past_the_evicted_prefix_revives_a_tombstone() {
     let mut t = hy(1, Some(2), false);
     let s: Vec<i32> = (1..=4).collect();
     // The caller freed the SWA of its first 4 tokens: all tombstone.
-    ins(&mut t, &s, 10, InsertOpts { swa_evicted: 4, mamba: None });
+    ins(&mut t, &s, 10, InsertOpts { swa_evicted: 4, mamba: None, inserted_len: 0 });
     assert_eq!(t.swa_sizes(), (0, 0));
     assert_eq!(hit(&mut t, &s).0, 0);
     // Another request with live SWA from 2 on revives [3 4] with its pages.
-    let (p, dups, f) = ins(&mut t, &s, 20, InsertOpts { swa_evicted: 2, mamba: None });
+    let (p, dups, f) = ins(&mut t, &s, 20, InsertOpts { swa_evicted: 2, mamba: None, inserted_len: 0 });
     assert_eq!(p, 4);
     assert_eq!(dups, vec![PageId(20), PageId(21)]);
     assert_eq!(f.full_only, vec![PageId(12), PageId(13)]);
@@ -121,8 +121,8 @@ fn mamba_hits_end_at_the_deepest_state_and_cascade() {
     let mut t = hy(1, None, true);
     let a = [1, 2, 3, 4];
     let b = [1, 2, 3, 4, 5, 6];
-    ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(7) });
-    let (_, _, f) = ins(&mut t, &b, 20, InsertOpts { swa_evicted: 0, mamba: Some(8) });
+    ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(7), inserted_len: 0 });
+    let (_, _, f) = ins(&mut t, &b, 20, InsertOpts { swa_evicted: 0, mamba: Some(8), inserted_len: 0 });
     assert!(!f.mamba_exist);
     assert_eq!(t.mamba_sizes(), (2, 0));
     assert_eq!(hit(&mut t, &[1, 2, 3, 4, 5, 6, 7]).0, 6);
@@ -130,7 +130,7 @@ fn mamba_hits_end_at_the_deepest_state_and_cascade() {
     // Splitting [1..4] at 2 leaves no state on the upper half.
     assert_eq!(hit(&mut t, &[1, 2, 9]).0, 0);
     // Re-inserting a present sequence: the tree keeps its state.
-    let (_, _, f) = ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(9) });
+    let (_, _, f) = ins(&mut t, &a, 10, InsertOpts { swa_evicted: 0, mamba: Some(9), inserted_len: 0 });
     assert!(f.mamba_exist);
     // Using the longer sequence makes its state the most recent.
     assert_eq!(hit(&mut t, &b).0, 6);
@@ -155,14 +155,25 @@ fn bad_component_arguments_change_nothing() {
     let mut dups = Vec::new();
     let v = [PageId(1), PageId(2)];
     let toks = [1, 2, 3, 4];
-    let bad = [InsertOpts { swa_evicted: 1, mamba: Some(1) }, InsertOpts { swa_evicted: 0, mamba: None }];
+    let bad = [
+        InsertOpts { swa_evicted: 1, mamba: Some(1), inserted_len: 0 },
+        InsertOpts { swa_evicted: 0, mamba: None, inserted_len: 0 },
+    ];
     for hi in bad {
         assert!(t.insert_hybrid(&toks, &v, None, 0, &[], &mut dups, &hi).is_err());
         assert_eq!(t.total_size(), 0);
     }
-    t.insert_hybrid(&toks, &v, None, 0, &[], &mut dups, &InsertOpts { swa_evicted: 0, mamba: Some(1) })
-        .expect("valid");
-    let again = InsertOpts { swa_evicted: 0, mamba: Some(1) };
+    t.insert_hybrid(
+        &toks,
+        &v,
+        None,
+        0,
+        &[],
+        &mut dups,
+        &InsertOpts { swa_evicted: 0, mamba: Some(1), inserted_len: 0 },
+    )
+    .expect("valid");
+    let again = InsertOpts { swa_evicted: 0, mamba: Some(1), inserted_len: 0 };
     assert!(t.insert_hybrid(&[9, 9], &[PageId(5)], None, 0, &[], &mut dups, &again).is_err());
     let mut plain = RadixTree::new(1, Policy::Lru, false).expect("tree");
     assert!(plain.insert_hybrid(&[1], &[PageId(1)], None, 0, &[], &mut dups, &again).is_err());
@@ -222,6 +233,7 @@ fn random_operations_keep_invariants_and_conserve() {
                             next_state += 1;
                             next_state
                         }),
+                        inserted_len: 0,
                     };
                     let mut dups = Vec::new();
                     t.insert_hybrid(&toks, &vals, None, 0, &[], &mut dups, &hi).expect("valid insert");
