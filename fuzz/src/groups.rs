@@ -78,22 +78,6 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
     VllmManager::with_layout(nb, layout, flags & 4 != 0, flags & 8 != 0, None).ok()
 }
 
-type Snapshot = (Vec<(String, Vec<Vec<BlockId>>, Vec<Option<usize>>)>, Vec<BlockId>);
-
-fn snapshot(m: &VllmManager) -> Snapshot {
-    let mut ids: Vec<String> = m.request_ids(false).into_iter().map(str::to_owned).collect();
-    ids.sort();
-    let t = ids
-        .iter()
-        .map(|r| {
-            let tables = (0..m.num_groups()).map(|g| m.group_blocks(r, g).to_vec()).collect();
-            let cached = (0..m.num_groups()).map(|g| m.group_num_cached(r, g)).collect();
-            (r.clone(), tables, cached)
-        })
-        .collect();
-    (t, m.pool().free_queue().collect())
-}
-
 fn check(m: &VllmManager) {
     if let Err(e) = m.check_invariants() {
         panic!("{e}");
@@ -220,7 +204,7 @@ pub fn run(data: &[u8]) {
                 let id = inp.id();
                 let g = inp.count(7);
                 let block = u32::from(inp.u8());
-                let before = snapshot(&m);
+                let before = m.state_snapshot();
                 let mut hits = vec![Vec::new(); m.num_groups()];
                 if g < hits.len() {
                     hits[g].push(BlockId(block));
@@ -230,15 +214,15 @@ pub fn run(data: &[u8]) {
                 let s = SlotRequest { num_tokens_need_slot: 4, adopt: true, ..SlotRequest::default() };
                 let name = format!("bad{id}");
                 match m.allocate_slots_groups(&name, &hits, &s) {
-                    Err(_) => assert!(snapshot(&m) == before, "a refused call changed state"),
+                    Err(_) => assert!(m.state_snapshot() == before, "a refused call changed state"),
                     Ok(_) => m.free(&name),
                 }
             }
             op::EVICT => {
                 let b = i64::from(inp.u8());
-                let before = snapshot(&m);
+                let before = m.state_snapshot();
                 if m.evict_blocks(&[b]).is_err() {
-                    assert!(snapshot(&m) == before, "a refused eviction changed state");
+                    assert!(m.state_snapshot() == before, "a refused eviction changed state");
                 }
             }
             op::REMOVE_SKIPPED => {

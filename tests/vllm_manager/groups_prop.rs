@@ -83,22 +83,6 @@ struct Live {
     num_computed: usize,
 }
 
-type Snapshot = (Vec<(String, Vec<Vec<BlockId>>, Vec<Option<usize>>)>, Vec<BlockId>);
-
-fn snapshot(m: &VllmManager) -> Snapshot {
-    let mut ids: Vec<String> = m.request_ids(false).into_iter().map(str::to_owned).collect();
-    ids.sort();
-    let tables = ids
-        .iter()
-        .map(|r| {
-            let t = (0..m.num_groups()).map(|g| m.group_blocks(r, g).to_vec()).collect();
-            let c = (0..m.num_groups()).map(|g| m.group_num_cached(r, g)).collect();
-            (r.clone(), t, c)
-        })
-        .collect();
-    (tables, m.pool().free_queue().collect())
-}
-
 fn check_conservation(m: &VllmManager) -> Result<(), TestCaseError> {
     let mut refs = vec![0u32; m.pool().num_blocks()];
     for r in m.request_ids(false) {
@@ -218,21 +202,21 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 live[rid as usize] = None;
             }
             Op::BadHit { rid, block } => {
-                let before = snapshot(&m);
+                let before = m.state_snapshot();
                 let mut hits = vec![Vec::new(); m.num_groups()];
                 hits[0].push(BlockId(block));
                 let s = SlotRequest { num_tokens_need_slot: 8, adopt: true, ..SlotRequest::default() };
                 let name = format!("bad{rid}");
                 if m.allocate_slots_groups(&name, &hits, &s).is_err() {
-                    prop_assert_eq!(snapshot(&m), before);
+                    prop_assert_eq!(m.state_snapshot(), before);
                 } else {
                     m.free(&name);
                 }
             }
             Op::Evict { block } => {
-                let before = snapshot(&m);
+                let before = m.state_snapshot();
                 if m.evict_blocks(&[i64::from(block)]).is_err() {
-                    prop_assert_eq!(snapshot(&m), before);
+                    prop_assert_eq!(m.state_snapshot(), before);
                 }
             }
         }

@@ -111,6 +111,19 @@ impl BlockLookup for PoolLookup<'_> {
     }
 }
 
+/// One request in a [`ManagerSnapshot`]: its id, one table per group, one
+/// cached count per group.
+pub type RequestSnapshot = (String, Vec<Vec<BlockId>>, Vec<Option<usize>>);
+
+/// What [`VllmManager::state_snapshot`] returns.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ManagerSnapshot {
+    /// Per request, sorted by id.
+    pub requests: Vec<RequestSnapshot>,
+    /// The pool's free queue, front first.
+    pub free_queue: Vec<BlockId>,
+}
+
 impl VllmManager {
     /// Number of KV cache groups.
     #[must_use]
@@ -131,6 +144,24 @@ impl VllmManager {
     #[must_use]
     pub fn group_num_cached(&self, rid: &str, g: usize) -> Option<usize> {
         self.reqs.get(rid).filter(|_| g < self.layout.len()).and_then(|r| r.g(g).num_cached)
+    }
+
+    /// Every request's per-group tables and cached counts (requests sorted by
+    /// id) and the free queue: what a refused call must leave unchanged.
+    /// O(blocks held + pool); for tests and fuzzing, not the hot path.
+    #[must_use]
+    pub fn state_snapshot(&self) -> ManagerSnapshot {
+        let mut ids: Vec<&str> = self.request_ids(false);
+        ids.sort_unstable();
+        let requests = ids
+            .into_iter()
+            .map(|r| {
+                let tables = (0..self.num_groups()).map(|g| self.group_blocks(r, g).to_vec()).collect();
+                let cached = (0..self.num_groups()).map(|g| self.group_num_cached(r, g)).collect();
+                (r.to_owned(), tables, cached)
+            })
+            .collect();
+        ManagerSnapshot { requests, free_queue: self.pool().free_queue().collect() }
     }
 
     /// vLLM's `find_longest_cache_hit` over all groups for request hashes

@@ -29,7 +29,7 @@ def test_is_supported(version: str, ok: bool) -> None:
 
 
 def test_check_names_supported_releases(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ver.metadata, "version", lambda name: "0.4.9")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.4.9")
     with pytest.raises(ver.UnsupportedSglangVersionError, match=r"0\.5\.23.*0\.4\.9") as e:
         ver.check_sglang_version()
     assert isinstance(e.value, KvIndexError)
@@ -37,17 +37,17 @@ def test_check_names_supported_releases(monkeypatch: pytest.MonkeyPatch) -> None
     def missing(name: str) -> str:
         raise metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(ver.metadata, "version", missing)
+    monkeypatch.setattr(metadata, "version", missing)
     with pytest.raises(
         ver.UnsupportedSglangVersionError, match=r"not installed.*kvindex\[sglang\]"
     ):
         ver.check_sglang_version()
-    monkeypatch.setattr(ver.metadata, "version", lambda name: "0.5.23")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.23")
     assert ver.check_sglang_version() == "0.5.23"
 
 
 def test_lazy_names_check_the_version_first(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(ver.metadata, "version", lambda name: "0.1.0")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.1.0")
     monkeypatch.delitem(ks.__dict__, "KvindexRadixCache", raising=False)
     with pytest.raises(ver.UnsupportedSglangVersionError):
         ks.KvindexRadixCache  # noqa: B018
@@ -58,7 +58,7 @@ def test_lazy_names_check_the_version_first(monkeypatch: pytest.MonkeyPatch) -> 
 def test_plugin_refuses_other_release(monkeypatch: pytest.MonkeyPatch) -> None:
     from kvindex.integrations.sglang import plugin
 
-    monkeypatch.setattr(ver.metadata, "version", lambda name: "0.5.0")
+    monkeypatch.setattr(metadata, "version", lambda name: "0.5.0")
     with pytest.raises(ver.UnsupportedSglangVersionError):
         plugin.register()
 

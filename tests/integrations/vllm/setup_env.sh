@@ -23,38 +23,21 @@ SDIST_TOOLS=("setuptools>=77,<81" "setuptools-scm==10.3.4" "setuptools-rust==1.1
 
 [[ $# -eq 2 ]] || { echo "usage: $0 ENV_DIR PARENT_PYTHON" >&2; exit 2; }
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=../env_lib.sh
+source "$here/../env_lib.sh"
 mkdir -p "$1"
 env_dir=$(cd "$1" && pwd)
 parent=$2
 pip_flags=(--disable-pip-version-check -q)
 stamp="$env_dir/.ready"
-want="$(sha256sum "$0" | cut -c1-64) $VLLM_VERSION $WHEEL_SHA256 $SDIST_SHA256 $(sha256sum "$here/requirements.txt" | cut -c1-64) $(cd "$here/models" && find . -name '*.json' | sort | xargs sha256sum | sha256sum | cut -c1-64) $parent"
+want="$(cat "$0" "$here/../env_lib.sh" | sha256sum | cut -c1-64) $VLLM_VERSION $WHEEL_SHA256 $SDIST_SHA256 $(sha256sum "$here/requirements.txt" | cut -c1-64) $(cd "$here/models" && find . -name '*.json' | sort | xargs sha256sum | sha256sum | cut -c1-64) $parent"
 if [[ -f $stamp && "$(cat "$stamp")" == "$want" ]]; then
   echo "vLLM test environment up to date: $env_dir"; exit 0
 fi
 rm -f "$stamp"
 
-"$parent" -c "import torch, pytest, kvindex" \
-  || { echo "$parent lacks torch, pytest or kvindex: run 'make install' or 'make dev-install' first" >&2; exit 1; }
+child_venv "$env_dir" "$parent"
 
-# The venv: its own site-packages first, then every site directory of the parent's sys.path
-# (the parent's own .pth chains are flattened, since a path added by a .pth file does not
-# have its .pth files read).
-rm -rf "$env_dir/venv"
-"$parent" -m venv --without-pip "$env_dir/venv" 2>/dev/null || "$parent" -m venv "$env_dir/venv"
-vpy="$env_dir/venv/bin/python"
-site=$("$vpy" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-"$parent" -c "import sys, sysconfig
-std = {sysconfig.get_paths()[k] for k in ('stdlib', 'platstdlib')}
-print('\n'.join(p for p in sys.path if p and not p.endswith('.zip') and p not in std
-                and not p.endswith('lib-dynload')))" > "$site/_kvindex_parent.pth"
-"$vpy" -m pip --version >/dev/null 2>&1 || "$vpy" -m ensurepip -q
-"$vpy" -c "import torch, kvindex" || { echo "the venv does not see the parent's packages" >&2; exit 1; }
-
-check() {  # file sha256
-  local got; got=$(sha256sum "$1" | cut -c1-64)
-  [[ $got == "$2" ]] || { echo "SHA-256 mismatch for $1: got $got, pinned $2" >&2; rm -f "$1"; exit 1; }
-}
 dl="$env_dir/downloads"
 mkdir -p "$dl"
 "$vpy" -m pip install "${pip_flags[@]}" "${SDIST_TOOLS[@]}"

@@ -57,7 +57,7 @@ def _fake_vllm_version(monkeypatch: pytest.MonkeyPatch, v: str | None) -> None:
             raise metadata.PackageNotFoundError(name)
         return v
 
-    monkeypatch.setattr(version.metadata, "version", fake)
+    monkeypatch.setattr(metadata, "version", fake)
 
 
 def test_other_vllm_release_is_one_clear_error_naming_the_supported_ones(

@@ -91,3 +91,12 @@ def test_a_reason_may_name_another_error_of_kvindexs() -> None:
     assert problems == []
     problems, _ = suite.compare({fake: ("passed", "")}, {fake: ("failed", OURS + " supports")})
     assert len(problems) == 1 and problems[0].startswith("OUT OF SCOPE")
+
+
+def test_the_whole_folder_list_leaves_the_ci_files_to_the_ci_list() -> None:
+    # A CI file's out-of-scope tests live in one list only (run_vllm_suite.OUT_OF_SCOPE_TESTS),
+    # so a test hybrid-group support made pass cannot stay listed as out of scope elsewhere.
+    from all_core_scope import ALL_CORE_OUT_OF_SCOPE_TESTS
+
+    ci = {f.removeprefix("tests/v1/core/") for f in suite.FILES}
+    assert not ci & set(ALL_CORE_OUT_OF_SCOPE_TESTS)

@@ -8,9 +8,9 @@ changed ``BasePrefixCache`` signature inside SGLang's scheduler.
 
 from __future__ import annotations
 
-from importlib import metadata
-
 from kvindex.exceptions import KvIndexError
+
+from .._engine_version import check_engine_version
 
 __all__ = [
     "SUPPORTED_SGLANG_VERSIONS",
@@ -38,18 +38,12 @@ def is_supported_sglang_version(version: str) -> bool:
 def check_sglang_version() -> str:
     """The installed SGLang's version; :class:`UnsupportedSglangVersionError` naming the
     supported releases when SGLang is not installed or is another release."""
-    supported = ", ".join(SUPPORTED_SGLANG_VERSIONS)
-    try:
-        version = metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        raise UnsupportedSglangVersionError(
-            f"kvindex.integrations.sglang needs SGLang {supported}, and SGLang is not "
-            "installed: pip install 'kvindex[sglang]'"
-        ) from None
-    if not is_supported_sglang_version(version):
-        raise UnsupportedSglangVersionError(
-            f"kvindex.integrations.sglang supports SGLang {supported} only; the installed "
-            f"SGLang is {version}. Install a supported release (pip install 'kvindex[sglang]') "
-            "or run SGLang without --radix-cache-backend kvindex"
-        )
-    return version
+    return check_engine_version(
+        dist="sglang",
+        engine="SGLang",
+        integration="kvindex.integrations.sglang",
+        supported=SUPPORTED_SGLANG_VERSIONS,
+        accepts=is_supported_sglang_version,
+        error=UnsupportedSglangVersionError,
+        without="without --radix-cache-backend kvindex",
+    )

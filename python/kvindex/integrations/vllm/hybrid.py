@@ -25,7 +25,6 @@ from typing import Any
 
 from vllm.distributed.kv_events import (
     MEDIUM_GPU,
-    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
@@ -58,6 +57,7 @@ from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
+from .manager_calls import ManagerCalls
 
 __all__ = ["HybridKVCacheManager", "group_args"]
 
@@ -167,7 +167,7 @@ class _HybridCoordinatorView:
         return None
 
 
-class HybridKVCacheManager:
+class HybridKVCacheManager(ManagerCalls):
     """vLLM 0.33's ``KVCacheManager`` over several KV cache groups (module doc)."""
 
     def __init__(
@@ -261,33 +261,6 @@ class HybridKVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(tuple(() for _ in specs))
 
     # ------------------------------------------------------------------ stats
-
-    @property
-    def usage(self) -> float:
-        """The KV cache usage (between 0.0 and 1.0)."""
-        return self._core.usage
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Get (and reset) the prefix cache stats; None if logging is disabled."""
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Whether a local prefix cache lookup may be run for this request."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
 
     # ----------------------------------------------------------------- lookups
 
@@ -457,24 +430,6 @@ class HybridKVCacheManager:
             "block_pool.get_new_blocks (blocks held by no request) with one KV cache group only"
         )
 
-    def _reset_pool(self) -> bool:
-        if not self._core.reset():
-            return False
-        if self.metrics_collector is not None:
-            self.metrics_collector.reset()
-        if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
-        return True
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block; False (nothing changed) while requests hold blocks."""
-        if not self._reset_pool():
-            return False
-        if self.log_stats:
-            assert self.prefix_cache_stats is not None
-            self.prefix_cache_stats.reset = True
-        return True
-
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 per group."""
         return [0] * self.num_kv_cache_groups
@@ -535,11 +490,6 @@ class HybridKVCacheManager:
             )
         )
 
-    def _take_raw_events(self) -> list[KVCacheEvent]:
-        events = self._events
-        self._events = []
-        return events
-
     def take_events(self) -> list[KVCacheEvent]:
         """Take the buffered KV events, each ``BlockStored`` annotated with its group's
         kind and sliding window."""
@@ -580,9 +530,6 @@ class HybridKVCacheManager:
             for ids, bs in zip(self.get_block_ids(request_id), self._group_sizes, strict=True)
         )
 
-    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
     def truncate_computed_blocks(
         self, blocks: KVCacheBlocks, num_computed_tokens: int
     ) -> KVCacheBlocks:
@@ -597,14 +544,6 @@ class HybridKVCacheManager:
         return self.create_kv_cache_blocks(tuple(out))
 
     # ------------------------------------------------------- worker hand-offs
-
-    def take_new_block_ids(self) -> list[int]:
-        """Block ids to zero on the worker: none (zeroing is refused at construction)."""
-        return []
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """No group records blocks for zeroing (refused at construction)."""
-        return None
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """Drain pending copy-on-write copies (kvindex queues none: partial-block hits are

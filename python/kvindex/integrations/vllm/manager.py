@@ -26,7 +26,6 @@ from typing import Any
 
 from vllm.distributed.kv_events import (
     MEDIUM_GPU,
-    AllBlocksCleared,
     BlockRemoved,
     BlockStored,
     KVCacheEvent,
@@ -58,6 +57,7 @@ from kvindex.exceptions import InvalidArgumentError
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
 from .hybrid import HybridKVCacheManager
+from .manager_calls import ManagerCalls
 
 __all__ = ["KVCacheManager"]
 
@@ -188,7 +188,7 @@ def _needs_groups(kv_cache_config: KVCacheConfig) -> bool:
     )
 
 
-class KVCacheManager:
+class KVCacheManager(ManagerCalls):
     """vLLM 0.33's ``KVCacheManager`` for one full-attention (or MLA) group (module doc);
     constructing it for several groups returns a :class:`HybridKVCacheManager`."""
 
@@ -285,33 +285,6 @@ class KVCacheManager:
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
 
     # ------------------------------------------------------------------ stats
-
-    @property
-    def usage(self) -> float:
-        """The KV cache usage (between 0.0 and 1.0)."""
-        return self._core.usage
-
-    def make_prefix_cache_stats(self) -> PrefixCacheStats | None:
-        """Get (and reset) the prefix cache stats; None if logging is disabled."""
-        if not self.log_stats:
-            return None
-        stats = self.prefix_cache_stats
-        self.prefix_cache_stats = PrefixCacheStats()
-        return stats
-
-    def prefix_cache_lookup_enabled(self, request: Request) -> bool:
-        """Whether a local prefix cache lookup may be run for this request."""
-        return self.enable_caching and not request.skip_reading_prefix_cache
-
-    def record_prefix_cache_stats(self, request: Request, num_hits: int) -> None:
-        if not self.log_stats or not self.prefix_cache_lookup_enabled(request):
-            return
-        assert self.prefix_cache_stats is not None
-        self.prefix_cache_stats.record(
-            num_tokens=request.num_tokens,
-            num_hits=num_hits,
-            preempted=request.num_preemptions > 0,
-        )
 
     # ----------------------------------------------------------------- lookups
 
@@ -668,24 +641,6 @@ class KVCacheManager:
         blocks = self._blocks
         return [blocks[i] for i in self._core.pop_blocks(rid)]
 
-    def _reset_pool(self) -> bool:
-        if not self._core.reset():
-            return False
-        if self.metrics_collector is not None:
-            self.metrics_collector.reset()
-        if self.enable_kv_cache_events:
-            self._events.append(AllBlocksCleared())
-        return True
-
-    def reset_prefix_cache(self) -> bool:
-        """Drop every cached block; False (nothing changed) while requests hold blocks."""
-        if not self._reset_pool():
-            return False
-        if self.log_stats:
-            assert self.prefix_cache_stats is not None
-            self.prefix_cache_stats.reset = True
-        return True
-
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 for the one group."""
         return [0]
@@ -737,11 +692,6 @@ class KVCacheManager:
             )
         )
 
-    def _take_raw_events(self) -> list[KVCacheEvent]:
-        events = self._events
-        self._events = []
-        return events
-
     def take_events(self) -> list[KVCacheEvent]:
         """Take the buffered KV events (vLLM's objects, annotated with the group's kind)."""
         if not self.enable_kv_cache_events:
@@ -792,9 +742,6 @@ class KVCacheManager:
         ids = self._core.blocks(request_id)
         return (ids[: _cdiv(num_computed_tokens, self.block_size)],)
 
-    def create_kv_cache_blocks(self, blocks: tuple[list[KVCacheBlock], ...]) -> KVCacheBlocks:
-        return KVCacheBlocks(blocks) if any(blocks) else self.empty_kv_cache_blocks
-
     def truncate_computed_blocks(
         self, blocks: KVCacheBlocks, num_computed_tokens: int
     ) -> KVCacheBlocks:
@@ -811,14 +758,6 @@ class KVCacheManager:
         return self.create_kv_cache_blocks((list(group[: num_computed_tokens // self.block_size]),))
 
     # ------------------------------------------------------- worker hand-offs
-
-    def take_new_block_ids(self) -> list[int]:
-        """Block ids to zero on the worker: none (zeroing is refused at construction)."""
-        return []
-
-    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
-        """No group records blocks for zeroing (refused at construction)."""
-        return None
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
         """Drain pending copy-on-write copies and their retained endpoints (kvindex queues

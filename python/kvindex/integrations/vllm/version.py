@@ -10,9 +10,10 @@ signature deep inside vLLM's scheduler.
 from __future__ import annotations
 
 import re
-from importlib import metadata
 
 from kvindex.exceptions import KvIndexError
+
+from .._engine_version import check_engine_version
 
 __all__ = [
     "SUPPORTED_VLLM_VERSIONS",
@@ -45,18 +46,12 @@ def is_supported_vllm_version(version: str) -> bool:
 def check_vllm_version() -> str:
     """The installed vLLM's version; :class:`UnsupportedVllmVersionError` naming the
     supported releases when vLLM is not installed or is another release."""
-    supported = ", ".join(SUPPORTED_VLLM_VERSIONS)
-    try:
-        version = metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        raise UnsupportedVllmVersionError(
-            f"kvindex.integrations.vllm needs vLLM {supported}, and vLLM is not installed: "
-            f"pip install 'kvindex[vllm]'"
-        ) from None
-    if not is_supported_vllm_version(version):
-        raise UnsupportedVllmVersionError(
-            f"kvindex.integrations.vllm supports vLLM {supported} only; the installed vLLM is "
-            f"{version}. Install a supported release (pip install 'kvindex[vllm]') or run vLLM "
-            "without kvindex's scheduler / KVINDEX_VLLM plugin"
-        )
-    return version
+    return check_engine_version(
+        dist="vllm",
+        engine="vLLM",
+        integration="kvindex.integrations.vllm",
+        supported=SUPPORTED_VLLM_VERSIONS,
+        accepts=is_supported_vllm_version,
+        error=UnsupportedVllmVersionError,
+        without="without kvindex's scheduler / KVINDEX_VLLM plugin",
+    )
