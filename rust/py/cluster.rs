@@ -16,7 +16,8 @@ use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use super::arrays::{self, with_tokens, with_views, TokensOrList};
 use super::errors::{dtype, inv_to_py, invalid, IntoPyResult};
 use super::keys;
-use crate::core::cluster::groups::{Basis, ClusterLayout, ScoreScratch};
+use crate::core::cluster::groups::{Basis, ScoreScratch};
+use crate::core::cluster::layout::ClusterLayout;
 use crate::core::cluster::query::QueryHasher;
 use crate::core::cluster::{self as core, route, Outcome, WorkerId};
 

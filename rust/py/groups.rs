@@ -17,16 +17,18 @@ use super::errors::{dtype, IntoPyResult};
 use crate::core::explain::{min_cacheable_prompt, repeated_prompt, Replay};
 use crate::core::groups::rule::window_blocks;
 use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use crate::core::radix::Components;
 
 /// Most groups a layout argument may hold.
 const MAX_GROUPS: usize = 64;
 
-/// A [`GroupLayout`] from a layout argument (module header).
+/// The group specs of a layout argument (module header); an empty
+/// `mamba_mode` stands for `"none"`.
 ///
 /// # Errors
 /// `DTypeError` for a non-sequence or a malformed tuple; `InvalidArgumentError`
-/// for more than 64 groups or what [`GroupLayout::new`] rejects.
-pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bool) -> PyResult<GroupLayout> {
+/// for more than 64 groups or a kind [`GroupKind::parse`] rejects.
+pub fn group_specs(groups: &Bound<'_, PyAny>) -> PyResult<Vec<GroupSpec>> {
     if !(groups.is_instance_of::<PyList>() || groups.is_instance_of::<PyTuple>()) {
         return Err(dtype("groups must be a list or tuple of (kind, block_size, size, mamba_mode) tuples"));
     }
@@ -48,12 +50,33 @@ pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bo
         let bs = args::usize_arg(&t.get_item(1)?, "block_size", 1 << 30)?;
         let size = args::usize_arg(&t.get_item(2)?, "size", 1 << 40)?;
         let mode = t.get_item(3)?;
-        let mode = args::text(&mode, "mamba_mode")?.to_owned();
-        let kind = GroupKind::parse(&kind, size, &mode)
+        let mode = args::text(&mode, "mamba_mode")?;
+        let mode = if mode.is_empty() { "none" } else { mode };
+        let kind = GroupKind::parse(&kind, size, mode)
             .map_err(|e| super::errors::invalid(format!("groups[{i}]: {e}")))?;
         specs.push(GroupSpec { kind, block_size: bs });
     }
+    Ok(specs)
+}
+
+/// A [`GroupLayout`] from a layout argument (module header).
+///
+/// # Errors
+/// As [`group_specs`]; also what [`GroupLayout::new`] rejects.
+pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bool) -> PyResult<GroupLayout> {
+    let specs = group_specs(groups)?;
     GroupLayout::new(specs, LayoutOptions { enable_caching, use_eagle, ..LayoutOptions::default() }).py()
+}
+
+/// The radix tree's page size and components for a layout argument, and the
+/// layout described in words.
+///
+/// # Errors
+/// As [`layout_arg`] and [`Components::from_layout`].
+pub fn radix_components(groups: &Bound<'_, PyAny>) -> PyResult<(usize, Components, String)> {
+    let layout = layout_arg(groups, true, false)?;
+    let (bs, comps) = Components::from_layout(&layout).py()?;
+    Ok((bs, comps, Components::describe(&layout)))
 }
 
 /// The figures of `kvindex explain` for `groups` (`(kind, block_size, size,

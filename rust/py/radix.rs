@@ -284,7 +284,7 @@ impl PyRadixTree {
         let mut comps =
             Components { swa_window: args::opt_usize_arg(sliding_window, "sliding_window", 1 << 40)?, mamba };
         if let Some(g) = groups.filter(|g| !g.is_none()) {
-            let (bs, from_layout, _) = super::radix_hybrid::layout_components(g)?;
+            let (bs, from_layout, _) = super::groups::radix_components(g)?;
             if comps.any() {
                 return Err(invalid("give either groups or sliding_window / mamba, not both"));
             }
@@ -609,7 +609,7 @@ impl PyRadixPrefixCache {
     ) -> PyResult<PyClassInitializer<Self>> {
         let policy = parse_policy(&policy, slru_threshold)?;
         if let Some(g) = groups.filter(|g| !g.is_none()) {
-            let (bs, comps, names) = super::radix_hybrid::layout_components(g)?;
+            let (bs, comps, names) = super::groups::radix_components(g)?;
             if bs != block_size {
                 return Err(invalid(format!(
                     "block_size ({block_size}) must be the groups' block size ({bs})"

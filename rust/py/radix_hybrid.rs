@@ -7,10 +7,9 @@ use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::args;
-use super::errors::{dtype, invalid, IntoPyResult};
+use super::errors::{invalid, IntoPyResult};
 use super::radix::{encode_handle, slot_array, PyRadixTree};
-use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
-use crate::core::radix::{Components, HybridFreed};
+use crate::core::radix::HybridFreed;
 
 /// `(swa_slots, full_only_slots, mamba_states, mamba_exist)`.
 type ComponentFrees<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i32>>, Bound<'py, PyList>, bool);
@@ -136,48 +135,4 @@ impl PyRadixTree {
             .collect::<PyResult<Vec<_>>>()?;
         PyList::new(py, handles)
     }
-}
-
-/// A group layout from ``groups``: a sequence of ``(kind_name, block_size,
-/// window_or_chunk, mamba_mode)`` (vLLM's ``KVCacheSpecKind`` names; the size is
-/// ignored for kinds without one, ``mamba_mode`` is ``""`` for other kinds), as the
-/// vLLM manager takes it.
-///
-/// # Errors
-/// `InvalidArgumentError` / `DTypeError` for a malformed entry or a layout the
-/// group rules reject.
-pub(super) fn parse_groups(obj: &Bound<'_, PyAny>) -> PyResult<GroupLayout> {
-    let mut specs = Vec::new();
-    for (i, item) in obj.try_iter().map_err(|_| dtype("groups must be a sequence of tuples"))?.enumerate() {
-        let item = item?;
-        let what = format!("groups[{i}]");
-        let t: Vec<Bound<'_, PyAny>> = item
-            .try_iter()
-            .map_err(|_| dtype(format!("{what} must be a tuple")))?
-            .collect::<PyResult<_>>()?;
-        let [kind, bs, size, mode] = t.as_slice() else {
-            return Err(invalid(format!(
-                "{what} must be (kind_name, block_size, window_or_chunk, mamba_mode), got {} items",
-                t.len()
-            )));
-        };
-        let kind = args::text(kind, "kind_name")?;
-        let bs = args::usize_arg(bs, "block_size", 1 << 20)?;
-        let size = args::usize_arg(size, "window_or_chunk", 1 << 40)?;
-        let mode = args::text(mode, "mamba_mode")?;
-        let mode = if mode.is_empty() { "none" } else { mode };
-        let kind = GroupKind::parse(kind, size, mode).py()?;
-        specs.push(GroupSpec { kind, block_size: bs });
-    }
-    GroupLayout::new(specs, LayoutOptions { enable_caching: true, ..LayoutOptions::default() }).py()
-}
-
-/// The radix tree's page size and components for ``groups``.
-///
-/// # Errors
-/// As [`parse_groups`] and [`Components::from_layout`].
-pub(super) fn layout_components(obj: &Bound<'_, PyAny>) -> PyResult<(usize, Components, String)> {
-    let layout = parse_groups(obj)?;
-    let (bs, comps) = Components::from_layout(&layout).py()?;
-    Ok((bs, comps, Components::describe(&layout)))
 }

@@ -16,13 +16,10 @@ use pyo3::types::{PyBytes, PyList};
 
 use super::arrays::i32_array;
 use super::errors::{invalid, IntoPyResult};
-use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use crate::core::groups::spec::{GroupLayout, LayoutOptions};
 use crate::core::ids::{BlockHash, BlockId, MAX_DIGEST_LEN};
 use crate::core::vllm_manager::groups::CachedRun;
 use crate::core::vllm_manager::{self as core, SlotRequest};
-
-/// One group as the constructor takes it: kind, block size, window or chunk, Mamba mode.
-type GroupArg = (String, i64, i64, String);
 
 /// Per-group block ids as int32 arrays.
 pub(super) fn group_arrays<'py>(
@@ -110,7 +107,7 @@ impl PyVllmManager {
         enable_caching: bool,
         log_removed: bool,
         log_new: bool,
-        groups: Option<Vec<GroupArg>>,
+        groups: Option<&Bound<'_, PyAny>>,
         hash_block_size: Option<i64>,
         use_eagle: bool,
         max_in_flight_tokens: Option<i64>,
@@ -133,11 +130,7 @@ impl PyVllmManager {
                 core::VllmManager::new(num_blocks, block_size, enable_caching, log_removed, log_new).py()?;
             return Ok(PyVllmManager { inner, last_run: None, last_runs: Vec::new() });
         };
-        let mut specs = Vec::with_capacity(groups.len());
-        for (kind, bs, size, mode) in &groups {
-            let kind = GroupKind::parse(kind, count(*size, "window / chunk size")?, mode).py()?;
-            specs.push(GroupSpec { kind, block_size: count(*bs, "group block_size")? });
-        }
+        let specs = super::groups::group_specs(groups)?;
         let opt = LayoutOptions {
             enable_caching,
             hash_block_size: hash_block_size.map(|h| count(h, "hash_block_size")).transpose()?,

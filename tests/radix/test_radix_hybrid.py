@@ -314,7 +314,6 @@ def test_group_layouts_build_hybrid_trees() -> None:
         ([("full_attention", 16, 0, ""), ("sliding_window", 32, 128, "")], "different block sizes"),
         ([("sliding_window", 16, 128, "")], "no full-attention group"),
         ([("full_attention", 16, 0, ""), ("mamba", 16, 0, "none")], "align"),
-        ([("full_attention", 16, 0)], "kind_name, block_size"),
     ],
 )
 def test_layouts_the_radix_design_cannot_serve_are_named(groups: Any, why: str) -> None:
@@ -322,6 +321,16 @@ def test_layouts_the_radix_design_cannot_serve_are_named(groups: Any, why: str) 
         kvindex.RadixTree(16, groups=groups)
     with pytest.raises(kvindex.InvalidArgumentError, match=why):
         kvindex.make_cache("radix", 64, 16, groups=groups)
+
+
+def test_a_malformed_group_tuple_is_a_type_error() -> None:
+    # The same (kind, block_size, size, mamba_mode) tuples the vLLM manager and explain take.
+    for build in (
+        lambda g: kvindex.RadixTree(16, groups=g),
+        lambda g: kvindex.make_cache("radix", 64, 16, groups=g),
+    ):
+        with pytest.raises(kvindex.DTypeError, match="4 fields"):
+            build([("full_attention", 16, 0)])
 
 
 def test_make_cache_radix_takes_a_layout() -> None:

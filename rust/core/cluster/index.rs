@@ -10,8 +10,8 @@ use hashbrown::HashMap;
 use rustc_hash::FxBuildHasher;
 use xxhash_rust::xxh3::xxh3_64;
 
-use super::groups::group_key;
 use super::holders::{bit_ids, Set, SET_TAG};
+use super::layout::group_key;
 use super::ops::{batch_ops, GroupSizes, Op, Ops};
 use super::stream::{Outcome, Worker};
 use super::table::{Ahead, BlockTable, Key};
@@ -293,7 +293,7 @@ impl ClusterIndex {
     pub fn set_worker_layout(
         &mut self,
         w: WorkerId,
-        layout: Option<std::sync::Arc<super::groups::ClusterLayout>>,
+        layout: Option<std::sync::Arc<super::layout::ClusterLayout>>,
     ) -> KvResult<()> {
         self.require(w)?;
         self.wk(w).groups.set_layout(layout);

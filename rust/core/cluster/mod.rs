@@ -13,7 +13,8 @@
 //! | [`query`] | a prompt's tokens into the hashes events carry (hash chain or radix scheme) |
 //! | [`route`] | routing scores (Dynamo's cost shape) over query answers |
 //! | [`snapshot`] | a worker's state exported and restored (bootstrap, router replicas) |
-//! | [`groups`] | KV cache groups: membership per (worker, group), scoring by the engine's hybrid hit |
+//! | [`layout`] | KV cache groups: each worker's declared layout, group keys, the groups its events named |
+//! | [`groups`] | scoring a worker by its engine's hybrid hit over its per-group membership |
 //!
 //! # Layout
 //! - A *worker* is one event stream: an (engine, data-parallel rank) pair,
@@ -73,6 +74,7 @@ pub mod groups;
 pub mod holders;
 pub mod huge;
 pub mod index;
+pub mod layout;
 pub mod ops;
 pub mod query;
 pub mod route;

@@ -88,7 +88,7 @@ pub struct Worker {
     /// Counters.
     pub stats: WorkerStats,
     /// Its KV cache groups: the declared layout and the kinds its events named.
-    pub groups: super::groups::WorkerGroups,
+    pub groups: super::layout::WorkerGroups,
     /// `(seq, payload digest)` of recent batches, by `seq % RECENT`.
     recent: Vec<(u64, u64)>,
 }
@@ -126,7 +126,7 @@ impl Worker {
             next_seq: 0,
             incarnation,
             stats: WorkerStats::default(),
-            groups: super::groups::WorkerGroups::default(),
+            groups: super::layout::WorkerGroups::default(),
             recent: vec![(u64::MAX, 0); RECENT],
         }
     }
