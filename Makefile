@@ -128,7 +128,7 @@ sglang-suite:
 # FUZZ_SEED fixes libFuzzer's mutation sequence (the time limit decides how far it gets);
 # FUZZ_SEED=0 lets libFuzzer pick one and print it ("Seed: N").
 FUZZ_TARGETS := hash_chain radix_tree radix_cache pages lifecycle groups
-FUZZ_SECONDS ?= 45
+FUZZ_SECONDS ?= 20
 FUZZ_SEED ?= 1
 fuzz-smoke:
 	cargo fuzz --version >/dev/null 2>&1 || cargo install cargo-fuzz --locked
