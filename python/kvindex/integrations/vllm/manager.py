@@ -267,7 +267,7 @@ class KVCacheManager(ManagerCalls):
         # Per request with a table, mirrored after every Rust call that may change it:
         # (slots held in tokens, blocks held, cached blocks). The no-op paths of
         # allocate_slots and cache_blocks read it instead of crossing into Rust.
-        self._room: dict[str, tuple[int, int, int]] = {}
+        self._room: dict[str, tuple[int, int, int, int]] = {}
         # get_blocks' result per request, dropped when the request's table changes.
         self._tables: dict[str, KVCacheBlocks] = {}
         # The one-call path serves running requests when nothing else must watch the
@@ -364,6 +364,17 @@ class KVCacheManager(ManagerCalls):
             and not full_sequence_must_fit
             and not reserved_blocks
         ):
+            # The common case in one comparison: room[3] is the last token the held
+            # slots cover before a held block would become cacheable (see _room_of).
+            done = request.num_computed_tokens
+            if (
+                0 <= done
+                and done + num_new_tokens + num_lookahead_tokens <= room[3]
+                and not (
+                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
+                )
+            ):
+                return self.empty_kv_cache_blocks
             # A running request's next chunk or decode step (the scheduler's call for
             # every running request, every step). When the table already holds every
             # slot the step needs and no held block becomes cacheable, the Rust call
@@ -560,7 +571,7 @@ class KVCacheManager(ManagerCalls):
         if run is None:
             return
         if room is not None:
-            self._room[rid] = (room[0], room[1], run[1])
+            self._room[rid] = self._room_of(room[1], run[1])
         else:
             self._note(rid)
         if self.enable_kv_cache_events:
@@ -587,8 +598,18 @@ class KVCacheManager(ManagerCalls):
             self._room.pop(rid, None)
             return 0
         held, cached = state
-        self._room[rid] = (held * self.block_size, held, cached)
+        self._room[rid] = self._room_of(held, cached)
         return held
+
+    def _room_of(self, held: int, cached: int) -> tuple[int, int, int, int]:
+        """A request's mirror: (slots held, blocks held, blocks cached, the most tokens
+        the table covers while no held block becomes cacheable: a step that ends there,
+        lookahead included, needs no Rust call)."""
+        slots = held * self.block_size
+        quick = slots
+        if self.enable_caching and cached < held:
+            quick = min(slots, (cached + 1) * self.block_size + self._num_reprefillable - 1)
+        return (slots, held, cached, quick)
 
     def _forget(self, rid: str) -> None:
         self._room.pop(rid, None)
