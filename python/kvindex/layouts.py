@@ -237,20 +237,26 @@ def _mamba_block_size(state_bytes: int, token_bytes: int, kernel_block: int = 16
     return kernel_block * math.ceil(state_bytes / (kernel_block * token_bytes))
 
 
+def _local_and_full(
+    name: str, local: Group, local_layers: int, full_layers: int, source: str
+) -> Layout:
+    """A model of ``local_layers`` local-attention layers (``local``: its kind, block size,
+    window or chunk and bytes per token) beside ``full_layers`` full-attention ones of the
+    same block size and bytes per token."""
+    full = Group("full_attention", local.block_size, token_bytes=local.token_bytes)
+    return Layout(name, _grouped([(local, local_layers), (full, full_layers)]), source)
+
+
 def _presets() -> dict[str, Layout]:
     p: dict[str, Layout] = {}
     # gpt-oss-120b (openai/gpt-oss-120b config.json): num_hidden_layers=36, layer_types
     # alternating "sliding_attention"/"full_attention" from layer 0, sliding_window=128,
     # num_key_value_heads=8, head_dim=64 (bf16).
-    tb = _attn_token_bytes(8, 64)
-    p["gpt-oss"] = Layout(
+    p["gpt-oss"] = _local_and_full(
         "gpt-oss",
-        _grouped(
-            [
-                (Group("sliding_window", 16, window=128, token_bytes=tb), 18),
-                (Group("full_attention", 16, token_bytes=tb), 18),
-            ]
-        ),
+        Group("sliding_window", 16, window=128, token_bytes=_attn_token_bytes(8, 64)),
+        18,
+        18,
         "openai/gpt-oss-120b config.json: num_hidden_layers=36, "
         "layer_types (sliding/full alternating), "
         "sliding_window=128, num_key_value_heads=8, head_dim=64; block_size 16",
@@ -258,44 +264,32 @@ def _presets() -> dict[str, Layout]:
     # Gemma 3 27B (google/gemma-3-27b-it text_config): num_hidden_layers=62,
     # sliding_window=1024, sliding_window_pattern=6 (layer i global when (i+1) % 6 == 0:
     # 10 global, 52 local), num_key_value_heads=16, head_dim=128.
-    tb = _attn_token_bytes(16, 128)
-    p["gemma3"] = Layout(
+    p["gemma3"] = _local_and_full(
         "gemma3",
-        _grouped(
-            [
-                (Group("sliding_window", 16, window=1024, token_bytes=tb), 52),
-                (Group("full_attention", 16, token_bytes=tb), 10),
-            ]
-        ),
+        Group("sliding_window", 16, window=1024, token_bytes=_attn_token_bytes(16, 128)),
+        52,
+        10,
         "google/gemma-3-27b-it text_config: num_hidden_layers=62, sliding_window=1024, "
         "sliding_window_pattern=6, num_key_value_heads=16, head_dim=128; block_size 16 (the 27B)",
     )
     # Gemma 3 1B (google/gemma-3-1b-it): num_hidden_layers=26, sliding_window=512,
     # sliding_window_pattern=6 (4 global, 22 local), num_key_value_heads=1, head_dim=256.
-    tb = _attn_token_bytes(1, 256)
-    p["gemma3-1b"] = Layout(
+    p["gemma3-1b"] = _local_and_full(
         "gemma3-1b",
-        _grouped(
-            [
-                (Group("sliding_window", 16, window=512, token_bytes=tb), 22),
-                (Group("full_attention", 16, token_bytes=tb), 4),
-            ]
-        ),
+        Group("sliding_window", 16, window=512, token_bytes=_attn_token_bytes(1, 256)),
+        22,
+        4,
         "google/gemma-3-1b-it: num_hidden_layers=26, sliding_window=512, sliding_window_pattern=6, "
         "num_key_value_heads=1, head_dim=256; block_size 16",
     )
     # Llama 4 Scout (meta-llama/Llama-4-Scout-17B-16E text_config): num_hidden_layers=48,
     # attention_chunk_size=8192, no_rope_layers (every 4th layer global: 36 chunked local,
     # 12 global), num_key_value_heads=8, head_dim=128.
-    tb = _attn_token_bytes(8, 128)
-    p["llama4"] = Layout(
+    p["llama4"] = _local_and_full(
         "llama4",
-        _grouped(
-            [
-                (Group("chunked_local_attention", 16, chunk=8192, token_bytes=tb), 36),
-                (Group("full_attention", 16, token_bytes=tb), 12),
-            ]
-        ),
+        Group("chunked_local_attention", 16, chunk=8192, token_bytes=_attn_token_bytes(8, 128)),
+        36,
+        12,
         "meta-llama/Llama-4-Scout-17B-16E text_config: num_hidden_layers=48, "
         "attention_chunk_size=8192, "
         "no_rope_layers (3 chunked : 1 global), num_key_value_heads=8, head_dim=128; block_size 16",
