@@ -438,6 +438,9 @@ class RadixCacheModel:
 
     def checkpoint(self, rid: int) -> None:
         r = self.reqs[rid]
+        # No page filled since the last insert: no insert (no hit counted, no stamp).
+        if len(r[0]) // self.ps * self.ps <= r[4]:
+            return
         full_tokens = self._insert(r)
         if full_tokens > r[4]:
             h, slots, node = self.tree.match_prefix(r[0][:full_tokens], r[1])
