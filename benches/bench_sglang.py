@@ -13,9 +13,14 @@ same hit length for every request.
 ``--with-floor`` adds the seam's floor: ``SeamFloor``, the cheapest ``BasePrefixCache``
 that meets the contract the scheduler relies on (a ``MatchResult`` per match, a
 ``TreeLock`` per lock, a device-index tensor per ``path_device_indices``, an
-``InsertResult`` per insert, evictions that give slots back through SGLang's allocator)
-while doing no tree work: it never hits, and evicts whole inserted sequences oldest first.
-What it costs per request is what any backend behind this seam pays before its own work.
+``InsertResult`` per insert) while doing no tree work: it never hits, and its pool holds
+the whole stream, so it never evicts (it could only evict by giving slots back through
+SGLang's allocator, as every backend does). What it costs per request is what any
+backend behind this seam pays before its own work; the allocator's frees under memory
+pressure come on top.
+
+``--clock cpu`` times with this thread's CPU clock (``time.thread_time``) instead of the
+wall clock: on a loaded machine it leaves out the time the process waits for a core.
 
 Needs the SGLang environment (``make sglang-suite`` builds it):
 
@@ -135,14 +140,17 @@ def stream(
 
 
 def run(
-    cache: Any, alloc: Any, reqs: list[array[int]], page_size: int
+    cache: Any,
+    alloc: Any,
+    reqs: list[array[int]],
+    page_size: int,
+    clock: Any = time.perf_counter,
 ) -> tuple[float, float, list[int]]:
     """Seconds for all requests, seconds inside the cache's calls alone (what the cache
     costs: the allocator's alloc / free and the tensor concatenation excluded, the frees an
     eviction makes included), and each request's hit length."""
     hits = []
     ps = page_size
-    clock = time.perf_counter
     in_cache = 0.0
     t0 = clock()
     for tokens in reqs:
@@ -183,6 +191,12 @@ def main() -> None:
     ap.add_argument(
         "--with-floor", action="store_true", help="also the seam's floor (SeamFloor, no tree)"
     )
+    ap.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="wall",
+        help="wall: time.perf_counter; cpu: this thread's CPU time (time.thread_time)",
+    )
     args = ap.parse_args()
     core = os.environ.get("SGLANG_UNIFIED_RADIX_TREE_CORE_BACKEND", "rust")
     backends = (
@@ -190,7 +204,10 @@ def main() -> None:
         + (["radix"] if args.with_radix else [])
         + (["floor"] if args.with_floor else [])
     )
-    print(f"SGLang UnifiedRadixCache tree core: {core}; torch {torch.__version__}")
+    clock = time.thread_time if args.clock == "cpu" else time.perf_counter
+    print(
+        f"SGLang UnifiedRadixCache tree core: {core}; torch {torch.__version__}; clock {args.clock}"
+    )
     for ps in [int(x) for x in args.page_sizes.split(",")]:
         reqs = stream(ps, args.requests, args.prefixes, args.prefix_len, args.tail_len, 32000)
         total = sum(len(r) for r in reqs)
@@ -202,13 +219,12 @@ def main() -> None:
             order = backends if rnd % 2 == 0 else backends[::-1]
             for b in order:
                 world = "kvindex" if b == "floor" else b
-                cache, alloc, _ = make_cache(
-                    world, page_size=ps, kv_size=kv_size, max_context_len=8
-                )
+                pool = total // ps * ps + ps if b == "floor" else kv_size
+                cache, alloc, _ = make_cache(world, page_size=ps, kv_size=pool, max_context_len=8)
                 if b == "floor":
                     cache = SeamFloor(cache)
                 try:
-                    secs, cache_secs, hits = run(cache, alloc, reqs, ps)
+                    secs, cache_secs, hits = run(cache, alloc, reqs, ps, clock)
                 except ValueError as e:
                     sys.exit(f"{b} (tree core {core}) failed: {e}")
                 if b == "floor":

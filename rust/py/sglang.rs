@@ -20,13 +20,12 @@
 //! Semantics are those of the general methods in [`super::radix`]
 //! (`match_prefix`, `path_slots`, `insert`, `evict`): the same core calls,
 //! the same errors, the same stamps and events.
-
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
 
 use super::arrays::{self, with_views, Tokens};
-use super::errors::{invalid, IntoPyResult};
+use super::errors::{capacity, invalid, IntoPyResult};
 use super::radix::{encode_handle, PyRadixTree};
 use super::{args, args::named};
 use crate::core::ids::PageId;
@@ -34,14 +33,24 @@ use crate::core::pages::{slots_to_pages, PageMath};
 use crate::core::radix::InsertOpts;
 use crate::core::radix_cache::narrow_tokens;
 
-/// The per-token slots of `pages` (page `p` holds slots `p * ps .. (p + 1) * ps`).
-fn slots_i64(pages: &[PageId], ps: usize) -> Vec<i64> {
-    let mut out = Vec::with_capacity(pages.len() * ps);
-    for p in pages {
-        let base = i64::from(p.0) * ps as i64;
-        out.extend((0..ps as i64).map(|k| base + k));
-    }
-    out
+/// The per-token slots of `pages` (page `p` holds slots `p * ps .. (p + 1) * ps`) as a
+/// new int64 array, written in place.
+///
+/// # Errors
+/// `CapacityError` when the array cannot be allocated.
+fn slot_array_i64<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    let n = pages.len().checked_mul(ps).ok_or_else(|| capacity("slot array too large"))?;
+    #[allow(clippy::cast_possible_wrap)]
+    let ps64 = ps as i64;
+    arrays::filled_i64(py, n, |dst| {
+        for (run, p) in dst.chunks_exact_mut(ps.max(1)).zip(pages) {
+            let base = i64::from(p.0) * ps64;
+            for (k, d) in (0..).zip(run.iter_mut()) {
+                d.write(base + k);
+            }
+        }
+        n
+    })
 }
 
 fn opt_namespace<'a>(ns: Option<&'a Bound<'_, PyAny>>) -> PyResult<Option<&'a str>> {
@@ -81,7 +90,7 @@ impl PyRadixTree {
         let id = me.inner.resolve(me.decode(&v)?).py()?;
         let mut pages = Vec::new();
         me.inner.path_values(id, &mut pages);
-        Ok(PyArray1::from_slice(slf.py(), &slots_i64(&pages, me.inner.page_size())))
+        slot_array_i64(slf.py(), &pages, me.inner.page_size())
     }
 
     /// Inserts ``tokens`` cut to whole pages with the first slots of ``slots`` (one per
@@ -147,12 +156,7 @@ impl PyRadixTree {
                 break;
             }
             done += got;
-            let arr = if pages {
-                let ids: Vec<i64> = freed.iter().map(|p| i64::from(p.0)).collect();
-                PyArray1::from_slice(py, &ids)
-            } else {
-                PyArray1::from_slice(py, &slots_i64(&freed, ps))
-            };
+            let arr = slot_array_i64(py, &freed, if pages { 1 } else { ps })?;
             out.append(arr)?;
         }
         Ok(out)

@@ -206,13 +206,14 @@ class KvindexRadixCache(BasePrefixCache):
 
     @staticmethod
     def _tokens(key: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
-        """The key's tokens (``limit`` applied), viewed in place when they are an ``array('q')``."""
+        """The key's tokens (``limit`` applied), viewed in place when they are an ``array('q')``
+        (the hot calls inline the common case: no limit, an ``array('q')``)."""
         raw = key.token_ids
         limit = key.limit
         if limit is not None and limit < len(raw):
             raw = raw[:limit]
         if type(raw) is array and raw.typecode == "q":
-            return np.frombuffer(raw, dtype=np.int64)
+            return np.frombuffer(raw, np.int64)
         return np.asarray(raw, dtype=np.int64)
 
     def _slots_tensor(self, slots: np.ndarray[Any, Any]) -> torch.Tensor:
@@ -290,11 +291,16 @@ class KvindexRadixCache(BasePrefixCache):
         if self.disable:
             return self._empty_match()
         key = params.key
+        raw = key.token_ids
+        if key.limit is None and type(raw) is array and raw.typecode == "q":
+            tokens = np.frombuffer(raw, np.int64)
+        else:
+            tokens = self._tokens(key)
+        ns = None if key.extra_key is None and key.cache_salt is None else self._namespace(key)
         # The tree cuts the tokens to whole pages; a key under one page hits nothing.
-        hit, node = self._tree.match_node(self._tokens(key), self._namespace(key))
-        return MatchResult(
-            device_prefix_len=hit, last_device_node=node, last_host_node=node, best_match_node=node
-        )
+        hit, node = self._tree.match_node(tokens, ns)
+        # (device_prefix_len, last_device_node, last_host_node, best_match_node)
+        return MatchResult(hit, node, node, node)
 
     def touch_prefix(self, key: Any) -> None:
         if self.disable:
@@ -316,13 +322,19 @@ class KvindexRadixCache(BasePrefixCache):
             value = value.cpu()
         if not value.is_contiguous():
             value = value.contiguous()
+        raw = key.token_ids
+        if key.limit is None and type(raw) is array and raw.typecode == "q":
+            tokens = np.frombuffer(raw, np.int64)
+        else:
+            tokens = self._tokens(key)
+        ns = None if key.extra_key is None and key.cache_salt is None else self._namespace(key)
         priority = params.priority
         inserted_len = params.inserted_len
         # The tree cuts the key to whole pages and reads the slots those pages need.
         prefix_len = self._tree.insert_len(
-            self._tokens(key),
+            tokens,
             value.numpy(),
-            self._namespace(key),
+            ns,
             priority=min(int(priority), _INT64_MAX) if priority else 0,
             inserted_len=inserted_len if inserted_len > 0 else 0,
         )
@@ -437,7 +449,8 @@ class KvindexRadixCache(BasePrefixCache):
     def path_device_indices(self, node: Any) -> torch.Tensor:
         if node == _ROOT:
             return self._empty_device_indices
-        return self._slots_tensor(self._tree.path_slots_i64(node))
+        slots = torch.from_numpy(self._tree.path_slots_i64(node))
+        return slots if self._on_cpu else slots.to(self.device)
 
     def is_root(self, node: Any) -> bool:
         return bool(node == _ROOT)
