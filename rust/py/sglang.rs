@@ -20,6 +20,9 @@
 //! Semantics are those of the general methods in [`super::radix`]
 //! (`match_prefix`, `path_slots`, `insert`, `evict`): the same core calls,
 //! the same errors, the same stamps and events.
+use std::borrow::Cow;
+use std::mem::MaybeUninit;
+
 use numpy::PyArray1;
 use pyo3::prelude::*;
 use pyo3::types::PyList;
@@ -40,17 +43,54 @@ use crate::core::radix_cache::narrow_tokens;
 /// `CapacityError` when the array cannot be allocated.
 fn slot_array_i64<'py>(py: Python<'py>, pages: &[PageId], ps: usize) -> PyResult<Bound<'py, PyArray1<i64>>> {
     let n = pages.len().checked_mul(ps).ok_or_else(|| capacity("slot array too large"))?;
-    #[allow(clippy::cast_possible_wrap)]
-    let ps64 = ps as i64;
     arrays::filled_i64(py, n, |dst| {
-        for (run, p) in dst.chunks_exact_mut(ps.max(1)).zip(pages) {
-            let base = i64::from(p.0) * ps64;
-            for (k, d) in (0..).zip(run.iter_mut()) {
-                d.write(base + k);
+        match ps {
+            1 => {
+                for (d, p) in dst.iter_mut().zip(pages) {
+                    d.write(i64::from(p.0));
+                }
+            }
+            4 => expand::<4>(pages, dst),
+            8 => expand::<8>(pages, dst),
+            16 => expand::<16>(pages, dst),
+            32 => expand::<32>(pages, dst),
+            64 => expand::<64>(pages, dst),
+            _ => {
+                #[allow(clippy::cast_possible_wrap)]
+                let ps64 = ps as i64;
+                for (run, p) in dst.chunks_exact_mut(ps).zip(pages) {
+                    let base = i64::from(p.0) * ps64;
+                    for (k, d) in (0..).zip(run.iter_mut()) {
+                        d.write(base + k);
+                    }
+                }
             }
         }
         n
     })
+}
+
+/// [`slot_array_i64`]'s fill for a page size known at compile time (the loop
+/// over a page's slots unrolls and vectorises).
+fn expand<const P: usize>(pages: &[PageId], dst: &mut [MaybeUninit<i64>]) {
+    #[allow(clippy::cast_possible_wrap)]
+    let p64 = P as i64;
+    for (run, p) in dst.chunks_exact_mut(P).zip(pages) {
+        let base = i64::from(p.0) * p64;
+        let run: &mut [MaybeUninit<i64>; P] = run.try_into().expect("a page of slots");
+        for (k, d) in (0..).zip(run.iter_mut()) {
+            d.write(base + k);
+        }
+    }
+}
+
+/// int64 values narrowed to int32, or `None` if one does not fit: a range
+/// check over the whole slice, then the casts (both passes vectorise; the
+/// general `narrow_tokens` checks and collects element by element).
+#[allow(clippy::cast_possible_truncation)]
+fn narrow(a: &[i64]) -> Option<Vec<i32>> {
+    let fits = a.iter().fold(true, |ok, &x| ok & (i64::from(x as i32) == x));
+    fits.then(|| a.iter().map(|&x| x as i32).collect())
 }
 
 fn opt_namespace<'a>(ns: Option<&'a Bound<'_, PyAny>>) -> PyResult<Option<&'a str>> {
@@ -113,15 +153,18 @@ impl PyRadixTree {
         let tree = &mut me.inner;
         with_views((Tokens(tokens, "tokens"), Tokens(slots, "slots")), |(toks, slots)| {
             let toks = match toks {
-                arrays::TokenArray::I32(a) => std::borrow::Cow::Borrowed(a),
-                arrays::TokenArray::I64(a) => std::borrow::Cow::Owned(narrow_tokens(a).py()?),
+                arrays::TokenArray::I32(a) => Cow::Borrowed(a),
+                arrays::TokenArray::I64(a) => match narrow(a) {
+                    Some(v) => Cow::Owned(v),
+                    None => return Err(narrow_tokens(a).py().expect_err("a token out of range")),
+                },
             };
             let full = toks.len() / ps * ps;
             let slots = match slots {
-                arrays::TokenArray::I32(a) if a.len() >= full => std::borrow::Cow::Borrowed(&a[..full]),
-                arrays::TokenArray::I64(a) if a.len() >= full => std::borrow::Cow::Owned(
-                    narrow_tokens(&a[..full]).map_err(|_| invalid("slots must fit in int32"))?,
-                ),
+                arrays::TokenArray::I32(a) if a.len() >= full => Cow::Borrowed(&a[..full]),
+                arrays::TokenArray::I64(a) if a.len() >= full => {
+                    Cow::Owned(narrow(&a[..full]).ok_or_else(|| invalid("slots must fit in int32"))?)
+                }
                 arrays::TokenArray::I32(a) => return Err(too_few(a.len(), full)),
                 arrays::TokenArray::I64(a) => return Err(too_few(a.len(), full)),
             };
