@@ -330,7 +330,9 @@ class KvindexRadixCache(BasePrefixCache):
         ns = None if key.extra_key is None and key.cache_salt is None else self._namespace(key)
         priority = params.priority
         inserted_len = params.inserted_len
-        # The tree cuts the key to whole pages and reads the slots those pages need.
+        # The tree cuts the key to whole pages and reads the slots those pages need
+        # (full attention only: a hybrid component's arguments, swa_evicted_len and
+        # mamba_state, go through the general RadixTree.insert).
         prefix_len = self._tree.insert_len(
             tokens,
             value.numpy(),
