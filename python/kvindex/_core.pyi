@@ -712,6 +712,27 @@ class RadixTree:
         them back)."""
     def reset(self) -> npt.NDArray[np.int32]:
         """Drops every node (handles go stale); returns the slots the tree held."""
+    def match_node(self, tokens: _Tokens, namespace: str | None = None) -> tuple[int, int]:
+        """``match_prefix`` returning ``(hit_len, node)`` only: the same stamps and
+        splits, no slot array (read it with :meth:`path_slots_i64` when needed)."""
+    def path_slots_i64(self, node: int) -> npt.NDArray[np.int64]:
+        """Slots of the path root..node as int64 (``path_slots`` in SGLang's index dtype)."""
+    def insert_len(
+        self,
+        tokens: _Tokens,
+        slots: _Tokens,
+        namespace: str | None = None,
+        *,
+        priority: int = 0,
+        inserted_len: int = 0,
+    ) -> int:
+        """Inserts ``tokens`` cut to whole pages with the first slots of ``slots`` (one per
+        kept token; extra slots are ignored, not freed); returns the tokens already present.
+        The caller frees its slots for ``[its hit, prefix)`` itself. Errors as ``insert``."""
+    def evict_leaves(self, num_tokens: int, *, pages: bool = False) -> list[npt.NDArray[np.int64]]:
+        """Evicts whole unlocked leaves in policy order until ``num_tokens`` are freed (may
+        free more); returns one int64 array per leaf, in eviction order: its slots, or
+        with ``pages=True`` its page ids (``slot // page_size`` of each page's first slot)."""
     def take_events(self) -> list[BlockStored | BlockRemoved | AllBlocksCleared]:
         """Drains buffered KV events (empty unless ``enable_events``)."""
     @property

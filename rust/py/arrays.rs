@@ -261,6 +261,32 @@ pub fn filled_i32<'py>(
     Ok(arr)
 }
 
+/// [`filled_i32`] for an int64 array (the dtype of SGLang's device-index tensors).
+///
+/// # Errors
+/// `CapacityError` when the array cannot be allocated (nothing is called).
+///
+/// # Panics
+/// If `fill` does not write exactly `len` elements (the array is then dropped
+/// unexposed).
+pub fn filled_i64<'py>(
+    py: Python<'py>,
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<i64>]) -> usize,
+) -> PyResult<Bound<'py, PyArray1<i64>>> {
+    // SAFETY: the array is exposed only after every element is written (checked).
+    let arr: Bound<'py, PyArray1<i64>> = unsafe { try_uninit(py, [len], false) }?;
+    let buf: &mut [MaybeUninit<i64>] = if len == 0 {
+        &mut []
+    } else {
+        // SAFETY: as in `filled_i32`, for `len` aligned i64 slots.
+        unsafe { std::slice::from_raw_parts_mut(arr.data().cast::<MaybeUninit<i64>>(), len) }
+    };
+    let written = fill(buf);
+    assert_eq!(written, len, "filled_i64: fill wrote {written} of {len} elements");
+    Ok(arr)
+}
+
 /// An int32 output array allocated before the call that fills it, so that a
 /// failed allocation (`CapacityError`) happens before any state changes. It
 /// is never exposed until [`UnfilledI32::fill`] has written every element;

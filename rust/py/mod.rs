@@ -19,6 +19,7 @@ pub mod keys;
 pub mod lifecycle;
 pub mod radix;
 pub mod radix_hybrid;
+pub mod sglang;
 pub mod vllm_hashing;
 pub mod vllm_manager;
 pub mod vllm_manager_groups;

@@ -20,9 +20,15 @@ chained page hashes name them), and the adapter replays them as SGLang's events,
 pages with SGLang's functions, so routers see SGLang's ``BlockStored`` / ``BlockRemoved``
 (``medium`` ``GPU``) byte for byte.
 
-Boundary costs: per call, the key's ``array('q')`` is viewed as int64 without a copy, a
-value tensor is copied to the host once (a no-op for CPU tensors) and slot arrays come back
-as one tensor; nothing runs per token in Python.
+Boundary costs: each hot call (``match_prefix``, ``lock`` / ``unlock``,
+``path_device_indices``, ``insert``, ``evict``) is one call into ``RadixTree`` methods made
+for this seam, which take and return what SGLang needs: the key's ``array('q')`` is viewed
+as int64 without a copy (the tree cuts it to whole pages), a value tensor is read in place
+(copied to the host once off CPU), slot arrays come back as int64 arrays that become
+tensors without a copy, an eviction returns each leaf's slots (or, for SGLang's paged
+allocator, its page ids) in one call; nothing runs per token in Python. What is left per
+call is SGLang's own objects (``MatchResult``, ``TreeLock``, ``InsertResult``, the
+allocator's frees), which any backend behind this seam builds.
 
 Not supported (refused at construction with :class:`UnsupportedSglangFeatureError`):
 hybrid SWA / Mamba models, EAGLE bigram keys, HiCache, session radix cache, T-LRU.
@@ -31,6 +37,7 @@ hybrid SWA / Mamba models, EAGLE bigram keys, HiCache, session radix cache, T-LR
 from __future__ import annotations
 
 import json
+import time
 from array import array
 from collections.abc import Sequence
 from typing import Any
@@ -42,6 +49,7 @@ from sglang.srt.disaggregation.kv_events import (
     StorageMedium,
     namespaced_block_hash,
 )
+from sglang.srt.mem_cache.allocator import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (
     BasePrefixCache,
     DecLockRefParams,
@@ -53,6 +61,7 @@ from sglang.srt.mem_cache.base_prefix_cache import (
     InsertResult,
     MatchPrefixParams,
     MatchResult,
+    TreeLock,
 )
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.events import KVCacheEventRecorder
@@ -69,6 +78,9 @@ __all__ = ["KvindexRadixCache", "UnsupportedSglangFeatureError", "kvindex_cache_
 
 _ROOT = 0
 _INT64_MAX = (1 << 63) - 1
+# The receipt every lock carries: this cache's ``dec_lock_ref`` needs none of its fields
+# (SGLang reads them only in its unified tree's components).
+_RECEIPT = DecLockRefParams()
 
 
 class UnsupportedSglangFeatureError(KvIndexError, NotImplementedError):
@@ -150,6 +162,16 @@ class KvindexRadixCache(BasePrefixCache):
         self.device = (
             torch.device(dev) if isinstance(dev, (str, torch.device)) else torch.device("cpu")
         )
+        self._on_cpu = self.device.type == "cpu"
+        alloc = self.token_to_kv_pool_allocator
+        # SGLang's paged allocator frees a page-aligned slot run as its pages
+        # (``free_segment`` = ``free_page_ids(slots[::ps] // ps)``): evictions hand it the
+        # tree's page ids directly. Any other allocator gets the slots.
+        self._free_pages = (
+            type(alloc).free_segment is PagedTokenToKVPoolAllocator.free_segment
+            and isinstance(alloc, PagedTokenToKVPoolAllocator)
+            and self.page_size > 1
+        )
         config = dict(params.eviction_policy_config or {})
         slru_threshold = int(config.pop("protected_threshold", 2))
         if config:
@@ -172,6 +194,8 @@ class KvindexRadixCache(BasePrefixCache):
     # ----- helpers -----
 
     def _namespace(self, key: Any) -> str | None:
+        if key.extra_key is None and key.cache_salt is None:
+            return None
         pair = (key.extra_key, key.cache_salt)
         ns = self._namespaces.get(pair)
         if ns is None and pair != (None, None):
@@ -182,13 +206,20 @@ class KvindexRadixCache(BasePrefixCache):
 
     @staticmethod
     def _tokens(key: Any) -> np.ndarray[Any, np.dtype[np.int64]]:
-        raw = key.raw_token_ids()
-        if isinstance(raw, array) and raw.typecode == "q":
-            return np.frombuffer(raw, dtype=np.int64)
+        """The key's tokens (``limit`` applied), viewed in place when they are an ``array('q')``
+        (the hot calls inline the common case: no limit, an ``array('q')``)."""
+        raw = key.token_ids
+        limit = key.limit
+        if limit is not None and limit < len(raw):
+            raw = raw[:limit]
+        if type(raw) is array and raw.typecode == "q":
+            return np.frombuffer(raw, np.int64)
         return np.asarray(raw, dtype=np.int64)
 
     def _slots_tensor(self, slots: np.ndarray[Any, Any]) -> torch.Tensor:
-        return torch.from_numpy(slots.astype(np.int64)).to(self.device)
+        """An int64 slot array as a tensor on the cache's device (no copy on CPU)."""
+        t = torch.from_numpy(slots if slots.dtype == np.int64 else slots.astype(np.int64))
+        return t if self._on_cpu else t.to(self.device)
 
     def _empty_match(self) -> MatchResult:
         return MatchResult(
@@ -257,51 +288,61 @@ class KvindexRadixCache(BasePrefixCache):
         self.kv_events.record_all_cleared()
 
     def match_prefix(self, params: MatchPrefixParams) -> MatchResult:
+        if self.disable:
+            return self._empty_match()
         key = params.key
-        if self.disable or len(key) == 0:
-            return self._empty_match()
-        key = key.page_aligned(self.page_size)
-        if len(key) == 0:
-            return self._empty_match()
-        result = self._tree.match_prefix(self._tokens(key), self._namespace(key))
-        node = result.node
-        return MatchResult(
-            device_prefix_len=result.hit_len,
-            last_device_node=node,
-            last_host_node=node,
-            best_match_node=node,
-        )
+        raw = key.token_ids
+        if key.limit is None and type(raw) is array and raw.typecode == "q":
+            tokens = np.frombuffer(raw, np.int64)
+        else:
+            tokens = self._tokens(key)
+        ns = None if key.extra_key is None and key.cache_salt is None else self._namespace(key)
+        # The tree cuts the tokens to whole pages; a key under one page hits nothing.
+        hit, node = self._tree.match_node(tokens, ns)
+        # (device_prefix_len, last_device_node, last_host_node, best_match_node)
+        return MatchResult(hit, node, node, node)
 
     def touch_prefix(self, key: Any) -> None:
-        if self.disable or len(key) == 0:
+        if self.disable:
             return
-        key = key.page_aligned(self.page_size)
-        if len(key) == 0:
-            return
-        self._tree.match_prefix(self._tokens(key), self._namespace(key))
+        self._tree.match_node(self._tokens(key), self._namespace(key))
 
     def insert(self, params: InsertParams) -> InsertResult:
         """Inserts ``params.key`` with ``params.value`` (one slot per token); the result's
         ``last_device_node`` is None (``checkpoint`` re-matches, as SGLang's does)."""
         if self.disable:
             return InsertResult(prefix_len=0)
-        key = params.key.page_aligned(self.page_size)
-        if params.value is None:
+        key = params.key
+        value = params.value
+        if value is None:
             raise UnsupportedSglangFeatureError(
                 "kvindex's SGLang cache needs the KV slots to insert"
             )
-        value = params.value[: len(key)]
-        priority = min(int(params.priority or 0), _INT64_MAX)
-        result = self._tree.insert(
-            self._tokens(key),
-            value.detach().cpu().numpy().astype(np.int64, copy=False),
-            self._namespace(key),
-            priority=priority,
-            inserted_len=max(int(params.inserted_len), 0),
+        if not value.is_cpu:
+            value = value.cpu()
+        if not value.is_contiguous():
+            value = value.contiguous()
+        raw = key.token_ids
+        if key.limit is None and type(raw) is array and raw.typecode == "q":
+            tokens = np.frombuffer(raw, np.int64)
+        else:
+            tokens = self._tokens(key)
+        ns = None if key.extra_key is None and key.cache_salt is None else self._namespace(key)
+        priority = params.priority
+        inserted_len = params.inserted_len
+        # The tree cuts the key to whole pages and reads the slots those pages need
+        # (full attention only: a hybrid component's arguments, swa_evicted_len and
+        # mamba_state, go through the general RadixTree.insert).
+        prefix_len = self._tree.insert_len(
+            tokens,
+            value.numpy(),
+            ns,
+            priority=min(int(priority), _INT64_MAX) if priority else 0,
+            inserted_len=inserted_len if inserted_len > 0 else 0,
         )
         if self.kv_events.enabled:
             self._replay_events()
-        return InsertResult(prefix_len=result.prefix_len)
+        return InsertResult(prefix_len=prefix_len)
 
     def checkpoint(self, req: Any, *, up_to: int, **kwargs: Any) -> None:
         """Puts the request's KV up to ``up_to`` into the tree (page-aligned; the prompt
@@ -344,41 +385,54 @@ class KvindexRadixCache(BasePrefixCache):
             row[protected : result.prefix_len], start_pos=protected
         )
 
-        match = self._tree.match_prefix(self._tokens(radix_key), self._namespace(radix_key))
-        new_indices = self._slots_tensor(match.slots)
-        if len(new_indices) != key_len:
-            raise KvIndexError(
-                f"checkpoint matched {len(new_indices)} of {key_len} inserted tokens"
-            )
+        hit, node = self._tree.match_node(self._tokens(radix_key), self._namespace(radix_key))
+        if hit != key_len:
+            raise KvIndexError(f"checkpoint matched {hit} of {key_len} inserted tokens")
+        new_indices = self._slots_tensor(self._tree.path_slots_i64(node))
         self.req_to_token_pool.write(
             (kv.req_pool_idx, slice(protected, len(new_indices))), new_indices[protected:]
         )
         kv.cache_protected_len = len(new_indices)
         self.unlock(req.lock)
-        req.lock = self.lock(match.node)
-        req.last_node = match.node
+        req.lock = self.lock(node)
+        req.last_node = node
 
     def evict(self, params: EvictParams) -> EvictResult:
         if self.disable or params.num_tokens <= 0:
             return EvictResult()
-        import time
-
-        start = time.perf_counter()
-        # One leaf per tree call: SGLang's allocators free each evicted leaf on its own
-        # (the paged one puts freed pages first), so the free list, and with it every later
+        start = time.perf_counter() if self.metrics_collector is not None else 0.0
+        # One free per leaf: SGLang's allocators free each evicted leaf on its own (the
+        # paged one puts freed pages first), so the free list, and with it every later
         # allocation, matches SGLang's cache only leaf by leaf.
+        alloc = self.token_to_kv_pool_allocator
         evicted = 0
-        free = self.token_to_kv_pool_allocator.free_segment
-        while evicted < params.num_tokens:
-            freed = self._tree.evict(1)
-            if not len(freed):
-                break
-            free(self._slots_tensor(freed), start_pos=0)
-            evicted += len(freed)
+        if self._free_pages:
+            free_pages = alloc.free_page_ids
+            to_torch = torch.from_numpy
+            ps = self.page_size
+            for pages in self._tree.evict_leaves(params.num_tokens, pages=True):
+                free_pages(to_torch(pages) if self._on_cpu else to_torch(pages).to(self.device))
+                evicted += len(pages) * ps
+        else:
+            free = alloc.free_segment
+            for slots in self._tree.evict_leaves(params.num_tokens):
+                free(self._slots_tensor(slots), start_pos=0)
+                evicted += len(slots)
         if self.kv_events.enabled:
             self._replay_events()
-        self.update_eviction_metrics(evicted, start)
+        if self.metrics_collector is not None:
+            self.update_eviction_metrics(evicted, start)
         return EvictResult(num_tokens_evicted=evicted)
+
+    def lock(self, node: Any) -> TreeLock:
+        """``inc_lock_ref`` without the size delta (``lock`` drops it) in one tree call."""
+        if not self.disable:
+            self._tree.lock(node)
+        return TreeLock(node, _RECEIPT)
+
+    def unlock(self, lock: TreeLock | None) -> None:
+        if lock is not None and not self.disable:
+            self._tree.unlock(lock.node)
 
     def inc_lock_ref(self, node: Any) -> IncLockRefResult:
         if self.disable:
@@ -397,7 +451,8 @@ class KvindexRadixCache(BasePrefixCache):
     def path_device_indices(self, node: Any) -> torch.Tensor:
         if node == _ROOT:
             return self._empty_device_indices
-        return self._slots_tensor(self._tree.path_slots(node))
+        slots = torch.from_numpy(self._tree.path_slots_i64(node))
+        return slots if self._on_cpu else slots.to(self.device)
 
     def is_root(self, node: Any) -> bool:
         return bool(node == _ROOT)
