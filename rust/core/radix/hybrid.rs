@@ -195,6 +195,12 @@ pub struct HybridFreed {
     pub full_only: Vec<PageId>,
     /// Mamba states freed.
     pub mamba: Vec<u32>,
+    /// Caller's pages an unlocked tombstone took in place of its own (listed
+    /// in `full_only`): the tree now holds them.
+    pub adopted: Vec<PageId>,
+    /// `(caller's page, node's page)`: a locked tombstone kept its page and
+    /// took the caller's SWA KV for it (the caller's page is in `full_only`).
+    pub swa_moved: Vec<(PageId, PageId)>,
     /// The insert ended on a node that already had a Mamba state (the
     /// caller keeps, and frees, its own).
     pub mamba_exist: bool,
@@ -206,6 +212,8 @@ impl HybridFreed {
         self.swa.clear();
         self.full_only.clear();
         self.mamba.clear();
+        self.adopted.clear();
+        self.swa_moved.clear();
         self.mamba_exist = false;
     }
 }
@@ -491,7 +499,26 @@ impl RadixTree {
             out.swa.append(&mut h.freed.swa);
             out.full_only.append(&mut h.freed.full_only);
             out.mamba.append(&mut h.freed.mamba);
+            out.adopted.append(&mut h.freed.adopted);
+            out.swa_moved.append(&mut h.freed.swa_moved);
             out.mamba_exist |= std::mem::take(&mut h.freed.mamba_exist);
+        }
+    }
+
+    /// Appends the pages of every SWA-live node to `out`. O(nodes + pages).
+    pub fn swa_live_values(&self, out: &mut Vec<PageId>) {
+        let Some(h) = &self.hy else { return };
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            if n.live && h.comps.get(i).is_some_and(|c| c.swa_live) {
+                out.extend_from_slice(&n.value);
+            }
+        }
+    }
+
+    /// Appends every Mamba state the tree holds to `out`. O(states).
+    pub fn mamba_states(&self, out: &mut Vec<u32>) {
+        if let Some(h) = &self.hy {
+            out.extend(h.states.iter().copied());
         }
     }
 
@@ -650,6 +677,35 @@ impl RadixTree {
         if let Some(h) = &mut self.hy {
             h.comps[id.idx()] = Comp::default();
         }
+    }
+
+    /// What locking the node ending `self.path[..upto]` would protect: live
+    /// SWA tokens not SWA-locked now (the lock walks up until the window is
+    /// covered, each walked entry as long as its matched part), and whether
+    /// it would lock an evictable Mamba state. O(window nodes).
+    pub(super) fn hy_lockable(&self, upto: usize) -> (usize, bool) {
+        let Some(h) = &self.hy else { return (0, false) };
+        let mut swa = 0;
+        if h.window > 0 {
+            let mut covered = 0usize;
+            for &(c, l) in self.path[..upto].iter().rev() {
+                if covered >= h.window {
+                    break;
+                }
+                let cc = &h.comps[c.idx()];
+                if cc.swa_lock == 0 && cc.swa_live {
+                    swa += l;
+                }
+                covered += l;
+            }
+        }
+        let mamba = upto > 0 && h.spec.mamba && {
+            let (c, l) = self.path[upto - 1];
+            let cc = &h.comps[c.idx()];
+            // A match ending inside an edge splits it: the upper half holds no state.
+            l == self.nodes[c.idx()].key.len() && cc.mamba.is_some() && cc.mamba_lock == 0
+        };
+        (swa, mamba)
     }
 
     /// Lock hook (after the full path lock of `id`, not the root).
@@ -817,6 +873,7 @@ impl RadixTree {
                 for (&m, &t) in mine.iter().zip(&self.nodes[c.idx()].value) {
                     if m != t {
                         hy.freed.full_only.push(m);
+                        hy.freed.swa_moved.push((m, t));
                         if let Some(pos) = to_free[dup_start..].iter().position(|&x| x == m) {
                             to_free.remove(dup_start + pos);
                         }
@@ -827,6 +884,7 @@ impl RadixTree {
                 for (&m, &t) in mine.iter().zip(&old) {
                     if m != t {
                         hy.freed.full_only.push(t);
+                        hy.freed.adopted.push(m);
                         if let Some(pos) = to_free[dup_start..].iter().position(|&x| x == m) {
                             to_free.remove(dup_start + pos);
                         }
