@@ -83,13 +83,16 @@ impl Components {
     /// full attention and MLA groups are the full KV every node holds, one
     /// sliding-window group is the SWA component (its window is SGLang's
     /// retained window), a Mamba group the Mamba component. SGLang's tree has
-    /// one page size, and one component per kind.
+    /// one page size, and one component per kind: vLLM's several groups of
+    /// one kind (its layers split for page sizes: sliding windows of one
+    /// size, Mamba groups) are that one component, as SGLang's SWA pool and
+    /// `MambaPool` hold every such layer per slot.
     ///
     /// # Errors
     /// `InvalidArgument` naming the layout for what the radix design cannot
     /// serve: no full-attention group, groups of different block sizes,
-    /// chunked local attention, several sliding windows or Mamba groups,
-    /// or caching turned off.
+    /// chunked local attention, sliding windows of different sizes, or
+    /// caching turned off.
     pub fn from_layout(layout: &crate::core::groups::spec::GroupLayout) -> KvResult<(usize, Components)> {
         use crate::core::groups::spec::GroupKind;
         let groups = layout.groups();
@@ -117,7 +120,6 @@ impl Components {
             return Err(refuse("it has no full-attention group (every radix node holds full KV)"));
         }
         let mut comps = Components::default();
-        let mut mambas = 0;
         for g in groups {
             match g.kind {
                 GroupKind::FullAttention | GroupKind::Mla => {}
@@ -130,14 +132,8 @@ impl Components {
                 GroupKind::ChunkedLocal { .. } => {
                     return Err(refuse("chunked local attention has no radix component (SGLang has none)"));
                 }
-                GroupKind::Mamba { .. } => {
-                    mambas += 1;
-                    comps.mamba = true;
-                }
+                GroupKind::Mamba { .. } => comps.mamba = true,
             }
-        }
-        if mambas > 1 {
-            return Err(refuse("it has several Mamba groups (one Mamba state per node)"));
         }
         if comps.swa_window == Some(0) {
             return Err(refuse("its sliding window is 0"));
