@@ -9,7 +9,9 @@
 
 use kvindex::core::error::ErrorKind;
 use kvindex::core::ids::{PageId, RequestId};
-use kvindex::core::radix_cache::{namespace, narrow_tokens, RadixPrefixCache};
+use kvindex::core::radix::pools::ComponentPool;
+use kvindex::core::radix::Components;
+use kvindex::core::radix_cache::{namespace, narrow_tokens, PoolSizes, RadixPrefixCache};
 use kvindex::core::request::Stats;
 use kvindex::core::tables::TableSource;
 
@@ -75,7 +77,11 @@ struct Snapshot {
     reqs: Vec<Option<(usize, Vec<PageId>, usize)>>,
     stats: Stats,
     locks: u64,
+    components: Components4,
 }
+
+/// Free SWA pages, free Mamba states, the tree's SWA sizes and Mamba sizes.
+type Components4 = (Option<usize>, Option<usize>, (usize, usize), (usize, usize));
 
 fn snapshot(c: &RadixPrefixCache) -> Snapshot {
     let pool = c.pool();
@@ -94,6 +100,12 @@ fn snapshot(c: &RadixPrefixCache) -> Snapshot {
             .collect(),
         stats: c.stats(),
         locks: c.tree().num_own_locks(),
+        components: (
+            c.swa_pool().map(ComponentPool::num_free),
+            c.mamba_pool().map(ComponentPool::num_free),
+            c.tree().swa_sizes(),
+            c.tree().mamba_sizes(),
+        ),
     }
 }
 
@@ -111,7 +123,21 @@ fn check(c: &RadixPrefixCache, mirror: &Mirror<Option<String>>) {
     assert_eq!(pool.ref_count(PageId::NULL), 0, "null page");
     let t = c.tree();
     assert!(t.total_size().is_multiple_of(ps) && t.evictable_size().is_multiple_of(ps));
-    assert_eq!(c.num_free_blocks(), pool.num_free() + t.evictable_size() / ps);
+    let full = pool.num_free() + t.evictable_size() / ps;
+    match c.swa_pool() {
+        Some(swa) => {
+            assert_eq!(c.num_free_blocks(), full.min(swa.num_free() + t.swa_sizes().0 / ps));
+            assert!(
+                swa.num_used() <= pool.num_pages() - 1 - pool.num_free(),
+                "an SWA page pairs with a full one"
+            );
+        }
+        None => assert_eq!(c.num_free_blocks(), full),
+    }
+    if let Some(m) = c.mamba_pool() {
+        let (e, p) = t.mamba_sizes();
+        assert!(e + p <= m.num_used(), "the tree's states are the pool's");
+    }
     assert!(c.num_free_blocks() < n, "available pages <= usable pages");
     let usage = c.usage();
     assert!((0.0..=1.0).contains(&usage), "usage {usage}");
@@ -134,6 +160,12 @@ fn tokens32(tokens: &[i64]) -> Option<Vec<i32>> {
     }
 }
 
+/// Pages one request may hold: the full pool's usable pages or the SWA pool's.
+fn usable_pages(c: &RadixPrefixCache) -> usize {
+    let full = c.pool().num_pages() - 1;
+    c.swa_pool().map_or(full, |s| full.min(s.capacity()))
+}
+
 /// Runs one fuzz input.
 pub fn run(data: &[u8]) {
     let mut inp = Input::new(data);
@@ -143,7 +175,20 @@ pub fn run(data: &[u8]) {
     let policy = policy_of(flags);
     let events = flags & 0x40 != 0;
     let valid = (2..i32::MAX as usize).contains(&nb) && (1..=1 << 20).contains(&ps);
-    let mut c = match RadixPrefixCache::new(nb, ps, policy, events) {
+    // Flags bit 7: a hybrid tree, `[hy]` follows: window `hy % 8` (0: none),
+    // bit 3 Mamba, `hy >> 4` sizes the SWA pool and the Mamba states.
+    let (comps, sizes) = if flags & 0x80 != 0 {
+        let hy = inp.u8();
+        let w = usize::from(hy % 8);
+        let k = usize::from(hy >> 4);
+        let comps = Components { swa_window: (w > 0).then_some(w), mamba: hy & 8 != 0 };
+        let swa_blocks = (w > 0 && valid).then(|| 1 + k % (nb - 1));
+        let mamba_states = (hy & 8 != 0).then_some(1 + k % 4);
+        (comps, PoolSizes { swa_blocks, mamba_states })
+    } else {
+        (Components::default(), PoolSizes::default())
+    };
+    let mut c = match RadixPrefixCache::with_components(nb, ps, policy, events, comps, sizes) {
         Ok(c) => {
             assert!(valid, "RadixPrefixCache::new({nb}, {ps}) accepted invalid sizes");
             c
@@ -154,7 +199,8 @@ pub fn run(data: &[u8]) {
             return;
         }
     };
-    assert_eq!((c.page_size(), c.pool().num_free(), c.num_free_blocks()), (ps, nb - 1, nb - 1));
+    let usable = sizes.swa_blocks.unwrap_or(nb - 1);
+    assert_eq!((c.page_size(), c.pool().num_free(), c.num_free_blocks()), (ps, nb - 1, usable));
     let mut mirror: Mirror<Option<String>> = Mirror::new();
     if trace() {
         eprintln!("RadixPrefixCache::new({nb}, {ps}, {}, events={events})", policy.name());
@@ -220,17 +266,19 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
                     false
                 }
                 Ok(None) => {
-                    assert!(!mirror.contains_key(&id) && n > 0 && n.div_ceil(ps) < c.pool().num_pages());
+                    assert!(!mirror.contains_key(&id) && n > 0 && n.div_ceil(ps) <= usable_pages(c));
                     let look = look.expect("valid spec");
                     let need = n.div_ceil(ps) - if skip { 0 } else { look / ps };
-                    assert!(need > c.pool().num_free(), "admission refused with enough free pages");
+                    // A hybrid cache may also wait for SWA pages or a Mamba state.
+                    let hybrid = c.swa_pool().is_some() || c.mamba_pool().is_some();
+                    assert!(hybrid || need > c.pool().num_free(), "admission refused with enough free pages");
                     true
                 }
                 Err(e) if mirror.contains_key(&id) => {
                     assert_eq!(e.kind, ErrorKind::DuplicateRequest, "{e:?}");
                     true
                 }
-                Err(e) if n > 0 && n.div_ceil(ps) >= c.pool().num_pages() => {
+                Err(e) if n > 0 && n.div_ceil(ps) > usable_pages(c) => {
                     assert_eq!(e.kind, ErrorKind::RequestTooLarge, "admit of {n} tokens: {e:?}");
                     true
                 }
@@ -265,6 +313,16 @@ fn step(c: &mut RadixPrefixCache, mirror: &mut Mirror<Option<String>>, inp: &mut
                 Some((tokens, ns)) => {
                     res.expect("checkpoint of a running request");
                     let full = tokens.len() / ps * ps;
+                    if c.swa_pool().is_some() || c.mamba_pool().is_some() {
+                        // A hybrid checkpoint waits without a Mamba state to fork, and
+                        // hits stop where the window's SWA KV is gone.
+                        let cached = c.num_cached_tokens(RequestId(id)).expect("running");
+                        assert!(
+                            cached <= full && cached.is_multiple_of(ps),
+                            "checkpoint cached {cached} of {full}"
+                        );
+                        return;
+                    }
                     assert_eq!(
                         c.num_cached_tokens(RequestId(id)),
                         Ok(full),

@@ -633,6 +633,52 @@ pub fn radix_cache() -> Vec<Seed> {
     out.push(("bad-sizes-nb1", rc(1, 0, 0, false).radmit(0, raw(&[1]), 0, false).done()));
     out.push(("bad-sizes-ps0", rc(9, 4, 0, false).done()));
     out.push(("bad-sizes-nb-huge", rc(255, 0, 0, false).done()));
+    // Hybrid trees (flags bit 7, then `[hy]`: window `hy % 8`, bit 3 Mamba, `hy >> 4` pool sizes).
+    out.push((
+        "hybrid-swa-decode",
+        B::with_header([32, 0, 0xc0])
+            .push(&[0x63])
+            .radmit(1, P(0, 5, &[]), 0, false)
+            .rappend(1, &[1, 2, 3, 0, 1, 2])
+            .rappend(1, &[3])
+            .radmit(2, P(1, 6, &[]), 0, false)
+            .free(FREE, 1)
+            .lookup(LOOKUP, P(0, 5, &[1, 2, 3, 0, 1, 2, 3, 0]), 0)
+            .radmit(3, P(0, 5, &[1, 2, 3, 0, 1, 2, 3, 0]), 0, false)
+            .rappend(3, &[1, 1, 1, 1])
+            .push(&[CHECKPOINT, 3, INTROSPECT])
+            .free_batch(FREE_BATCH, &[2, 3])
+            .push(&[EVICT, 3])
+            .done(),
+    ));
+    out.push((
+        "hybrid-mamba-checkpoint",
+        B::with_header([24, 1, 0x80])
+            .push(&[0x18])
+            .radmit(1, P(0, 9, &[]), 0, false)
+            .push(&[CHECKPOINT, 1])
+            .radmit(2, P(0, 9, &[4]), 0, false)
+            .radmit(3, P(2, 3, &[]), 0, false)
+            .free(FREE, 1)
+            .radmit(3, P(2, 3, &[]), 0, false)
+            .free_batch(FREE_BATCH, &[2, 3])
+            .push(&[RESET])
+            .done(),
+    ));
+    out.push((
+        "hybrid-swa-mamba-pressure",
+        B::with_header([12, 0, 0xc3])
+            .push(&[0x2a])
+            .radmit(0, P(0, 5, &[]), 0, false)
+            .rappend(0, &[1, 2, 3, 4])
+            .radmit(1, P(1, 4, &[]), 0, false)
+            .free(FREE, 0)
+            .radmit(2, P(0, 5, &[1, 2, 3, 4, 5]), 0, false)
+            .rappend(2, &[1, 1, 1, 1, 1, 1])
+            .push(&[EVICT, 255])
+            .free_batch(FREE_BATCH, &[1, 2])
+            .done(),
+    ));
     out
 }
 

@@ -813,10 +813,27 @@ class RadixPrefixCache(PrefixCache):
         enable_events: bool = False,
         max_events: int = 100000,
         groups: Sequence[tuple[str, int, int, str]] | None = None,
+        swa_blocks: int | None = None,
+        mamba_states: int | None = None,
     ) -> Self: ...
     @property
     def policy(self) -> str:
         """The tree's eviction policy (one of ``RADIX_POLICIES``)."""
+    @property
+    def swa_blocks(self) -> tuple[int, int, int] | None:
+        """Pages of the sliding-window pool: ``(free, used, capacity)``, or None without a
+        sliding-window group. A page's SWA KV is freed once it leaves every window
+        (a tombstone in the tree keeps its full KV)."""
+    @property
+    def mamba_states(self) -> tuple[int, int, int] | None:
+        """Mamba state slots: ``(free, used, capacity)``, or None without a Mamba group.
+        Each running request holds one; the tree holds the others."""
+    @property
+    def swa_sizes(self) -> tuple[int, int]:
+        """``(evictable, protected)`` tokens of live sliding-window KV in the tree."""
+    @property
+    def mamba_sizes(self) -> tuple[int, int]:
+        """``(evictable, protected)`` Mamba states in the tree."""
     @property
     def num_unused_blocks(self) -> int:
         """Blocks no request and no tree node holds (``num_free_blocks`` also counts the

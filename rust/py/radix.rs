@@ -45,8 +45,9 @@ use super::errors::{capacity, inv_to_py, invalid, stale, IntoPyResult};
 use super::{args, common, events};
 use crate::core::ids::{PageId, RequestId};
 use crate::core::pages::{pages_to_slots, slots_to_pages, PageMath};
+use crate::core::radix::pools::ComponentPool;
 use crate::core::radix::{Components, InsertOpts, NodeHandle, Policy, RadixTree};
-use crate::core::radix_cache::{narrow_tokens, RadixPrefixCache};
+use crate::core::radix_cache::{narrow_tokens, PoolSizes, RadixPrefixCache};
 
 /// A token array as int32 (int64 input is narrowed, with a range check).
 fn tokens_i32(t: TokenArray<'_>) -> PyResult<Cow<'_, [i32]>> {
@@ -595,9 +596,10 @@ fn radix<'a>(base: &'a PyRef<'_, PyPrefixCache>) -> PyResult<&'a RadixPrefixCach
 impl PyRadixPrefixCache {
     #[new]
     #[pyo3(
-        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, groups = None),
-        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, groups=None)"
+        signature = (num_blocks, block_size, *, policy = "lru".to_owned(), slru_threshold = 2, enable_events = false, max_events = 100000, groups = None, swa_blocks = None, mamba_states = None),
+        text_signature = "(num_blocks, block_size, *, policy='lru', slru_threshold=2, enable_events=False, max_events=100000, groups=None, swa_blocks=None, mamba_states=None)"
     )]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         #[pyo3(from_py_with = named::num_blocks)] num_blocks: usize,
         #[pyo3(from_py_with = named::block_size)] block_size: usize,
@@ -606,24 +608,33 @@ impl PyRadixPrefixCache {
         enable_events: bool,
         #[pyo3(from_py_with = named::max_events)] max_events: usize,
         groups: Option<&Bound<'_, PyAny>>,
+        swa_blocks: Option<&Bound<'_, PyAny>>,
+        mamba_states: Option<&Bound<'_, PyAny>>,
     ) -> PyResult<PyClassInitializer<Self>> {
         let policy = parse_policy(&policy, slru_threshold)?;
+        let sizes = PoolSizes {
+            swa_blocks: args::opt_usize_arg(swa_blocks, "swa_blocks", usize::MAX)?,
+            mamba_states: args::opt_usize_arg(mamba_states, "mamba_states", usize::MAX)?,
+        };
+        let mut comps = Components::default();
         if let Some(g) = groups.filter(|g| !g.is_none()) {
-            let (bs, comps, names) = super::groups::radix_components(g)?;
+            let (bs, from_layout, _) = super::groups::radix_components(g)?;
             if bs != block_size {
                 return Err(invalid(format!(
                     "block_size ({block_size}) must be the groups' block size ({bs})"
                 )));
             }
-            if comps.any() {
-                return Err(invalid(format!(
-                    "RadixPrefixCache cannot serve the layout {names} yet: its sliding-window / Mamba \
-                     components are served by the radix tree (RadixTree(groups=...)), not yet by \
-                     the request-level cache's page pools (full-attention layouts only)"
-                )));
-            }
+            comps = from_layout;
         }
-        let mut inner = RadixPrefixCache::new(num_blocks, block_size, policy, enable_events).py()?;
+        if sizes.swa_blocks.is_some() && comps.swa_window.is_none() {
+            return Err(invalid("swa_blocks needs a sliding-window group in groups"));
+        }
+        if sizes.mamba_states.is_some() && !comps.mamba {
+            return Err(invalid("mamba_states needs a Mamba group in groups"));
+        }
+        let mut inner =
+            RadixPrefixCache::with_components(num_blocks, block_size, policy, enable_events, comps, sizes)
+                .py()?;
         inner.set_max_events(max_events).py()?;
         Ok(PyClassInitializer::from(PyPrefixCache::new(AnyCache::Radix(inner)))
             .add_subclass(PyRadixPrefixCache))
@@ -640,6 +651,33 @@ impl PyRadixPrefixCache {
     #[getter]
     fn num_unused_blocks(slf: PyRef<'_, Self>) -> PyResult<usize> {
         Ok(radix(slf.as_super())?.pool().num_free())
+    }
+
+    /// Pages of the sliding-window pool: ``(free, used, capacity)``, or None without a
+    /// sliding-window group. A page's SWA KV is freed once it leaves every window
+    /// (a tombstone in the tree keeps its full KV).
+    #[getter]
+    fn swa_blocks(slf: PyRef<'_, Self>) -> PyResult<Option<(usize, usize, usize)>> {
+        Ok(radix(slf.as_super())?.swa_pool().map(|p| (p.num_free(), p.num_used(), p.capacity())))
+    }
+
+    /// Mamba state slots: ``(free, used, capacity)``, or None without a Mamba group.
+    /// Each running request holds one; the tree holds the others.
+    #[getter]
+    fn mamba_states(slf: PyRef<'_, Self>) -> PyResult<Option<(usize, usize, usize)>> {
+        Ok(radix(slf.as_super())?.mamba_pool().map(|p| (p.num_free(), p.num_used(), p.capacity())))
+    }
+
+    /// ``(evictable, protected)`` tokens of live sliding-window KV in the tree.
+    #[getter]
+    fn swa_sizes(slf: PyRef<'_, Self>) -> PyResult<(usize, usize)> {
+        Ok(radix(slf.as_super())?.tree().swa_sizes())
+    }
+
+    /// ``(evictable, protected)`` Mamba states in the tree.
+    #[getter]
+    fn mamba_sizes(slf: PyRef<'_, Self>) -> PyResult<(usize, usize)> {
+        Ok(radix(slf.as_super())?.tree().mamba_sizes())
     }
 
     /// Tokens in the tree.

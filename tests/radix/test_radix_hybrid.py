@@ -338,8 +338,14 @@ def test_make_cache_radix_takes_a_layout() -> None:
         "radix", 64, 16, groups=[("full_attention", 16, 0, ""), ("mla_attention", 16, 0, "")]
     )
     assert c.block_size == 16
-    for groups in (GPT_OSS, QWEN3_NEXT):
-        with pytest.raises(
-            kvindex.InvalidArgumentError, match=r"cannot serve the layout \[full_attention"
-        ):
-            kvindex.make_cache("radix", 64, 16, groups=groups)
+    assert c.swa_blocks is None and c.mamba_states is None
+    swa = kvindex.make_cache("radix", 64, 16, groups=GPT_OSS, swa_blocks=20)
+    assert swa.swa_blocks == (20, 0, 20) and swa.mamba_states is None
+    mamba = kvindex.make_cache("radix", 64, 16, groups=QWEN3_NEXT, mamba_states=3)
+    assert mamba.mamba_states == (3, 0, 3) and mamba.swa_blocks is None
+    with pytest.raises(kvindex.InvalidArgumentError, match="swa_blocks"):
+        kvindex.make_cache("radix", 64, 16, groups=GPT_OSS, swa_blocks=64)
+    with pytest.raises(kvindex.InvalidArgumentError, match="sliding-window group"):
+        kvindex.make_cache("radix", 64, 16, groups=QWEN3_NEXT, swa_blocks=8)
+    with pytest.raises(kvindex.InvalidArgumentError, match="Mamba group"):
+        kvindex.make_cache("radix", 64, 16, mamba_states=8)

@@ -16,8 +16,9 @@ use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 use kvindex::core::hash::{HashAlgo, KeySpec};
 use kvindex::core::hash_chain::HashChainCache;
 use kvindex::core::ids::RequestId;
-use kvindex::core::radix::Policy;
-use kvindex::core::radix_cache::RadixPrefixCache;
+use kvindex::core::radix::pools::ComponentPool;
+use kvindex::core::radix::{Components, Policy};
+use kvindex::core::radix_cache::{PoolSizes, RadixPrefixCache};
 use kvindex::core::request::{PrefixCache, PrefixDesign, Reads, StepOpts};
 use kvindex::core::tables::TableSource;
 
@@ -194,5 +195,20 @@ proptest! {
     ) {
         let c = RadixPrefixCache::new(nb, ps, Policy::Lru, true).expect("valid");
         run(c, &ops, |c| format!("{} {}", c.tree().dump(), c.pool().num_free()))?;
+    }
+
+    #[test]
+    fn hybrid_radix_lifecycle_never_panics_nor_half_applies(
+        ops in prop::collection::vec(op(), 1..60), ps in 1usize..4, nb in 4usize..24,
+        window in prop::option::of(1usize..9), mamba in any::<bool>(), swa in 1usize..24, states in 1usize..5,
+    ) {
+        let comps = Components { swa_window: window.or(if mamba { None } else { Some(2) }), mamba };
+        let sizes = PoolSizes { swa_blocks: Some(swa.min(nb - 1)), mamba_states: Some(states) };
+        let c = RadixPrefixCache::with_components(nb, ps, Policy::Lru, true, comps, sizes).expect("valid");
+        run(c, &ops, |c| {
+            let swa = c.swa_pool().map(ComponentPool::num_free);
+            let m = c.mamba_pool().map(ComponentPool::num_free);
+            format!("{} {} {swa:?} {m:?}", c.tree().dump(), c.pool().num_free())
+        })?;
     }
 }

@@ -50,6 +50,24 @@ def test_mamba_states_only_where_a_chunk_ended() -> None:
     assert x["memory_bytes"] == x["cached_blocks"][0] * 16 * 64 + x["cached_blocks"][1] * 1600
 
 
+def test_radix_sliding_window_tombstones_cost_hits_and_save_memory() -> None:
+    full = Group("full_attention", 16, layers=1, token_bytes=64)
+    swa = Group("sliding_window", 16, layers=1, window=32, token_bytes=64)
+    base = np.arange(300, dtype=np.int32)
+    wl = Fixed([base[:200], np.concatenate([base[:100], 10_000 + base[:36]])])
+    r = simulate_model(Layout("t", (full, swa)), wl)["radix"]
+    # The all-full tree reuses 96 tokens of request 2; with the window, request 1 freed
+    # the SWA KV before its last 32 tokens (a tombstone there): nothing hits.
+    assert r["full_attention"]["hit_tokens"] == 96
+    x = r["layout"]
+    assert x["hit_tokens"] == 0
+    kinds = {k["kind"]: k["loss_tokens"] for k in x["kinds"]}
+    assert kinds == {"full_attention": 0, "sliding_window": 96}
+    # The tree: 12 + 2 full pages; live SWA only the last 32 tokens of each request.
+    assert (x["cached_tokens"], x["swa_live_tokens"]) == (224, 64)
+    assert x["memory_bytes"] == 224 * 64 + 64 * 64
+
+
 @pytest.mark.parametrize("model", sorted(PRESETS))
 def test_presets_run(model: str) -> None:
     wl = Fixed([np.arange(n, dtype=np.int32) for n in (3000, 3500, 3000)])
@@ -57,7 +75,16 @@ def test_presets_run(model: str) -> None:
     hc = r["hash_chain"]
     assert 0 < hc["layout"]["hit_rate"] <= hc["full_attention"]["hit_rate"]
     assert hc["layout"]["bytes_per_cached_token"] > 0
-    assert "radix" in r
+    rx = r["radix"]
+    if PRESETS[model].name == "llama4":
+        assert "chunked local" in rx["refused"]
+    else:
+        # Nothing evicted: the radix tree hits what the hash chain hits on these prompts.
+        assert 0 < rx["layout"]["hit_rate"] <= rx["full_attention"]["hit_rate"]
+        assert rx["layout"]["hit_tokens"] == hc["layout"]["hit_tokens"]
+        assert (
+            rx["layout"]["bytes_per_cached_token"] <= rx["full_attention"]["bytes_per_cached_token"]
+        )
 
 
 def test_command_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

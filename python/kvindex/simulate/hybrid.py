@@ -15,11 +15,22 @@ cached block of every group, from each group's ``token_bytes`` and layers, over 
 tokens full attention holds); and per spec set the loss its rule causes (the tokens full
 attention would reuse that the set's rule alone does not), as a share of prompt tokens.
 
-Designs: the hash chain through the core groups. The radix design runs when
-``make_cache("radix", groups=...)`` is available (the radix tree's groups); otherwise it is
-reported as pending.
+Designs: the hash chain through the core groups, and the radix design
+(``make_cache("radix", groups=...)``: SGLang's unified tree, one component per group kind)
+over the same workload, also with nothing evicted: each request is admitted (its hit is
+what the tree matches: full attention, the sliding window's live KV at the hit's end, a
+Mamba state on the hit's node), decodes its output (its SWA pages leave its window as
+SGLang frees them) and is inserted at its end (the part before its window a tombstone,
+its Mamba state on the last node). Its figures: hit rate; memory per cached token (full
+pages, live SWA pages and Mamba states in the tree, at each kind's bytes, over the tokens
+the tree holds); and per group kind the loss its rule causes (the radix tree with every
+group as full attention hits, with that kind alone it does not). A layout the radix design
+cannot serve (chunked local attention, groups of several block sizes) reports why.
+Prefill chunks are not modelled in the radix run (SGLang's per-chunk inserts would add
+Mamba states at chunk ends; ``--max-batched-tokens`` applies to the hash chain only).
 
-Costs: O(tokens) hashing plus O(blocks x spec sets) per request.
+Costs: O(tokens) hashing plus O(blocks x spec sets) per request; the radix run O(tokens)
+per request and design.
 """
 
 from __future__ import annotations
@@ -30,7 +41,8 @@ from typing import Any
 
 import numpy as np
 
-from kvindex._core import ClusterIndex, _GroupReplay
+from kvindex._core import ClusterIndex, RadixPrefixCache, _GroupReplay
+from kvindex.exceptions import InvalidArgumentError
 from kvindex.layouts import Group, Layout, load_layout
 from kvindex.simulate.workloads import Workload
 
@@ -109,12 +121,118 @@ def _replay(layout: Layout, workload: Workload, algo: str, chunk: int | None) ->
     }
 
 
-def _radix_available() -> bool:
-    import inspect
+_FULL_KINDS = ("full_attention", "mla_attention")
 
-    from kvindex import make_cache
 
-    return "groups" in inspect.signature(make_cache).parameters
+def _radix_run(layout: Layout, workload: Workload) -> dict[str, Any]:
+    """The radix design's replay of ``workload`` for ``layout`` (module header): hit
+    tokens and what the tree holds at the end, or ``refused`` naming why."""
+    groups = [g.core_tuple() for g in layout.groups]
+    bs = layout.groups[0].block_size
+    pages = sum(
+        -(-(workload.requests[r].prompt_len + workload.requests[r].output_len) // bs) + 1
+        for r in range(len(workload))
+    )
+    try:
+        c = RadixPrefixCache(pages + 2, bs, groups=groups)
+    except InvalidArgumentError as e:
+        return {"refused": str(e)}
+    prompt = hit = 0
+    for rid in range(len(workload)):
+        p = np.asarray(workload.prompt(rid), dtype=np.int32)
+        a = c.admit(rid, p)
+        if a is None:  # the pool is sized for everything: never
+            raise AssertionError("the radix replay's pool ran short")
+        prompt += len(p)
+        hit += a.num_cached_tokens
+        out = workload.output(rid)
+        # Decoding one token at a time frees the same SWA pages as the last step alone.
+        if len(out) > 1:
+            c.append(rid, out[:-1])
+        if len(out):
+            c.append(rid, out[-1:])
+        c.free(rid)
+    swa = sum(c.swa_sizes)
+    states = sum(c.mamba_sizes)
+    return {
+        "prompt_tokens": prompt,
+        "hit_tokens": hit,
+        "cached_tokens": c.cached_tokens,
+        "swa_tokens": swa if c.swa_blocks is not None else None,
+        "mamba_states": states if c.mamba_states is not None else None,
+    }
+
+
+def _only(layout: Layout, kind: str) -> Layout:
+    """``layout`` with every group but full attention and ``kind`` as full attention."""
+    twin = _full_twin(layout).groups
+    groups = tuple(g if g.kind == kind else t for g, t in zip(layout.groups, twin, strict=True))
+    return Layout(f"{layout.name} ({kind} only)", groups, layout.source)
+
+
+def _radix(layout: Layout, workload: Workload) -> dict[str, Any]:
+    """The radix design's figures for ``layout`` beside its all-full-attention twin."""
+    run = _radix_run(layout, workload)
+    if "refused" in run:
+        return {"layout": layout.name, "refused": run["refused"]}
+    full = _radix_run(_full_twin(layout), workload)
+    mem = 0
+    for g in layout.groups:
+        if g.kind in _FULL_KINDS:
+            mem += run["cached_tokens"] * g.token_bytes * g.layers
+        elif g.kind == "sliding_window":
+            mem += (run["swa_tokens"] or 0) * g.token_bytes * g.layers
+        elif g.kind == "mamba":
+            mem += (run["mamba_states"] or 0) * g.token_bytes * g.layers
+    prompt = run["prompt_tokens"]
+    kinds = []
+    for kind in dict.fromkeys(g.kind for g in layout.groups):
+        if kind in _FULL_KINDS:
+            loss = 0
+        else:
+            alone = _radix_run(_only(layout, kind), workload)
+            loss = max(full["hit_tokens"] - alone["hit_tokens"], 0)
+        kinds.append(
+            {
+                "kind": kind,
+                "group_ids": [i for i, g in enumerate(layout.groups) if g.kind == kind],
+                "loss_tokens": loss,
+                "loss_share": loss / prompt if prompt else 0.0,
+            }
+        )
+    held = run["cached_tokens"]
+
+    def figures(r: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "prompt_tokens": r["prompt_tokens"],
+            "hit_tokens": r["hit_tokens"],
+            "hit_rate": r["hit_tokens"] / r["prompt_tokens"] if r["prompt_tokens"] else 0.0,
+        }
+
+    full_mem = sum(
+        full["cached_tokens"] * g.token_bytes * g.layers for g in _full_twin(layout).groups
+    )
+    return {
+        "layout": {
+            "layout": layout.name,
+            **figures(run),
+            "cached_tokens": held,
+            "swa_live_tokens": run["swa_tokens"],
+            "mamba_states": run["mamba_states"],
+            "memory_bytes": mem,
+            "bytes_per_cached_token": mem / held if held and mem else None,
+            "kinds": kinds,
+        },
+        "full_attention": {
+            "layout": f"{layout.name} (all full attention)",
+            **figures(full),
+            "cached_tokens": full["cached_tokens"],
+            "memory_bytes": full_mem,
+            "bytes_per_cached_token": full_mem / full["cached_tokens"]
+            if full["cached_tokens"] and full_mem
+            else None,
+        },
+    }
 
 
 def simulate_model(
@@ -131,11 +249,7 @@ def simulate_model(
             "layout": _replay(layout, workload, algo, chunk),
             "full_attention": _replay(_full_twin(layout), workload, algo, chunk),
         },
-        "radix": "pending: the radix design's groups (make_cache('radix', groups=...)) are "
-        "not in this build"
-        if not _radix_available()
-        else "not run: use the hash chain's "
-        "figures (the radix tree's groups follow SGLang's unified cache, not reported here yet)",
+        "radix": _radix(layout, workload),
     }
 
 
@@ -163,7 +277,22 @@ def format_model(r: dict[str, Any]) -> str:
             f"  {s['kind']} (block {s['block_size']}, groups {s['group_ids']}): "
             f"{s['loss_tokens']} tokens ({s['loss_share']:.1%} of prompt tokens)"
         )
-    lines.append(f"radix: {r['radix']}")
+    rx = r["radix"]
+    if "refused" in rx:
+        lines.append(f"radix: not served: {rx['refused']}")
+        return "\n".join(lines)
+    for name, key in (("layout", r["model"]), ("full_attention", "all full attention")):
+        x = rx[name]
+        mem = _mib(x["bytes_per_cached_token"])
+        lines.append(f"{'radix':<11} {key[:34]:<34} {x['hit_rate']:>8.1%} {mem:>22}")
+    lines.append(
+        "radix: loss each group kind's rule causes (tokens the all-full tree reuses, the kind not):"
+    )
+    for k in rx["layout"]["kinds"]:
+        lines.append(
+            f"  {k['kind']} (groups {k['group_ids']}): "
+            f"{k['loss_tokens']} tokens ({k['loss_share']:.1%} of prompt tokens)"
+        )
     return "\n".join(lines)
 
 

@@ -83,13 +83,16 @@ impl Components {
     /// full attention and MLA groups are the full KV every node holds, one
     /// sliding-window group is the SWA component (its window is SGLang's
     /// retained window), a Mamba group the Mamba component. SGLang's tree has
-    /// one page size, and one component per kind.
+    /// one page size, and one component per kind: vLLM's several groups of
+    /// one kind (its layers split for page sizes: sliding windows of one
+    /// size, Mamba groups) are that one component, as SGLang's SWA pool and
+    /// `MambaPool` hold every such layer per slot.
     ///
     /// # Errors
     /// `InvalidArgument` naming the layout for what the radix design cannot
     /// serve: no full-attention group, groups of different block sizes,
-    /// chunked local attention, several sliding windows or Mamba groups,
-    /// or caching turned off.
+    /// chunked local attention, sliding windows of different sizes, or
+    /// caching turned off.
     pub fn from_layout(layout: &crate::core::groups::spec::GroupLayout) -> KvResult<(usize, Components)> {
         use crate::core::groups::spec::GroupKind;
         let groups = layout.groups();
@@ -117,7 +120,6 @@ impl Components {
             return Err(refuse("it has no full-attention group (every radix node holds full KV)"));
         }
         let mut comps = Components::default();
-        let mut mambas = 0;
         for g in groups {
             match g.kind {
                 GroupKind::FullAttention | GroupKind::Mla => {}
@@ -130,14 +132,8 @@ impl Components {
                 GroupKind::ChunkedLocal { .. } => {
                     return Err(refuse("chunked local attention has no radix component (SGLang has none)"));
                 }
-                GroupKind::Mamba { .. } => {
-                    mambas += 1;
-                    comps.mamba = true;
-                }
+                GroupKind::Mamba { .. } => comps.mamba = true,
             }
-        }
-        if mambas > 1 {
-            return Err(refuse("it has several Mamba groups (one Mamba state per node)"));
         }
         if comps.swa_window == Some(0) {
             return Err(refuse("its sliding window is 0"));
@@ -195,6 +191,12 @@ pub struct HybridFreed {
     pub full_only: Vec<PageId>,
     /// Mamba states freed.
     pub mamba: Vec<u32>,
+    /// Caller's pages an unlocked tombstone took in place of its own (listed
+    /// in `full_only`): the tree now holds them.
+    pub adopted: Vec<PageId>,
+    /// `(caller's page, node's page)`: a locked tombstone kept its page and
+    /// took the caller's SWA KV for it (the caller's page is in `full_only`).
+    pub swa_moved: Vec<(PageId, PageId)>,
     /// The insert ended on a node that already had a Mamba state (the
     /// caller keeps, and frees, its own).
     pub mamba_exist: bool,
@@ -206,6 +208,8 @@ impl HybridFreed {
         self.swa.clear();
         self.full_only.clear();
         self.mamba.clear();
+        self.adopted.clear();
+        self.swa_moved.clear();
         self.mamba_exist = false;
     }
 }
@@ -491,7 +495,26 @@ impl RadixTree {
             out.swa.append(&mut h.freed.swa);
             out.full_only.append(&mut h.freed.full_only);
             out.mamba.append(&mut h.freed.mamba);
+            out.adopted.append(&mut h.freed.adopted);
+            out.swa_moved.append(&mut h.freed.swa_moved);
             out.mamba_exist |= std::mem::take(&mut h.freed.mamba_exist);
+        }
+    }
+
+    /// Appends the pages of every SWA-live node to `out`. O(nodes + pages).
+    pub fn swa_live_values(&self, out: &mut Vec<PageId>) {
+        let Some(h) = &self.hy else { return };
+        for (i, n) in self.nodes.iter().enumerate().skip(1) {
+            if n.live && h.comps.get(i).is_some_and(|c| c.swa_live) {
+                out.extend_from_slice(&n.value);
+            }
+        }
+    }
+
+    /// Appends every Mamba state the tree holds to `out`. O(states).
+    pub fn mamba_states(&self, out: &mut Vec<u32>) {
+        if let Some(h) = &self.hy {
+            out.extend(h.states.iter().copied());
         }
     }
 
@@ -650,6 +673,35 @@ impl RadixTree {
         if let Some(h) = &mut self.hy {
             h.comps[id.idx()] = Comp::default();
         }
+    }
+
+    /// What locking the node ending `self.path[..upto]` would protect: live
+    /// SWA tokens not SWA-locked now (the lock walks up until the window is
+    /// covered, each walked entry as long as its matched part), and whether
+    /// it would lock an evictable Mamba state. O(window nodes).
+    pub(super) fn hy_lockable(&self, upto: usize) -> (usize, bool) {
+        let Some(h) = &self.hy else { return (0, false) };
+        let mut swa = 0;
+        if h.window > 0 {
+            let mut covered = 0usize;
+            for &(c, l) in self.path[..upto].iter().rev() {
+                if covered >= h.window {
+                    break;
+                }
+                let cc = &h.comps[c.idx()];
+                if cc.swa_lock == 0 && cc.swa_live {
+                    swa += l;
+                }
+                covered += l;
+            }
+        }
+        let mamba = upto > 0 && h.spec.mamba && {
+            let (c, l) = self.path[upto - 1];
+            let cc = &h.comps[c.idx()];
+            // A match ending inside an edge splits it: the upper half holds no state.
+            l == self.nodes[c.idx()].key.len() && cc.mamba.is_some() && cc.mamba_lock == 0
+        };
+        (swa, mamba)
     }
 
     /// Lock hook (after the full path lock of `id`, not the root).
@@ -817,6 +869,7 @@ impl RadixTree {
                 for (&m, &t) in mine.iter().zip(&self.nodes[c.idx()].value) {
                     if m != t {
                         hy.freed.full_only.push(m);
+                        hy.freed.swa_moved.push((m, t));
                         if let Some(pos) = to_free[dup_start..].iter().position(|&x| x == m) {
                             to_free.remove(dup_start + pos);
                         }
@@ -827,6 +880,7 @@ impl RadixTree {
                 for (&m, &t) in mine.iter().zip(&old) {
                     if m != t {
                         hy.freed.full_only.push(t);
+                        hy.freed.adopted.push(m);
                         if let Some(pos) = to_free[dup_start..].iter().position(|&x| x == m) {
                             to_free.remove(dup_start + pos);
                         }

@@ -308,6 +308,12 @@ fn layouts_map_onto_components_or_are_refused_by_name() {
         Components::from_layout(&lay(vec![g(full, 16), g(mamba, 16)])).expect("qwen3-next"),
         (16, Components { swa_window: None, mamba: true })
     );
+    // vLLM's several groups of one kind (layers split for page sizes) are one component.
+    assert_eq!(
+        Components::from_layout(&lay(vec![g(mamba, 16), g(mamba, 16), g(full, 16), g(swa, 16), g(swa, 16)]))
+            .expect("one component per kind"),
+        (16, Components { swa_window: Some(128), mamba: true })
+    );
     for (v, why) in [
         (vec![g(full, 16), g(swa, 32)], "different block sizes"),
         (vec![g(swa, 16)], "no full-attention group"),

@@ -114,6 +114,8 @@
 //! stored (256 MiB at most for int32 slots; a refused insert does not grow it).
 
 mod arena;
+#[cfg(test)]
+mod cache_hybrid_tests;
 mod check;
 mod dump;
 mod event_hash;
@@ -122,6 +124,7 @@ mod hybrid;
 #[cfg(test)]
 mod hybrid_tests;
 mod namespace;
+pub mod pools;
 #[cfg(test)]
 mod tests;
 mod values;
@@ -209,12 +212,17 @@ impl<'a> Matched<'a> {
 }
 
 /// Read-only result of [`RadixTree::probe`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Probe {
     /// Tokens a match would hit now.
     pub len: usize,
     /// Tokens of currently unlocked nodes that locking the match would protect.
     pub lockable: usize,
+    /// Live SWA tokens, not SWA-locked now, that locking the match would
+    /// SWA-lock (0 without SWA).
+    pub swa_lockable: usize,
+    /// Whether locking the match would lock a Mamba state evictable now.
+    pub mamba_lockable: bool,
 }
 
 /// The radix tree. See the module documentation.

@@ -130,9 +130,9 @@ impl RadixTree {
     /// nothing. O(hit + depth).
     pub fn probe<T: Token>(&mut self, tokens: &[T], ns: Option<&str>) -> Probe {
         let q = self.aligned(tokens);
-        let Some(ns) = self.ns.lookup(ns) else { return Probe { len: 0, lockable: 0 } };
+        let Some(ns) = self.ns.lookup(ns) else { return Probe::default() };
         if q.is_empty() {
-            return Probe { len: 0, lockable: 0 };
+            return Probe::default();
         }
         let mut len = self.walk(q, ns);
         let mut upto = self.path.len();
@@ -145,7 +145,8 @@ impl RadixTree {
             .filter(|(c, _)| self.nodes[c.idx()].lock_ref == 0)
             .map(|&(_, l)| l)
             .sum();
-        Probe { len, lockable }
+        let (swa_lockable, mamba_lockable) = self.hy_lockable(upto);
+        Probe { len, lockable, swa_lockable, mamba_lockable }
     }
 
     pub(super) fn stamp(&mut self, id: NodeId, tick: u64) {

@@ -238,7 +238,7 @@ impl<D: PrefixDesign> PrefixCache<D> {
     /// the pool could ever give it (every block but the null block 0).
     pub(super) fn check_fits(&self, id: RequestId, len: usize) -> KvResult<()> {
         let need = len.div_ceil(self.design.block_size());
-        let usable = self.design.num_blocks().saturating_sub(1);
+        let usable = self.design.usable_blocks();
         if need <= usable {
             return Ok(());
         }
@@ -246,8 +246,9 @@ impl<D: PrefixDesign> PrefixCache<D> {
             ErrorKind::RequestTooLarge,
             format!(
                 "request {}'s prompt of {len} tokens needs {need} {unit}; the pool has {usable} usable {unit} \
-                 (num_blocks - 1), so it can never be admitted",
+                 ({}), so it can never be admitted",
                 id.0,
+                self.design.usable_what(),
                 unit = D::UNIT
             ),
         ))

@@ -178,6 +178,18 @@ pub trait PrefixDesign {
     /// Blocks in the pool, the null block included.
     fn num_blocks(&self) -> usize;
 
+    /// Blocks one request may ever hold (a prompt needing more is refused
+    /// as too large): `num_blocks - 1` unless a design's other pools are
+    /// smaller.
+    fn usable_blocks(&self) -> usize {
+        self.num_blocks().saturating_sub(1)
+    }
+
+    /// What bounds [`PrefixDesign::usable_blocks`], for messages.
+    fn usable_what(&self) -> &'static str {
+        "num_blocks - 1"
+    }
+
     /// Blocks an append may allocate now: free ones, plus (for designs that
     /// evict on demand) those that can be evicted. O(1).
     fn num_available(&self) -> usize;
