@@ -28,6 +28,20 @@ pub trait BlockLookup {
     type Block: Copy;
     /// Block `i`, if cached.
     fn get(&mut self, i: usize) -> Option<Self::Block>;
+
+    /// Appends blocks `lo, lo + 1, ..` to `out` while cached, up to (not
+    /// including) `hi`; returns how many. The answers of [`Self::get`] one
+    /// by one (an implementation may look the run up in one batch).
+    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<Self::Block>>) -> usize {
+        let start = out.len();
+        for i in lo..hi {
+            match self.get(i) {
+                Some(b) => out.push(Some(b)),
+                None => break,
+            }
+        }
+        out.len() - start
+    }
 }
 
 /// Any `FnMut(block index) -> Option<B>` is a lookup.
@@ -92,12 +106,7 @@ fn full_hit<L: BlockLookup>(
     out: &mut Vec<Option<L::Block>>,
 ) -> usize {
     out.clear();
-    for i in 0..q.max_tokens / bs {
-        match lookup.get(i) {
-            Some(b) => out.push(Some(b)),
-            None => break,
-        }
-    }
+    lookup.get_run(0, q.max_tokens / bs, out);
     let mut hit = out.len() * bs;
     if q.drop_eagle && hit > 0 {
         hit -= q.alignment.min(bs);
@@ -153,42 +162,33 @@ fn window_hit<L: BlockLookup>(
     let mut found = false;
     if bs == q.alignment {
         // vLLM's right-to-left scan without its alignment skips finds the rightmost run
-        // of `need` cached blocks (`need` 0 acts as 1); checking a candidate window's
-        // leftmost block first skips a whole window on a miss, with the same answer.
+        // of `need` cached blocks (`need` 0 acts as 1). A candidate window's leftmost
+        // block is checked first, then the rest as one run: a miss at `j` rules out
+        // every window ending after `j` (each contains `j`), so the scan skips to the
+        // windows ending at `j`, with the same answer. `out` is `None` from the
+        // candidate window on.
         let need1 = need.max(1);
         let mut end = max_blocks;
         while end >= need1 {
             let left = end - need1;
-            let mut miss = None;
-            for j in std::iter::once(left).chain((left + 1..end).rev()) {
-                match lookup.get(j) {
-                    Some(b) => out[j] = Some(b),
-                    None => {
-                        miss = Some(j);
-                        break;
-                    }
-                }
+            let Some(b) = lookup.get(left) else {
+                end = left;
+                continue;
+            };
+            out[left] = Some(b);
+            out.truncate(left + 1);
+            let got = lookup.get_run(left + 1, end, out);
+            if 1 + got == need1 {
+                found = true;
+                break;
             }
-            match miss {
-                None => {
-                    out.truncate(end);
-                    found = true;
-                    break;
-                }
-                Some(j) => {
-                    out[left..end].iter_mut().for_each(|o| *o = None);
-                    end = j;
-                }
-            }
+            out.truncate(left);
+            out.resize(max_blocks, None);
+            end = left + 1 + got;
         }
         if !found {
-            while run < need1.min(max_blocks) {
-                match lookup.get(run) {
-                    Some(b) => out[run] = Some(b),
-                    None => break,
-                }
-                run += 1;
-            }
+            out.clear();
+            run = lookup.get_run(0, need1.min(max_blocks), out);
         }
     } else {
         (run, found) = window_scan(need, bs, lookup, q, out);
@@ -221,12 +221,7 @@ fn chunked_hit<L: BlockLookup>(
     let start = if q.max_tokens > 0 { q.max_tokens / chunk * chunk } else { 0 };
     let start_block = start / bs;
     out.resize(start_block, None);
-    for i in start_block..max_blocks {
-        match lookup.get(i) {
-            Some(b) => out.push(Some(b)),
-            None => break,
-        }
-    }
+    lookup.get_run(start_block, max_blocks, out);
     out.len() * bs
 }
 

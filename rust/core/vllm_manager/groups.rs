@@ -83,19 +83,33 @@ pub struct CachedRun {
 }
 
 /// A spec set's view of the pool: block `i` at the set's block size,
-/// cached under every member group's key. Hits land in `side`.
+/// cached under every member group's key. A set of one group answers its
+/// block id itself; a set of several answers an offset into `side`, where
+/// the members' block ids of that block follow in member order.
+///
+/// Runs ([`BlockLookup::get_run`], full attention and chunked local) are
+/// looked up in one [`BlockPool::lookup_run`] batch per member, whose
+/// cache misses overlap.
+///
+/// [`BlockPool::lookup_run`]: crate::core::block_pool::BlockPool::lookup_run
 struct PoolLookup<'a> {
     m: &'a VllmManager,
     hashes: &'a [BlockHash],
     scale: usize,
     groups: &'a [usize],
     side: Vec<BlockId>,
+    /// Scratch of [`BlockLookup::get_run`]: one member's keys and hits.
+    keys: Vec<BlockHash>,
+    ids: Vec<BlockId>,
 }
 
 impl BlockLookup for PoolLookup<'_> {
     type Block = u32;
     fn get(&mut self, i: usize) -> Option<u32> {
         let h = self.hashes.get(coarse_hash_index(i, self.scale))?;
+        if let [g] = *self.groups {
+            return self.m.pool.get_cached(&group_key(h, g)).map(|b| b.0);
+        }
         let off = self.side.len();
         for &g in self.groups {
             match self.m.pool.get_cached(&group_key(h, g)) {
@@ -108,6 +122,45 @@ impl BlockLookup for PoolLookup<'_> {
         }
         #[allow(clippy::cast_possible_truncation)]
         Some(off as u32)
+    }
+
+    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<u32>>) -> usize {
+        let hi = hi.min(self.hashes.len() / self.scale);
+        if lo >= hi {
+            return 0;
+        }
+        let pool = &self.m.pool;
+        let mut n = hi - lo;
+        let base = self.side.len();
+        for (j, &g) in self.groups.iter().enumerate() {
+            self.ids.clear();
+            if g == 0 && self.scale == 1 {
+                pool.lookup_run(&self.hashes[lo..lo + n], &mut self.ids);
+            } else {
+                self.keys.clear();
+                let (hs, sc) = (self.hashes, self.scale);
+                self.keys.extend((lo..lo + n).map(|i| group_key(&hs[coarse_hash_index(i, sc)], g)));
+                pool.lookup_run(&self.keys, &mut self.ids);
+            }
+            n = self.ids.len();
+            if self.groups.len() == 1 {
+                out.extend(self.ids.iter().map(|b| Some(b.0)));
+                return n;
+            }
+            // Interleave: member j's block of block k goes to side[base + k * members + j].
+            let members = self.groups.len();
+            if j == 0 {
+                self.side.resize(base + n * members, BlockId::NULL);
+            }
+            self.side.truncate(base + n * members);
+            for (k, &b) in self.ids.iter().enumerate() {
+                self.side[base + k * members + j] = b;
+            }
+        }
+        let members = self.groups.len();
+        #[allow(clippy::cast_possible_truncation)]
+        out.extend((0..n).map(|k| Some((base + k * members) as u32)));
+        n
     }
 }
 
@@ -173,18 +226,33 @@ impl VllmManager {
         let sets = self.layout.spec_sets();
         let mut looks: Vec<PoolLookup<'_>> = sets
             .iter()
-            .map(|s| PoolLookup {
-                m: self,
-                hashes,
-                scale: s.spec.block_size / hbs,
-                groups: &s.group_ids,
-                side: Vec::new(),
+            .map(|s| {
+                let scale = s.spec.block_size / hbs;
+                let side = if s.group_ids.len() > 1 {
+                    Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
+                } else {
+                    Vec::new()
+                };
+                PoolLookup {
+                    m: self,
+                    hashes,
+                    scale,
+                    groups: &s.group_ids,
+                    side,
+                    keys: Vec::new(),
+                    ids: Vec::new(),
+                }
             })
             .collect();
-        let mut outs: Vec<Vec<Option<u32>>> = vec![Vec::new(); sets.len()];
+        let mut outs: Vec<Vec<Option<u32>>> =
+            sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
         let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
         let mut blocks = vec![Vec::new(); ng];
         for (si, s) in sets.iter().enumerate() {
+            if let [g] = *s.group_ids {
+                blocks[g] = outs[si].iter().map(|o| o.map_or(BlockId::NULL, BlockId)).collect();
+                continue;
+            }
             for (m, &g) in s.group_ids.iter().enumerate() {
                 blocks[g] = outs[si]
                     .iter()
@@ -347,10 +415,10 @@ impl VllmManager {
         let spec = self.layout.groups()[g];
         let skipped = spec.skipped_tokens(total) / spec.block_size;
         let rest = &hits[skipped.min(hits.len())..];
-        let touch: Vec<BlockId> = rest.iter().copied().filter(|&b| b != BlockId::NULL).collect();
-        self.pool.touch(&touch);
-        let ng = self.layout.len();
-        let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
+        for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
+            self.pool.touch(std::slice::from_ref(b));
+        }
+        let req = self.req_mut(rid).g_mut(g);
         req.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
         req.blocks.extend_from_slice(rest);
         req.num_cached = Some(req.blocks.len());
@@ -380,7 +448,7 @@ impl VllmManager {
             if skipped == 0 {
                 continue;
             }
-            let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
+            let req = self.req_mut(rid).g_mut(g);
             let n = (skipped / spec.block_size).min(req.blocks.len());
             freed.clear();
             for i in (0..n).rev() {
@@ -477,12 +545,14 @@ impl VllmManager {
         let alignment = self.layout.scheduler_block_size();
         let eagle = self.layout.use_eagle();
         let mut runs = Vec::with_capacity(plan.len());
+        let req = self.reqs.get_mut(rid).expect("checked above");
         for &(g, start, end) in plan {
             let spec = self.layout.groups()[g];
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
+            let gr = req.g_mut(g);
             for i in start..end {
-                let b = self.reqs[rid].g(g).blocks[i];
+                let b = gr.blocks[i];
                 if b == BlockId::NULL
                     || !spec.caches_block(i, alignment, eagle)
                     || self.pool.block_hash(b).is_some()
@@ -497,7 +567,6 @@ impl VllmManager {
                 self.owner[b.idx()] = owner_word(g, h.as_bytes().len());
                 stored.push(i);
             }
-            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
             gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
             runs.push(CachedRun { group: g, start, end, stored });
         }
@@ -545,5 +614,69 @@ impl VllmManager {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    use super::*;
+    use crate::core::groups::spec::{GroupSpec, LayoutOptions};
+    use crate::core::vllm_manager::SlotRequest;
+
+    /// A set's answers as member block ids.
+    fn ids(l: &PoolLookup<'_>, a: &[Option<u32>]) -> Vec<Option<Vec<BlockId>>> {
+        let n = l.groups.len();
+        a.iter()
+            .map(|o| {
+                o.map(|x| if n == 1 { vec![BlockId(x)] } else { l.side[x as usize..x as usize + n].to_vec() })
+            })
+            .collect()
+    }
+
+    /// The batched run lookup answers as the block-by-block one, on tables with holes,
+    /// for sets of one and of two groups, block sizes of one and two hash blocks.
+    #[test]
+    fn batched_runs_match_block_by_block_lookups() {
+        let swa = |window, block_size| GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size };
+        let groups = vec![GroupSpec::full(4), swa(9, 4), GroupSpec::full(4), swa(6, 8)];
+        let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+        let layout = GroupLayout::new(groups, opt).expect("layout");
+        let mut m = VllmManager::with_layout(400, layout, false, false, None).expect("manager");
+        let hs: Vec<BlockHash> = (0..24u8).map(|i| BlockHash::from_digest(&[i; 16])).collect();
+        let s = SlotRequest { num_tokens_need_slot: 96, adopt: true, ..SlotRequest::default() };
+        m.allocate_slots_groups("a", &[], &s).expect("valid").expect("fits");
+        let plan = m.cache_plan("a", 96, hs.len(), 0);
+        m.cache_apply("a", &plan, 0, &hs).expect("fits");
+        // Holes: every group loses a different block.
+        let holes: Vec<i64> = (0..4).map(|g| i64::from(m.group_blocks("a", g)[3 + 2 * g % 5].0)).collect();
+        m.evict_blocks(&holes).expect("in range");
+        for (si, set) in m.layout().spec_sets().iter().enumerate() {
+            let scale = set.spec.block_size / m.layout().hash_block_size();
+            for lo in 0..14 {
+                for hi in lo..26 {
+                    let mk = || PoolLookup {
+                        m: &m,
+                        hashes: &hs,
+                        scale,
+                        groups: &set.group_ids,
+                        side: Vec::new(),
+                        keys: Vec::new(),
+                        ids: Vec::new(),
+                    };
+                    let (mut a, mut b) = (mk(), mk());
+                    let mut ra = vec![None];
+                    let n = a.get_run(lo, hi, &mut ra);
+                    let mut rb = vec![None];
+                    for i in lo..hi {
+                        match b.get(i) {
+                            Some(x) => rb.push(Some(x)),
+                            None => break,
+                        }
+                    }
+                    assert_eq!(n, rb.len() - 1, "set {si} {lo}..{hi}");
+                    assert_eq!(ids(&a, &ra), ids(&b, &rb), "set {si} {lo}..{hi}");
+                }
+            }
+        }
     }
 }

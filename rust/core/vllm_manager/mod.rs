@@ -461,14 +461,18 @@ impl VllmManager {
         if log_new {
             self.new_ids[g].extend_from_slice(&out);
         }
-        let ng = self.layout.len();
-        self.reqs
-            .entry(rid.to_owned())
-            .or_insert_with(|| Req::with_groups(ng))
-            .g_mut(g)
-            .blocks
-            .extend_from_slice(&out);
+        self.req_mut(rid).g_mut(g).blocks.extend_from_slice(&out);
         out
+    }
+
+    /// The request's tables, created empty if it has none (vLLM's
+    /// `req_to_blocks` is a defaultdict); the id is copied only then.
+    fn req_mut(&mut self, rid: &str) -> &mut Req {
+        let ng = self.layout.len();
+        if !self.reqs.contains_key(rid) {
+            self.reqs.insert(rid.to_owned(), Req::with_groups(ng));
+        }
+        self.reqs.get_mut(rid).expect("inserted above")
     }
 
     /// The blocks `cache_blocks` would cache now: `(num_cached, num_full)` for
