@@ -93,6 +93,9 @@ fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
+/// Windows of at most this many blocks are looked up as one run.
+const SHORT_WINDOW: usize = 16;
+
 /// Blocks a sliding-window hit needs (vLLM's `_contiguous_blocks_for_hit`).
 #[must_use]
 pub fn window_blocks(window: usize, block_size: usize, use_eagle: bool) -> usize {
@@ -162,29 +165,32 @@ fn window_hit<L: BlockLookup>(
     let mut found = false;
     if bs == q.alignment {
         // vLLM's right-to-left scan without its alignment skips finds the rightmost run
-        // of `need` cached blocks (`need` 0 acts as 1). A candidate window's leftmost
-        // block is checked first, then the rest as one run: a miss at `j` rules out
-        // every window ending after `j` (each contains `j`), so the scan skips to the
-        // windows ending at `j`, with the same answer. `out` is `None` from the
-        // candidate window on.
+        // of `need` cached blocks (`need` 0 acts as 1). A candidate window is looked up
+        // as one run (a long one checks its leftmost block alone first, so a miss there
+        // costs one lookup): a miss at `j` rules out every window ending after `j` (each
+        // contains `j`), so the scan skips to the windows ending at `j`, with the same
+        // answer. `out` is `None` from the candidate window on.
         let need1 = need.max(1);
         let mut end = max_blocks;
         while end >= need1 {
             let left = end - need1;
-            let Some(b) = lookup.get(left) else {
-                end = left;
-                continue;
-            };
-            out[left] = Some(b);
-            out.truncate(left + 1);
-            let got = lookup.get_run(left + 1, end, out);
-            if 1 + got == need1 {
+            out.truncate(left);
+            if need1 > SHORT_WINDOW {
+                let Some(b) = lookup.get(left) else {
+                    out.resize(max_blocks, None);
+                    end = left;
+                    continue;
+                };
+                out.push(Some(b));
+            }
+            let got = out.len() - left + lookup.get_run(out.len(), end, out);
+            if got == need1 {
                 found = true;
                 break;
             }
             out.truncate(left);
             out.resize(max_blocks, None);
-            end = left + 1 + got;
+            end = left + got;
         }
         if !found {
             out.clear();
@@ -370,6 +376,33 @@ mod tests {
                     }
                     assert_eq!((got, &fast), (slow.len() * 4, &slow), "window {window} set {set:b}");
                 }
+            }
+        }
+    }
+
+    /// Long windows (their leftmost block checked alone first) agree too.
+    #[test]
+    fn long_window_scan_matches_the_plain_scan() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for window in 15..24 {
+            for _ in 0..400 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mostly cached blocks, so that long windows are found.
+                let set = x | (x >> 7) | (x >> 19);
+                let s = GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size: 1 };
+                let q = HitQuery { max_tokens: 40, alignment: 1, drop_eagle: false };
+                let mut look = |i: usize| (set >> i & 1 == 1).then_some(i);
+                let mut fast = Vec::new();
+                let got = s.longest_hit(&mut look, &q, &mut fast);
+                let need = window_blocks(window, 1, false);
+                let mut slow = vec![None; 40];
+                let (run, found) = window_scan(need, 1, &mut look, &q, &mut slow);
+                if !found {
+                    slow.truncate(run);
+                }
+                assert_eq!((got, &fast), (slow.len(), &slow), "window {window} set {set:b}");
             }
         }
     }

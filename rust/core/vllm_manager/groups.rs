@@ -440,28 +440,23 @@ impl VllmManager {
     /// the attention window of the token after `processed` are freed (last
     /// first, stopping at a null) and replaced by nulls.
     pub fn remove_skipped_blocks(&mut self, rid: &str, processed: usize) {
+        if self.layout.groups().iter().all(|s| s.skipped_tokens(processed) == 0) {
+            return;
+        }
         let ng = self.layout.len();
-        let mut freed = Vec::new();
-        for g in 0..ng {
-            let spec = self.layout.groups()[g];
+        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        for (g, spec) in self.layout.groups().iter().enumerate() {
             let skipped = spec.skipped_tokens(processed);
             if skipped == 0 {
                 continue;
             }
-            let req = self.req_mut(rid).g_mut(g);
-            let n = (skipped / spec.block_size).min(req.blocks.len());
-            freed.clear();
-            for i in (0..n).rev() {
-                if req.blocks[i] == BlockId::NULL {
-                    break;
-                }
-                freed.push(req.blocks[i]);
-                req.blocks[i] = BlockId::NULL;
-            }
-            if !freed.is_empty() {
-                let mut scratch = std::mem::take(&mut self.scratch);
-                self.pool.free(freed.iter().copied(), &mut scratch);
-                self.scratch = scratch;
+            let blocks = &mut req.g_mut(g).blocks;
+            let n = (skipped / spec.block_size).min(blocks.len());
+            // The real blocks that end at `n`, freed last first.
+            let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
+            if lo < n {
+                self.pool.free(blocks[lo..n].iter().rev().copied(), &mut self.scratch);
+                blocks[lo..n].fill(BlockId::NULL);
             }
         }
     }
@@ -545,12 +540,11 @@ impl VllmManager {
         let alignment = self.layout.scheduler_block_size();
         let eagle = self.layout.use_eagle();
         let mut runs = Vec::with_capacity(plan.len());
-        let req = self.reqs.get_mut(rid).expect("checked above");
         for &(g, start, end) in plan {
             let spec = self.layout.groups()[g];
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
-            let gr = req.g_mut(g);
+            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
             for i in start..end {
                 let b = gr.blocks[i];
                 if b == BlockId::NULL

@@ -125,7 +125,8 @@ pub struct VllmManager {
     layout: GroupLayout,
     /// Per group: the admission cap in blocks (sliding window, chunked local).
     caps: Vec<Option<usize>>,
-    reqs: FxHashMap<String, Req>,
+    /// Per request id (hashbrown's map: a lookup by `&str` that inserts copies the id only then).
+    reqs: hashbrown::HashMap<String, Req, rustc_hash::FxBuildHasher>,
     /// Per block: tokens its cached hash covers (0: no hash).
     hash_tokens: Vec<u32>,
     /// Per block: the group its cached hash belongs to and the hash's length.
@@ -265,7 +266,7 @@ impl VllmManager {
             new_ids: vec![Vec::new(); layout.len()],
             caps,
             layout,
-            reqs: FxHashMap::default(),
+            reqs: hashbrown::HashMap::default(),
             hash_tokens,
             owner,
             removed: Vec::new(),
@@ -429,7 +430,7 @@ impl VllmManager {
         let log_new = self.log_new;
         if s.adopt && !running {
             self.pool.touch(new_computed);
-            let req = &mut self.reqs.entry(rid.to_owned()).or_default().first;
+            let req = &mut self.reqs.entry_ref(rid).or_default().first;
             req.blocks.extend_from_slice(new_computed);
             req.num_cached = Some(req.blocks.len());
             if s.num_external_computed > 0 {
@@ -445,6 +446,11 @@ impl VllmManager {
 
     /// Pops `n` blocks for group `g` of `rid` (the caller checked they are free).
     fn take_new(&mut self, rid: &str, g: usize, n: usize, log_new: bool) -> Vec<BlockId> {
+        let ng = self.layout.len();
+        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        if n == 0 {
+            return Vec::new();
+        }
         let n = n.min(self.pool.num_free());
         if self.log_removed {
             for b in self.pool.free_queue().take(n) {
@@ -461,7 +467,7 @@ impl VllmManager {
         if log_new {
             self.new_ids[g].extend_from_slice(&out);
         }
-        self.req_mut(rid).g_mut(g).blocks.extend_from_slice(&out);
+        req.g_mut(g).blocks.extend_from_slice(&out);
         out
     }
 
@@ -469,10 +475,7 @@ impl VllmManager {
     /// `req_to_blocks` is a defaultdict); the id is copied only then.
     fn req_mut(&mut self, rid: &str) -> &mut Req {
         let ng = self.layout.len();
-        if !self.reqs.contains_key(rid) {
-            self.reqs.insert(rid.to_owned(), Req::with_groups(ng));
-        }
-        self.reqs.get_mut(rid).expect("inserted above")
+        self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng))
     }
 
     /// The blocks `cache_blocks` would cache now: `(num_cached, num_full)` for
