@@ -144,23 +144,43 @@ fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
-/// The 32-byte mask of group `g`'s keys (computed once for the first 64 groups).
+/// The masks of the first 64 groups' keys, computed at compile time.
+static MASKS: [[u8; 32]; 64] = {
+    let mut out = [[0u8; 32]; 64];
+    let mut g = 0;
+    while g < 64 {
+        out[g] = make_mask(g);
+        g += 1;
+    }
+    out
+};
+
+/// The 32-byte mask of group `g`'s keys.
 fn group_mask(g: usize) -> [u8; 32] {
-    static MASKS: std::sync::OnceLock<Vec<[u8; 32]>> = std::sync::OnceLock::new();
-    let masks = MASKS.get_or_init(|| (0..64).map(make_mask).collect());
-    masks.get(g).copied().unwrap_or_else(|| make_mask(g))
+    if g < 64 {
+        MASKS[g]
+    } else {
+        make_mask(g)
+    }
 }
 
 /// Group `g`'s mask: four splitmix64 outputs seeded by `g`.
-fn make_mask(g: usize) -> [u8; 32] {
+const fn make_mask(g: usize) -> [u8; 32] {
     let mut x = g as u64;
     let mut out = [0u8; 32];
-    for chunk in out.chunks_mut(8) {
+    let mut c = 0;
+    while c < 4 {
         x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = x;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        chunk.copy_from_slice(&(z ^ (z >> 31)).to_be_bytes());
+        let w = (z ^ (z >> 31)).to_be_bytes();
+        let mut k = 0;
+        while k < 8 {
+            out[c * 8 + k] = w[k];
+            k += 1;
+        }
+        c += 1;
     }
     out
 }
@@ -171,15 +191,15 @@ pub fn group_key(h: &BlockHash, g: usize) -> BlockHash {
     if g == 0 {
         return *h;
     }
-    let d = h.as_bytes();
-    let mut bytes = [0u8; 32];
-    bytes[..d.len()].copy_from_slice(d);
-    if d.len() < 32 {
+    let mut bytes = *h.padded_bytes();
+    let len = h.as_bytes().len();
+    if len < 32 {
         #[allow(clippy::cast_possible_truncation)]
-        let len = d.len() as u8;
-        bytes[31] = len;
+        let l = len as u8;
+        bytes[31] = l;
     }
-    for (b, m) in bytes.iter_mut().zip(group_mask(g)) {
+    let mask = group_mask(g);
+    for (b, m) in bytes.iter_mut().zip(mask.iter()) {
         *b ^= m;
     }
     BlockHash::from_digest(&bytes)
@@ -669,6 +689,28 @@ mod tests {
 
     fn slots(n: usize) -> SlotRequest {
         SlotRequest { num_tokens_need_slot: n, adopt: true, ..SlotRequest::default() }
+    }
+
+    /// Group keys are the hash XOR splitmix64 masks (pinned: events unkey with them).
+    #[test]
+    fn group_keys_xor_their_masks_and_unkey() {
+        let hex = |m: [u8; 32]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(group_mask(1)), "910a2dec89025cc1beeb8da1658eec67f893a2eefb32555e71c18690ee42c90b");
+        assert_eq!(hex(group_mask(70)), "6707e8333343cb0f32dcac7c9e946f08fd39dcb0d39afbbbb7e31f8cdf00907b");
+        for len in [8, 16, 32] {
+            let d: Vec<u8> = (1..=len).collect();
+            let h = BlockHash::from_digest(&d);
+            let k = group_key(&h, 3);
+            let mut want = [0u8; 32];
+            want[..d.len()].copy_from_slice(&d);
+            if d.len() < 32 {
+                want[31] = len;
+            }
+            want.iter_mut().zip(group_mask(3)).for_each(|(w, m)| *w ^= m);
+            assert_eq!(k.as_bytes(), &want);
+            assert_eq!(group_unkey(&k, 3, d.len()), h);
+            assert_eq!(group_key(&h, 0), h);
+        }
     }
 
     #[test]
