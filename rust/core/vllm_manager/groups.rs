@@ -403,8 +403,7 @@ impl VllmManager {
         let mut out = Vec::with_capacity(ng);
         for g in 0..ng {
             let bs = self.layout.groups()[g].block_size;
-            let n = cdiv(s.num_tokens_need_slot, bs).saturating_sub(self.group_blocks(rid, g).len());
-            out.push(self.take_new(rid, g, n, log_new));
+            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), log_new));
         }
         Ok(Some(out))
     }

@@ -459,15 +459,32 @@ impl VllmManager {
                 self.take_new(rid, 0, n, log_new);
             }
         }
-        let n = cdiv(s.num_tokens_need_slot, self.block_size).saturating_sub(self.blocks(rid).len());
-        let new = self.take_new(rid, 0, n, log_new);
+        let new = self.take_upto(rid, 0, cdiv(s.num_tokens_need_slot, self.block_size), log_new);
         Ok(Some(new))
     }
 
     /// Pops `n` blocks for group `g` of `rid` (the caller checked they are free).
     fn take_new(&mut self, rid: &str, g: usize, n: usize, log_new: bool) -> Vec<BlockId> {
+        self.take_blocks(rid, g, |_| n, log_new)
+    }
+
+    /// Pops the blocks group `g` of `rid` lacks to hold `want` (the caller
+    /// checked they are free): one request lookup.
+    fn take_upto(&mut self, rid: &str, g: usize, want: usize, log_new: bool) -> Vec<BlockId> {
+        self.take_blocks(rid, g, |held| want.saturating_sub(held), log_new)
+    }
+
+    /// Pops `count(held)` blocks for group `g` of `rid`, `held` its table's length.
+    fn take_blocks(
+        &mut self,
+        rid: &str,
+        g: usize,
+        count: impl FnOnce(usize) -> usize,
+        log_new: bool,
+    ) -> Vec<BlockId> {
         let ng = self.layout.len();
         let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        let n = count(req.g(g).blocks.len());
         if n == 0 {
             return Vec::new();
         }
