@@ -21,6 +21,8 @@
 //! Costs: a hit is O(blocks looked up) per spec set and round of the fixed
 //! point; allocation and caching O(blocks touched) per group.
 
+use std::cell::RefCell;
+
 use rustc_hash::FxHashMap;
 
 use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
@@ -98,9 +100,9 @@ struct PoolLookup<'a> {
     scale: usize,
     groups: &'a [usize],
     side: Vec<BlockId>,
-    /// Scratch of [`BlockLookup::get_run`]: one member's keys and hits.
-    keys: Vec<BlockHash>,
-    ids: Vec<BlockId>,
+    /// Scratch of [`BlockLookup::get_run`], shared by a call's sets: one
+    /// member's keys and hits.
+    scratch: &'a RefCell<(Vec<BlockHash>, Vec<BlockId>)>,
 }
 
 impl BlockLookup for PoolLookup<'_> {
@@ -132,19 +134,21 @@ impl BlockLookup for PoolLookup<'_> {
         let pool = &self.m.pool;
         let mut n = hi - lo;
         let base = self.side.len();
+        let mut scratch = self.scratch.borrow_mut();
+        let (keys, ids) = &mut *scratch;
         for (j, &g) in self.groups.iter().enumerate() {
-            self.ids.clear();
+            ids.clear();
             if g == 0 && self.scale == 1 {
-                pool.lookup_run(&self.hashes[lo..lo + n], &mut self.ids);
+                pool.lookup_run(&self.hashes[lo..lo + n], ids);
             } else {
-                self.keys.clear();
+                keys.clear();
                 let (hs, sc) = (self.hashes, self.scale);
-                self.keys.extend((lo..lo + n).map(|i| group_key(&hs[coarse_hash_index(i, sc)], g)));
-                pool.lookup_run(&self.keys, &mut self.ids);
+                keys.extend((lo..lo + n).map(|i| group_key(&hs[coarse_hash_index(i, sc)], g)));
+                pool.lookup_run(keys, ids);
             }
-            n = self.ids.len();
+            n = ids.len();
             if self.groups.len() == 1 {
-                out.extend(self.ids.iter().map(|b| Some(b.0)));
+                out.extend(ids.iter().map(|b| Some(b.0)));
                 return n;
             }
             // Interleave: member j's block of block k goes to side[base + k * members + j].
@@ -153,7 +157,7 @@ impl BlockLookup for PoolLookup<'_> {
                 self.side.resize(base + n * members, BlockId::NULL);
             }
             self.side.truncate(base + n * members);
-            for (k, &b) in self.ids.iter().enumerate() {
+            for (k, &b) in ids.iter().enumerate() {
                 self.side[base + k * members + j] = b;
             }
         }
@@ -224,6 +228,7 @@ impl VllmManager {
         let ng = self.layout.len();
         let hbs = self.layout.hash_block_size();
         let sets = self.layout.spec_sets();
+        let scratch = RefCell::new((Vec::new(), Vec::with_capacity(hashes.len())));
         let mut looks: Vec<PoolLookup<'_>> = sets
             .iter()
             .map(|s| {
@@ -233,15 +238,7 @@ impl VllmManager {
                 } else {
                     Vec::new()
                 };
-                PoolLookup {
-                    m: self,
-                    hashes,
-                    scale,
-                    groups: &s.group_ids,
-                    side,
-                    keys: Vec::new(),
-                    ids: Vec::new(),
-                }
+                PoolLookup { m: self, hashes, scale, groups: &s.group_ids, side, scratch: &scratch }
             })
             .collect();
         let mut outs: Vec<Vec<Option<u32>>> =
@@ -647,14 +644,14 @@ mod lookup_tests {
             let scale = set.spec.block_size / m.layout().hash_block_size();
             for lo in 0..14 {
                 for hi in lo..26 {
+                    let scratch = RefCell::new((Vec::new(), Vec::new()));
                     let mk = || PoolLookup {
                         m: &m,
                         hashes: &hs,
                         scale,
                         groups: &set.group_ids,
                         side: Vec::new(),
-                        keys: Vec::new(),
-                        ids: Vec::new(),
+                        scratch: &scratch,
                     };
                     let (mut a, mut b) = (mk(), mk());
                     let mut ra = vec![None];

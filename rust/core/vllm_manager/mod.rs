@@ -191,16 +191,24 @@ pub fn group_key(h: &BlockHash, g: usize) -> BlockHash {
     if g == 0 {
         return *h;
     }
-    let mut bytes = *h.padded_bytes();
+    let p = h.padded_bytes();
+    let mask = group_mask(g);
+    let mut bytes = [0u8; 32];
+    // Eight bytes at a time (a digest shorter than 32 bytes is zero-padded).
+    for i in (0..32).step_by(8) {
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_ne_bytes(w)
+        };
+        bytes[i..i + 8].copy_from_slice(&(word(p) ^ word(&mask)).to_ne_bytes());
+    }
     let len = h.as_bytes().len();
     if len < 32 {
+        // The length goes in the last (zero) byte before the mask.
         #[allow(clippy::cast_possible_truncation)]
         let l = len as u8;
-        bytes[31] = l;
-    }
-    let mask = group_mask(g);
-    for (b, m) in bytes.iter_mut().zip(mask.iter()) {
-        *b ^= m;
+        bytes[31] ^= l;
     }
     BlockHash::from_digest(&bytes)
 }
