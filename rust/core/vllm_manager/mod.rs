@@ -39,6 +39,9 @@ use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
 pub mod groups;
+mod loose;
+pub mod retention;
+mod zeroing;
 
 /// One group's table of one request.
 #[derive(Clone, Debug, Default)]
@@ -136,6 +139,10 @@ pub struct VllmManager {
     /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
     new_ids: Vec<Vec<BlockId>>,
     log_new: bool,
+    /// Bit `g`: group `g` logs its new blocks when `log_new` ([`zeroing`]).
+    zero_mask: u64,
+    /// Sparse caching of sliding-window groups ([`retention`]).
+    retention: retention::Retention,
     scratch: Vec<BlockId>,
 }
 
@@ -271,6 +278,8 @@ impl VllmManager {
             removed: Vec::new(),
             log_removed,
             log_new,
+            zero_mask: u64::MAX,
+            retention: retention::Retention::default(),
             scratch: Vec::new(),
         })
     }
