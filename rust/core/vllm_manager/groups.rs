@@ -356,7 +356,6 @@ impl VllmManager {
             return Ok(None);
         }
         let ng = self.layout.len();
-        let log_new = self.log_new;
         if s.adopt && !running {
             for g in 0..ng {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
@@ -364,9 +363,7 @@ impl VllmManager {
             }
             if s.num_external_computed > 0 {
                 for g in 0..ng {
-                    let record = log_new
-                        && !matches!(self.layout.groups()[g].kind, GroupKind::Mamba { .. })
-                        && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
+                    let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
             }
@@ -379,7 +376,7 @@ impl VllmManager {
             }
             let bs = self.layout.groups()[g].block_size;
             let n = cdiv(s.num_tokens_need_slot, bs).saturating_sub(self.group_blocks(rid, g).len());
-            let record = log_new && !matches!(self.layout.groups()[g].kind, GroupKind::Mamba { .. });
+            let record = self.records_new(g);
             out.push(self.take_new(rid, g, n, record));
         }
         Ok(Some(out))
@@ -532,7 +529,7 @@ impl VllmManager {
             for i in start..end {
                 let b = self.reqs[rid].g(g).blocks[i];
                 if b == BlockId::NULL
-                    || !spec.caches_block(i, alignment, eagle)
+                    || !self.caches_block_at(g, i, alignment, eagle)
                     || self.pool.block_hash(b).is_some()
                 {
                     continue;

@@ -22,7 +22,7 @@
 //!
 //! Not implemented (refused by the layout checks or the Python drop-in):
 //! speculative state blocks (`num_speculative_blocks`), prefill checkpoint
-//! blocks, partial-block state entries (a Mamba block size larger than the
+//! blocks, retention intervals (sparse state retention), partial-block state entries (a Mamba block size larger than the
 //! hash block size) and the boundary-state hand-offs to KV connectors.
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
@@ -36,7 +36,7 @@
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use super::{cdiv, Req, VllmManager};
-use crate::core::error::InvariantViolation;
+use crate::core::error::{InvariantViolation, KvError, KvResult};
 use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
@@ -112,6 +112,22 @@ impl VllmManager {
         for m in self.mamba.groups.iter_mut().flatten() {
             m.this_step.clear();
         }
+    }
+
+    /// Refuses a retention interval beside a Mamba group: vLLM then keeps
+    /// Mamba states sparsely (and reserves checkpoints), which is not
+    /// implemented.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming it when the layout has a Mamba group.
+    pub(crate) fn mamba_refuses_retention(&self) -> KvResult<()> {
+        if self.layout.groups().iter().any(|g| matches!(g.kind, GroupKind::Mamba { .. })) {
+            return Err(KvError::invalid(
+                "prefix_cache_retention_interval beside a Mamba group (sparse Mamba state \
+                 retention) is not supported by kvindex",
+            ));
+        }
+        Ok(())
     }
 
     /// Align-mode `get_num_blocks_to_allocate` of Mamba group `g` for

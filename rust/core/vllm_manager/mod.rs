@@ -39,7 +39,10 @@ use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
 pub mod groups;
+mod loose;
 mod mamba;
+pub mod retention;
+mod zeroing;
 
 /// One group's table of one request.
 #[derive(Clone, Debug, Default)]
@@ -141,6 +144,10 @@ pub struct VllmManager {
     /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
     new_ids: Vec<Vec<BlockId>>,
     log_new: bool,
+    /// Bit `g`: group `g` logs its new blocks when `log_new` ([`zeroing`]).
+    zero_mask: u64,
+    /// Sparse caching of sliding-window groups ([`retention`]).
+    retention: retention::Retention,
     scratch: Vec<BlockId>,
     /// Align-mode Mamba groups' bookkeeping.
     mamba: mamba::MambaState,
@@ -279,6 +286,8 @@ impl VllmManager {
             removed: Vec::new(),
             log_removed,
             log_new,
+            zero_mask: u64::MAX,
+            retention: retention::Retention::default(),
             scratch: Vec::new(),
             mamba,
         })

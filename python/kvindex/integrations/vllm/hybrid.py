@@ -13,8 +13,10 @@ and builds vLLM's event objects.
 groups (or one that is not full attention / MLA) to this class; it is not constructed
 directly. Supported group kinds: full attention, MLA, sliding window, chunked local
 attention, Mamba state in ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout
-accepts them; anything else (partial hash hits, retention intervals, cross-attention,
-HiSparse roles, context parallelism, KV cache zeroing, the KV cache metrics collector) raises
+accepts them, with KV cache zeroing, retention intervals (not beside Mamba) and blocks held by
+no request as :mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else
+(partial hash hits and partial-block prefix entries, per-group EAGLE flags, cross-attention,
+HiSparse roles, context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -58,7 +60,20 @@ from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
-from .mamba import BoundaryStateOffloads, align_groups, has_mamba, mamba_group_args
+from .hybrid_extra import (
+    cache_loose,
+    check_eagle_groups,
+    check_retention_interval,
+    take_loose_ids,
+    zeroing_groups,
+)
+from .mamba import (
+    BoundaryStateOffloads,
+    align_groups,
+    check_mamba_retention,
+    has_mamba,
+    mamba_group_args,
+)
 from .manager_calls import ManagerCalls
 
 __all__ = ["HybridKVCacheManager", "group_args"]
@@ -177,6 +192,10 @@ class _HybridCoordinatorView:
         self._core.new_step_starts()
 
 
+class UnitaryKVCacheCoordinator(_HybridCoordinatorView):
+    """The coordinator view of one group that is not full attention (vLLM's class name)."""
+
+
 class HybridKVCacheManager(ManagerCalls):
     """vLLM 0.33's ``KVCacheManager`` over several KV cache groups (module doc)."""
 
@@ -206,13 +225,9 @@ class HybridKVCacheManager(ManagerCalls):
                 f"(dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
             )
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-        if retention is not None:
-            raise _unsupported(
-                f"no prefix_cache_retention_interval (got {retention}): every window "
-                "group's blocks are cached densely"
-            )
-        if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-            raise _unsupported("no KV cache zeroing (needs_kv_cache_zeroing)")
+        check_retention_interval(kv_cache_config, scheduler_block_size)
+        check_mamba_retention(kv_cache_config)
+        check_eagle_groups(kv_cache_config, use_eagle)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
         if metrics_collector is not None:
@@ -239,6 +254,11 @@ class HybridKVCacheManager(ManagerCalls):
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        self._core.set_retention_interval(retention)
+        self._retention = retention is not None
+        zeroing = zeroing_groups(kv_cache_config)
+        if zeroing:
+            self._core.set_zeroing_groups(zeroing)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self._specs = specs
         self._mamba = has_mamba(kv_cache_config)
@@ -265,7 +285,8 @@ class HybridKVCacheManager(ManagerCalls):
             self, self._core, self._hash_block_size, groups=True
         )
         self._blocks = self.block_pool.blocks
-        self.coordinator = _HybridCoordinatorView(self, self._core, specs)
+        view = _HybridCoordinatorView if len(specs) > 1 else UnitaryKVCacheCoordinator
+        self.coordinator = view(self, self._core, specs)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -374,6 +395,8 @@ class HybridKVCacheManager(ManagerCalls):
         processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
+        if self._retention:
+            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         new = self._core.allocate_slots_groups(
             request.request_id,
             hits,
@@ -417,6 +440,8 @@ class HybridKVCacheManager(ManagerCalls):
         """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
         if not self.enable_caching:
             return
+        if self._retention:
+            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
         )
@@ -464,9 +489,50 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.take_removed_groups()
 
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        raise _unsupported(
-            "block_pool.get_new_blocks (blocks held by no request) with one KV cache group only"
+        ids = take_loose_ids(self._core, num_blocks)
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+        else:
+            self._core.take_removed_groups()
+        blocks = self._blocks
+        return [blocks[i] for i in ids]
+
+    def _cache_loose(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        if num_cached_blocks >= num_full_blocks:
+            return
+        stored = cache_loose(
+            self._core,
+            request.block_hashes,
+            [b.block_id for b in blocks],
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
         )
+        if self.enable_kv_cache_events:
+            self._emit_stored(
+                request, kv_cache_group_id, num_cached_blocks, num_full_blocks, stored
+            )
+
+    def take_new_block_ids(self) -> list[int]:
+        """Drain the block ids every zeroing group allocated since the last call, group by
+        group (empty unless the config needs KV cache zeroing)."""
+        return list(self._core.take_new_ids())
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Re-log the request's blocks from ``start_token`` (a multiple of every zeroing
+        group's block size) for zeroing."""
+        self._core.record_for_zeroing_groups(request_id, start_token)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 per group."""

@@ -15,7 +15,13 @@ from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
 from .errors import UnsupportedVllmConfigError
 
-__all__ = ["BoundaryStateOffloads", "align_groups", "has_mamba", "mamba_group_args"]
+__all__ = [
+    "BoundaryStateOffloads",
+    "align_groups",
+    "check_mamba_retention",
+    "has_mamba",
+    "mamba_group_args",
+]
 
 
 def mamba_group_args(spec: MambaSpec) -> tuple[str, int, int, str]:
@@ -95,3 +101,14 @@ class BoundaryStateOffloads:
             out.setdefault(rid, []).append((g, block, tokens))
         self._pending = []
         return out
+
+
+def check_mamba_retention(kv_cache_config: KVCacheConfig) -> None:
+    """Refuses ``prefix_cache_retention_interval`` beside a Mamba group (vLLM then keeps
+    Mamba states sparsely and reserves checkpoints, which kvindex does not implement)."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is not None and has_mamba(kv_cache_config):
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports prefix_cache_retention_interval without Mamba "
+            f"groups only (got {interval}: sparse Mamba state retention)"
+        )

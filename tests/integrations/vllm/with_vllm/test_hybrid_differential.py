@@ -117,10 +117,6 @@ MIXES: dict[str, Mix] = {
     ),
 }
 
-_MAMBA = (
-    "Mamba state groups: vLLM marks every config with one as needs_kv_cache_zeroing, which "
-    "the drop-in does not take yet (the Mamba groups themselves match vLLM with it bypassed)"
-)
 _COARSE_FULL = (
     "a full-attention block larger than the hash block (vLLM keeps partial-block prefix "
     "entries for its prompt tail, kvindex's pool does not)"
@@ -128,9 +124,6 @@ _COARSE_FULL = (
 #: Mixes kvindex's manager refuses at construction (with the reason); the rest must match
 #: vLLM's manager op for op.
 UNSUPPORTED: dict[str, str] = {
-    "full+mamba": _MAMBA,
-    "full+swa+mamba": _MAMBA,
-    "all-four": _MAMBA,
     "full16+swa8": _COARSE_FULL,
 }
 
