@@ -1,6 +1,6 @@
 //! Fuzz harness for the vLLM manager over several KV cache groups: a
-//! decoded layout (full attention, MLA, sliding windows, chunked local, two
-//! block sizes), then admissions with prefix-cache hits, prefill / decode
+//! decoded layout (full attention, MLA, sliding windows, chunked local,
+//! Mamba state in align / none mode, two block sizes), then admissions with prefix-cache hits, prefill / decode
 //! steps, frees, `remove_skipped_blocks`, evictions, resets, pops and calls
 //! with hit blocks that are not hits (caller errors).
 //!
@@ -8,10 +8,11 @@
 //! then operations; see `fuzz/README.md`. After every operation:
 //! `check_invariants()`; every held block's ref count equals its references
 //! in the live tables (blocks are conserved); sliding-window and
-//! chunked-local tables are nulls then real blocks; after a caller error,
+//! chunked-local tables are nulls then real blocks; a step starts a new
+//! scheduler step (`new_step_starts`); after a caller error,
 //! tables, cached counts and the free queue are unchanged.
 
-use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions, MambaMode};
 use kvindex::core::ids::{BlockHash, BlockId};
 use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
 
@@ -57,7 +58,7 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
     let n = 1 + inp.count(3);
     let mut groups = Vec::with_capacity(n);
     for _ in 0..n {
-        let kind = inp.u8() % 4;
+        let kind = inp.u8() % 5;
         let p = inp.u8();
         let size = 1 + usize::from(p % 24);
         let bs = if p & 0x80 != 0 { 2 * h } else { h };
@@ -65,7 +66,11 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
             0 => GroupSpec::full(h),
             1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
             2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
-            _ => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+            3 => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+            _ => {
+                let mode = if p & 1 == 0 { MambaMode::Align } else { MambaMode::None };
+                GroupSpec { kind: GroupKind::Mamba { mode }, block_size: bs }
+            }
         });
     }
     let flags = inp.u8();
@@ -91,7 +96,8 @@ fn check(m: &VllmManager) {
                     refs[b.idx()] += 1;
                 }
             }
-            if !m.layout().groups()[g].kind.is_full() {
+            let kind = m.layout().groups()[g].kind;
+            if !kind.is_full() && !matches!(kind, GroupKind::Mamba { .. }) {
                 let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
                 assert!(t[nulls..].iter().all(|&b| b != BlockId::NULL), "group {g}: nulls after real blocks");
             }
@@ -181,8 +187,10 @@ pub fn run(data: &[u8]) {
                     num_tokens_need_slot: total + n + la,
                     num_local_computed: total,
                     processed_tokens: Some(total),
+                    num_tokens_main_model: Some(total + n),
                     ..SlotRequest::default()
                 };
+                m.new_step_starts();
                 let hs2 = hs.clone();
                 let known2 = *known;
                 if m.allocate_slots_groups(&name, &[], &s).expect("a valid call").is_some() {

@@ -1064,8 +1064,14 @@ class _VllmManager:
         new_computed: Sequence[Sequence[int] | npt.NDArray[np.int32]] | None,
         total_computed: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
     ) -> int:
-        """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups)."""
+        """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
+        ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
+        groups count; the sum may be negative, as in vLLM."""
+    def new_step_starts(self) -> None:
+        """vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
+        step that ended."""
     def allocate_slots_groups(
         self,
         request_id: str,
@@ -1083,6 +1089,7 @@ class _VllmManager:
         hashes: Sequence[bytes] | None = None,
         cache_tokens: int | None = None,
         reprefillable: int = 0,
+        num_tokens_main_model: int | None = None,
     ) -> list[npt.NDArray[np.int32]] | None:
         """vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
         None. ``full_sequence_computed`` is the gate's (capped) computed count,

@@ -1,5 +1,6 @@
 //! Property test: random KV cache group layouts (full attention, MLA, sliding windows,
-//! chunked local, block sizes whose lcm exceeds their gcd) and random scheduler call
+//! chunked local, align-mode Mamba state, block sizes whose lcm exceeds their gcd) and
+//! random scheduler call
 //! sequences on the multi-group vLLM manager. After every call:
 //! - `check_invariants()` passes (pool invariants, no block in two groups' tables, cached
 //!   blocks keyed for their group);
@@ -7,6 +8,8 @@
 //!   tables (no call here pins blocks outside a table);
 //! - sliding-window and chunked-local tables are nulls then real blocks, and right after an
 //!   allocation they keep no real block before their rule's window;
+//! - right after an allocation an align-mode Mamba table holds at most two real blocks
+//!   (the state it resumes from and the new one);
 //! - a refused call (caller error) changes nothing: tables, cached counts and free queue.
 //!
 //! A second property runs one full-attention group through the multi-group calls and the
@@ -20,7 +23,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 
 use kvindex::core::groups::rule::GroupRule;
-use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions, MambaMode};
 use kvindex::core::ids::{BlockHash, BlockId};
 use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
 
@@ -31,6 +34,7 @@ enum Op {
     Free { rid: u8 },
     BadHit { rid: u8, block: u32 },
     Evict { block: u32 },
+    NewStep,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,16 +44,22 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..6).prop_map(|rid| Op::Free { rid }),
         1 => (0u8..6, 0u32..80).prop_map(|(rid, block)| Op::BadHit { rid, block }),
         1 => (0u32..80).prop_map(|block| Op::Evict { block }),
+        2 => Just(Op::NewStep),
     ]
 }
 
 /// A layout: hash block `h`; each group full (block `h`), MLA, a sliding window
-/// (block `h` or `2h`) or chunked local (only when every block is `h`).
+/// (block `h` or `2h`), chunked local (only when every block is `h`) or align-mode
+/// Mamba (block `h`).
 fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
-    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..4, 1usize..20, any::<bool>()), 1..5))
+    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..5, 1usize..20, any::<bool>()), 1..5))
         .prop_map(|(h, gs)| {
             let mut out = vec![GroupSpec::full(h)];
             for (k, size, wide) in gs {
+                if k == 4 {
+                    out.push(GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: h });
+                    continue;
+                }
                 let bs = if wide { 2 * h } else { h };
                 out.push(match k {
                     0 => GroupSpec::full(h),
@@ -110,6 +120,11 @@ fn check_windows(m: &VllmManager, rid: &str, total: Option<usize>) -> Result<(),
             continue;
         }
         let t = m.group_blocks(rid, g);
+        if let GroupKind::Mamba { .. } = spec.kind {
+            let real = t.iter().filter(|&&b| b != BlockId::NULL).count();
+            prop_assert!(total.is_none() || real <= 2, "group {}: Mamba table {:?}", g, t);
+            continue;
+        }
         let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
         prop_assert!(
             t[nulls..].iter().all(|&b| b != BlockId::NULL),
@@ -158,6 +173,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     num_local_computed: tokens,
                     adopt,
                     processed_tokens: Some(tokens),
+                    num_tokens_main_model: Some(tokens + n),
                     ..SlotRequest::default()
                 };
                 let hits = if adopt { hit.blocks } else { Vec::new() };
@@ -186,6 +202,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     num_tokens_need_slot: total + n + lookahead,
                     num_local_computed: total,
                     processed_tokens: Some(total),
+                    num_tokens_main_model: Some(total + n),
                     ..SlotRequest::default()
                 };
                 if m.allocate_slots_groups(&name, &[], &s).expect("valid call").is_some() {
@@ -219,6 +236,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m.state_snapshot(), before);
                 }
             }
+            Op::NewStep => m.new_step_starts(),
         }
         m.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
         check_conservation(&m)?;
@@ -425,13 +443,19 @@ fn run_extra(
         1 => Some(0),
         k => Some(usize::from(k - 1) * sbs),
     };
+    let is_mamba = |g: &GroupSpec| matches!(g.kind, GroupKind::Mamba { .. });
+    let mamba = m.layout().groups().iter().any(is_mamba);
     if m.set_retention_interval(retention).is_err() {
-        // Only a layout without windowed groups refuses a positive interval.
+        // Only a layout without windowed groups refuses a positive interval (and any
+        // interval is refused beside a Mamba group).
         let windowed = m.layout().groups().iter().any(|g| matches!(g.kind, GroupKind::SlidingWindow { .. }));
-        prop_assert!(!windowed, "a layout with a sliding window refused interval {:?}", retention);
+        prop_assert!(!windowed || mamba, "a layout with a sliding window refused interval {:?}", retention);
         return Ok(());
     }
-    let mask = zero_mask & ((1u64 << ng) - 1);
+    // vLLM zeroes attention groups' blocks only, never a Mamba group's.
+    let mamba_bits: u64 =
+        m.layout().groups().iter().enumerate().filter(|(_, g)| is_mamba(g)).map(|(i, _)| 1u64 << i).sum();
+    let mask = zero_mask & ((1u64 << ng) - 1) & !mamba_bits;
     m.set_zeroing_groups(mask).expect("mask within the groups");
     let mut live: Vec<Option<Live>> = (0..6).map(|_| None).collect();
     let mut loose: Vec<BlockId> = Vec::new();
@@ -540,6 +564,7 @@ fn run_extra(
                     m.free(&format!("r{rid}"));
                     live[rid as usize] = None;
                 }
+                Op::NewStep => m.new_step_starts(),
                 Op::BadHit { .. } | Op::Evict { .. } => {
                     let name = format!("r{}", ng % 6);
                     let before = m.state_snapshot();

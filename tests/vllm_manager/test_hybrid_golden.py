@@ -1,7 +1,7 @@
 """The multi-group ``_VllmManager`` against vLLM 0.33's own ``KVCacheManager``.
 
 ``tests/data/vllm_hybrid_golden.json`` holds what vLLM's manager did on synthetic
-multi-group configs (full attention, sliding window, chunked local; see
+multi-group configs (full attention, sliding window, chunked local, align-mode Mamba; see
 ``tests/integrations/vllm/gen_hybrid_golden.py``). Each operation is replayed here with the
 arithmetic vLLM's ``KVCacheManager.allocate_slots`` does before it reaches the coordinator;
 hits, per-group hit blocks, new blocks, every live table and cached count, the free queue
@@ -38,7 +38,9 @@ class Replay:
 
     def __init__(self, sc: dict[str, Any]) -> None:
         self.sc = sc
-        self.groups = [(k, bs, size, "") for k, bs, size in sc["groups"]]
+        self.groups = [
+            (k, bs, size, "align" if k == "mamba" else "") for k, bs, size in sc["groups"]
+        ]
         self.m = _VllmManager(
             sc["num_blocks"],
             sc["scheduler_block_size"],
@@ -48,7 +50,7 @@ class Replay:
         )
         self.m.set_retention_interval(sc.get("retention_interval"))
         if sc.get("zeroing"):
-            self.m.set_zeroing_groups(list(range(len(self.groups))))
+            self.m.set_zeroing_groups([g for g, x in enumerate(self.groups) if x[0] != "mamba"])
         self.hbs = self.m.hash_block_size
         self.mml = sc["max_model_len"]
         self.hashes = {rid: [bytes.fromhex(h) for h in hs] for rid, hs in sc["hashes"].items()}
@@ -98,6 +100,7 @@ class Replay:
             adopt,
             hashes=self.hashes[rid][: op["num_hashes"]],
             cache_tokens=cache_to,
+            num_tokens_main_model=total + op["num_new"],
         )
         return None if new is None else [a.tolist() for a in new]
 
@@ -109,6 +112,8 @@ def test_hybrid_manager_matches_vllm(sc: dict[str, Any]) -> None:
     for step, op in enumerate(sc["ops"]):
         where = f"{sc['name']} op {step} {op['op']} {op.get('rid')}"
         events: list[list[Any]] = []
+        if op.get("new_step"):
+            m.new_step_starts()
         if op["op"] == "admit":
             rid = op["rid"]
             hs = r.hashes[rid][: op["num_hashes"]]

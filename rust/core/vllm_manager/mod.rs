@@ -40,6 +40,7 @@ use crate::core::ids::{BlockHash, BlockId};
 
 pub mod groups;
 mod loose;
+mod mamba;
 pub mod retention;
 mod zeroing;
 
@@ -117,6 +118,10 @@ pub struct SlotRequest {
     /// Groups: bit `g` set: group `g`'s external-token blocks are not logged
     /// as new (vLLM's `skip_zeroing_group_ids`).
     pub skip_zeroing: u64,
+    /// Groups: vLLM's `num_tokens_main_model` (computed plus new tokens,
+    /// without lookahead), what align-mode Mamba groups allocate for; None:
+    /// `num_tokens_need_slot`.
+    pub num_tokens_main_model: Option<usize>,
 }
 
 /// vLLM's manager state over a block pool.
@@ -144,6 +149,8 @@ pub struct VllmManager {
     /// Sparse caching of sliding-window groups ([`retention`]).
     retention: retention::Retention,
     scratch: Vec<BlockId>,
+    /// Align-mode Mamba groups' bookkeeping.
+    mamba: mamba::MambaState,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
@@ -265,6 +272,7 @@ impl VllmManager {
             .collect();
         let hash_tokens = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
+        let mamba = mamba::MambaState::new(&layout);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -281,6 +289,7 @@ impl VllmManager {
             zero_mask: u64::MAX,
             retention: retention::Retention::default(),
             scratch: Vec::new(),
+            mamba,
         })
     }
 
@@ -532,6 +541,7 @@ impl VllmManager {
     /// `pop_blocks_for_free`): each group's table without its leading null
     /// blocks, in group order.
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
         if r.rest.is_empty() {
             let mut b = r.first.blocks;
@@ -549,6 +559,7 @@ impl VllmManager {
     /// Frees the request's blocks, each group's table in reverse order, group
     /// 0 first (vLLM's coordinator `free`).
     pub fn free(&mut self, rid: &str) {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return };
         let mut scratch = std::mem::take(&mut self.scratch);
         for g in r.into_groups() {

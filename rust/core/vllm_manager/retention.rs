@@ -58,12 +58,14 @@ impl VllmManager {
     /// # Errors
     /// `InvalidArgument`, nothing changed: a positive interval on a layout
     /// without sliding-window or Mamba group, or one that is not a multiple
-    /// of the scheduler block size (vLLM's messages).
+    /// of the scheduler block size (vLLM's messages); any interval beside a
+    /// Mamba group (sparse state retention is not implemented).
     pub fn set_retention_interval(&mut self, interval: Option<usize>) -> KvResult<()> {
         let Some(n) = interval else {
             self.retention.interval = None;
             return Ok(());
         };
+        self.mamba_refuses_retention()?;
         let windowed = self
             .layout
             .groups()

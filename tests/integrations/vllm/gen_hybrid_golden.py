@@ -7,9 +7,11 @@ Run with vLLM 0.33.0 installed (not part of the test suite; its output is commit
     python tests/integrations/vllm/gen_hybrid_golden.py tests/data/vllm_hybrid_golden.json
 
 Each scenario builds a real ``KVCacheManager`` over a ``KVCacheConfig`` whose groups are
-full attention, sliding window and chunked local attention specs, and drives it through
-seeded scheduler-like operations (admission with a prefix-cache lookup and chunked prefill,
-prefill chunks, decode steps with lookahead slots, frees) on prompts that share prefixes.
+full attention, sliding window, chunked local attention and Mamba (``mamba_cache_mode`` align)
+specs, and drives it through seeded scheduler-like operations (admission with a prefix-cache
+lookup and chunked prefill, prefill chunks, decode steps with lookahead slots, frees) on
+prompts that share prefixes; before an operation a new scheduler step may start
+(``new_step_starts``, recorded as ``"new_step"``, drawn from a second seeded stream).
 Requests hash their tokens with vLLM's ``get_request_block_hasher`` (sha256) at the hash
 block size. After every operation the file holds what vLLM returned (hit length and hit
 block ids per group, new block ids per group or None), every live request's block table
@@ -35,6 +37,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
@@ -66,6 +69,22 @@ SCENARIOS: list[tuple[str, list[tuple[str, int, int]], int, bool, int]] = [
             ("full_attention", 4, 0),
             ("sliding_window", 4, 9),
         ],
+        80,
+        False,
+        256,
+    ),
+    ("full16_mamba16", [("full_attention", 16, 0), ("mamba", 16, 0)], 48, False, 512),
+    ("swa32_mamba16", [("sliding_window", 16, 32), ("mamba", 16, 0)], 48, False, 512),
+    (
+        "full8_swa20x16_mamba8",
+        [("full_attention", 8, 0), ("sliding_window", 16, 20), ("mamba", 8, 0)],
+        64,
+        False,
+        512,
+    ),
+    (
+        "full4_mamba4_full4_mamba4",
+        [("full_attention", 4, 0), ("mamba", 4, 0), ("full_attention", 4, 0), ("mamba", 4, 0)],
         80,
         False,
         256,
@@ -117,6 +136,10 @@ OPS_PER_SCENARIO = 120
 
 
 def _spec(kind: str, bs: int, size: int, dtype: torch.dtype = torch.float16) -> Any:
+    if kind == "mamba":
+        return MambaSpec(
+            block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        )
     common: dict[str, Any] = {
         "block_size": bs,
         "num_kv_heads": 1,
@@ -171,6 +194,7 @@ def _scenario(
     zeroing: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    step_rng = random.Random(seed + 1000)
     sizes = [g[1] for g in groups]
     sched = math.lcm(*sizes)
     hbs = math.gcd(*sizes) if len(groups) > 1 else sizes[0]
@@ -184,7 +208,8 @@ def _scenario(
         ],
         prefix_cache_retention_interval=retention,
     )
-    assert config.needs_kv_cache_zeroing == zeroing
+    assert config.needs_kv_cache_zeroing or not zeroing
+    zeroing = config.needs_kv_cache_zeroing  # Mamba groups make vLLM zero attention blocks
     mgr = KVCacheManager(
         config,
         max_model_len=mml,
@@ -204,7 +229,7 @@ def _scenario(
     ops: list[dict[str, Any]] = []
     next_id = 0
 
-    def snapshot(op: dict[str, Any]) -> None:
+    def record(op: dict[str, Any]) -> None:
         op["tables"] = {
             rid: [[b.block_id for b in blocks] for blocks in mgr.coordinator.get_blocks(rid)]
             for rid in running
@@ -226,6 +251,15 @@ def _scenario(
         ops.append(op)
 
     for _ in range(OPS_PER_SCENARIO):
+        new_step = step_rng.random() < 0.5
+        if new_step:
+            mgr.new_step_starts()
+
+        def snapshot(op: dict[str, Any], new_step: bool = new_step) -> None:
+            if new_step:
+                op["new_step"] = True
+            record(op)
+
         r = rng.random()
         if (r < 0.3 or not running) and len(running) < 6:
             fam = rng.choice(families)

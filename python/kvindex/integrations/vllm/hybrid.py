@@ -12,11 +12,11 @@ and builds vLLM's event objects.
 :class:`~kvindex.integrations.vllm.manager.KVCacheManager` hands a config with several
 groups (or one that is not full attention / MLA) to this class; it is not constructed
 directly. Supported group kinds: full attention, MLA, sliding window, chunked local
-attention (as the Rust layout accepts them), with KV cache zeroing, retention intervals and
-blocks held by no request as :mod:`~kvindex.integrations.vllm.hybrid_extra` describes;
-anything else (Mamba state until the core allocates align-mode state blocks, partial hash
-hits and partial-block prefix entries, per-group EAGLE flags, cross-attention, HiSparse
-roles, context parallelism, the KV cache metrics collector) raises
+attention, Mamba state in ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout
+accepts them, with KV cache zeroing, retention intervals (not beside Mamba) and blocks held by
+no request as :mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else
+(partial hash hits and partial-block prefix entries, per-group EAGLE flags, cross-attention,
+HiSparse roles, context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -46,6 +46,7 @@ from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     get_kv_cache_spec_kind,
@@ -65,6 +66,13 @@ from .hybrid_extra import (
     check_retention_interval,
     take_loose_ids,
     zeroing_groups,
+)
+from .mamba import (
+    BoundaryStateOffloads,
+    align_groups,
+    check_mamba_retention,
+    has_mamba,
+    mamba_group_args,
 )
 from .manager_calls import ManagerCalls
 
@@ -96,9 +104,12 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
         kind = _KINDS.get(type(spec))
+        if type(spec) is MambaSpec:
+            out.append(mamba_group_args(spec))
+            continue
         if kind is None:
             raise _unsupported(
-                "full attention, MLA, sliding window and chunked local KV cache groups, not "
+                "full attention, MLA, sliding window, chunked local and Mamba KV cache groups, not "
                 f"{type(spec).__name__} (groups: "
                 + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
                 + ")"
@@ -156,7 +167,12 @@ class _HybridCoordinatorView:
     ) -> int:
         hits = [[b.block_id for b in g] for g in new_computed_blocks] or None
         return self._core.num_blocks_to_allocate_groups(
-            request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap
+            request_id,
+            num_tokens,
+            hits,
+            total_computed_tokens,
+            apply_admission_cap,
+            num_tokens_main_model,
         )
 
     def find_longest_cache_hit(
@@ -173,7 +189,7 @@ class _HybridCoordinatorView:
         self._manager.remove_skipped_blocks(request_id, processed_tokens, num_prompt_tokens)
 
     def new_step_starts(self) -> None:
-        return None
+        self._core.new_step_starts()
 
 
 class UnitaryKVCacheCoordinator(_HybridCoordinatorView):
@@ -210,6 +226,7 @@ class HybridKVCacheManager(ManagerCalls):
             )
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
         check_retention_interval(kv_cache_config, scheduler_block_size)
+        check_mamba_retention(kv_cache_config)
         check_eagle_groups(kv_cache_config, use_eagle)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
@@ -244,6 +261,7 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.set_zeroing_groups(zeroing)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self._specs = specs
+        self._mamba = has_mamba(kv_cache_config)
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -257,6 +275,9 @@ class HybridKVCacheManager(ManagerCalls):
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._num_reprefillable = max(0, num_prefill_lookahead - 1)
         self._group_sizes: list[int] = list(self._core.group_block_sizes)
+        self._offloads = BoundaryStateOffloads(
+            align_groups(kv_cache_config, enable_caching), self._group_sizes
+        )
         self._hash_block_size = self._core.hash_block_size
         self._events: list[KVCacheEvent] = []
         self._loose = 0
@@ -312,7 +333,14 @@ class HybridKVCacheManager(ManagerCalls):
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` plus ``hit_diverged`` (False: no Mamba group)."""
+        """``get_computed_blocks`` plus ``hit_diverged`` (False). With a Mamba group beside
+        full attention vLLM reports per-group hits here, which kvindex does not compute:
+        :class:`UnsupportedVllmConfigError`."""
+        if self._mamba and self.coordinator.full_attention_group_id is not None:
+            raise _unsupported(
+                "get_computed_blocks_for_connector (per-group hits of a KV connector) "
+                "without Mamba groups beside full attention"
+            )
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def estimate_cached_tokens(self, request: Request) -> int:
@@ -385,6 +413,7 @@ class HybridKVCacheManager(ManagerCalls):
             request.block_hashes if caching else None,
             cache_tokens,
             self._num_reprefillable,
+            main,
         )
         if self.enable_kv_cache_events:
             self._drain_removed()
@@ -392,10 +421,20 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.take_removed_groups()
         if new is None:
             return None
-        if self.enable_kv_cache_events:
-            for g, start, end, stored in self._core.last_cached_runs:
-                self._emit_stored(request, g, start, end, stored.tolist())
+        if self.enable_kv_cache_events or self._offloads.groups:
+            runs = self._core.last_cached_runs
+            if self._offloads.groups and runs:
+                self._offload_runs(request.request_id, runs)
+            if self.enable_kv_cache_events:
+                for g, start, end, stored in runs:
+                    self._emit_stored(request, g, start, end, stored.tolist())
         return self.create_kv_cache_blocks(self._wrap(new))
+
+    def _offload_runs(self, request_id: str, runs: Sequence[Any]) -> None:
+        tables = [t.tolist() for t in self._core.group_blocks(request_id)]
+        self._offloads.add_runs(
+            request_id, ((g, s, e, st.tolist()) for g, s, e, st in runs), tables
+        )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
@@ -406,6 +445,8 @@ class HybridKVCacheManager(ManagerCalls):
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
         )
+        if self._offloads.groups and runs:
+            self._offload_runs(request.request_id, runs)
         if self.enable_kv_cache_events:
             self._drain_removed()
             for g, start, end, stored in runs:
@@ -414,11 +455,15 @@ class HybridKVCacheManager(ManagerCalls):
     def free(self, request: Request) -> None:
         """Free the request's blocks, each group in reverse order (tail blocks are evicted
         first), group 0 first."""
+        if self._offloads.groups:
+            self._offloads.drop(request.request_id)
         self._core.free(request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Pop the request's tables and return their blocks, not yet freed."""
         blocks = self._blocks
+        if self._offloads.groups:
+            self._offloads.drop(request.request_id)
         return [blocks[i] for i in self._core.pop_blocks(request.request_id)]
 
     def remove_skipped_blocks(
@@ -618,13 +663,15 @@ class HybridKVCacheManager(ManagerCalls):
         return copies, [b for pair in pending for b in pair]
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba boundary states: none (no Mamba group)."""
-        return {}
+        """Drains the state blocks align-mode Mamba groups cached since the last call:
+        ``{request_id: [(group_id, block_id, boundary_tokens), ...]}``."""
+        return self._offloads.take()
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """Mamba partial tails: none (no Mamba group)."""
+        """Mamba partial tails: none (partial-block Mamba states are refused at
+        construction)."""
         return []
 
     def new_step_starts(self) -> None:
-        """A new scheduler step starts (nothing to do without Mamba groups)."""
-        return None
+        """A new scheduler step starts: Mamba states cached in the last one become hits."""
+        self._core.new_step_starts()
