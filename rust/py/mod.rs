@@ -21,6 +21,7 @@ pub mod radix;
 pub mod radix_hybrid;
 pub mod vllm_hashing;
 pub mod vllm_manager;
+pub mod vllm_manager_extra;
 pub mod vllm_manager_groups;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).

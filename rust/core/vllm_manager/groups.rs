@@ -29,18 +29,23 @@ use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::{BlockLookup, GroupRule};
-use crate::core::groups::spec::{GroupKind, GroupLayout};
+use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
 /// Rejects what the manager does not implement, naming it.
 pub(crate) fn check_supported(layout: &GroupLayout) -> KvResult<()> {
     for (i, g) in layout.groups().iter().enumerate() {
-        if let GroupKind::Mamba { .. } = g.kind {
-            return Err(KvError::invalid(format!(
-                "group {i}: Mamba groups are not supported by the kvindex vLLM manager yet \
-                 (align-mode state, speculative and checkpoint blocks)"
-            )));
+        if let GroupKind::Mamba { mode: MambaMode::Align } = g.kind {
+            if layout.enable_caching() && g.block_size != layout.hash_block_size() {
+                return Err(KvError::invalid(format!(
+                    "group {i}: a Mamba block size ({}) other than the hash block size ({}) needs \
+                     partial-block Mamba state entries (several hashes per block), which kvindex \
+                     does not support",
+                    g.block_size,
+                    layout.hash_block_size()
+                )));
+            }
         }
         if layout.len() > 1
             && layout.enable_caching()
@@ -292,7 +297,8 @@ impl VllmManager {
         new + evictable
     }
 
-    /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups.
+    /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups
+    /// (0 when negative; see [`Self::num_blocks_to_allocate_signed`]).
     #[must_use]
     pub fn num_blocks_to_allocate_groups(
         &self,
@@ -302,12 +308,41 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> usize {
+        let n = self.num_blocks_to_allocate_signed(
+            rid,
+            num_tokens,
+            num_tokens,
+            new_computed,
+            total_computed,
+            apply_cap,
+        );
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// vLLM's coordinator `get_num_blocks_to_allocate` with its
+    /// `num_tokens_main_model` (`main_tokens`, what align-mode Mamba groups
+    /// count): the sum over groups, negative when a Mamba table holds more
+    /// blocks than needed, as in vLLM.
+    #[must_use]
+    pub fn num_blocks_to_allocate_signed(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        main_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> isize {
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
-                self.num_blocks_to_allocate_group(rid, g, num_tokens, nc, total_computed, apply_cap)
+                if self.mamba.is_align(g) {
+                    return self.mamba_blocks_needed(rid, g, main_tokens, nc);
+                }
+                let n = self.num_blocks_to_allocate_group(rid, g, num_tokens, nc, total_computed, apply_cap);
+                isize::try_from(n).unwrap_or(isize::MAX)
             })
-            .sum()
+            .fold(0isize, isize::saturating_add)
     }
 
     /// Validates per-group hit blocks: one list per group (or none), each
@@ -368,23 +403,24 @@ impl VllmManager {
         }
         let local = s.num_local_computed;
         let total = local + s.num_external_computed;
+        let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         if let Some(full) = s.full_sequence_tokens {
             let gate_total = s.full_sequence_computed.unwrap_or(total);
-            let n = self.num_blocks_to_allocate_groups(rid, full, new_computed, gate_total, true);
-            if n + s.watermark_blocks > self.pool.num_free() {
+            let n = self.num_blocks_to_allocate_signed(rid, full, full, new_computed, gate_total, true);
+            if n.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) {
                 return Ok(None);
             }
         }
         if let Some(p) = s.processed_tokens {
             self.remove_skipped_blocks(rid, p);
         }
+        let main = s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot);
         let need =
-            self.num_blocks_to_allocate_groups(rid, s.num_tokens_need_slot, new_computed, total, false);
-        if need + s.watermark_blocks + s.reserved_blocks > self.pool.num_free() {
+            self.num_blocks_to_allocate_signed(rid, s.num_tokens_need_slot, main, new_computed, total, false);
+        if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
         let ng = self.layout.len();
-        let log_new = self.log_new;
         if s.adopt && !running {
             for g in 0..ng {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
@@ -392,15 +428,20 @@ impl VllmManager {
             }
             if s.num_external_computed > 0 {
                 for g in 0..ng {
-                    let record = log_new && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
+                    let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
             }
         }
         let mut out = Vec::with_capacity(ng);
         for g in 0..ng {
+            if self.mamba.is_align(g) {
+                out.push(self.mamba_allocate(rid, g, main));
+                continue;
+            }
             let bs = self.layout.groups()[g].block_size;
-            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), log_new));
+            let record = self.records_new(g);
+            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), record));
         }
         Ok(Some(out))
     }
@@ -436,16 +477,18 @@ impl VllmManager {
     /// the attention window of the token after `processed` are freed (last
     /// first, stopping at a null) and replaced by nulls.
     pub fn remove_skipped_blocks(&mut self, rid: &str, processed: usize) {
-        if self.layout.groups().iter().all(|s| s.skipped_tokens(processed) == 0) {
-            return;
-        }
         let ng = self.layout.len();
-        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
-        for (g, spec) in self.layout.groups().iter().enumerate() {
+        for g in 0..ng {
+            if self.mamba.is_align(g) {
+                self.mamba_remove_skipped(rid, g, processed);
+                continue;
+            }
+            let spec = self.layout.groups()[g];
             let skipped = spec.skipped_tokens(processed);
             if skipped == 0 {
                 continue;
             }
+            let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
             let blocks = &mut req.g_mut(g).blocks;
             let n = (skipped / spec.block_size).min(blocks.len());
             // The real blocks that end at `n`, freed last first.
@@ -540,11 +583,11 @@ impl VllmManager {
             let spec = self.layout.groups()[g];
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
-            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
+            let blocks = &self.reqs.get(rid).expect("checked above").g(g).blocks;
             for i in start..end {
-                let b = gr.blocks[i];
+                let b = blocks[i];
                 if b == BlockId::NULL
-                    || !spec.caches_block(i, alignment, eagle)
+                    || !self.caches_block_at(g, i, alignment, eagle)
                     || self.pool.block_hash(b).is_some()
                 {
                     continue;
@@ -557,7 +600,11 @@ impl VllmManager {
                 self.owner[b.idx()] = owner_word(g, h.as_bytes().len());
                 stored.push(i);
             }
+            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
             gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
+            if self.mamba.is_align(g) {
+                self.mamba_note_cached(rid, g, start, end);
+            }
             runs.push(CachedRun { group: g, start, end, stored });
         }
         Ok(runs)
@@ -603,7 +650,7 @@ impl VllmManager {
                 ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
             }
         }
-        Ok(())
+        self.check_mamba_invariants()
     }
 }
 

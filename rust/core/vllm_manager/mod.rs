@@ -39,6 +39,10 @@ use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
 pub mod groups;
+mod loose;
+mod mamba;
+pub mod retention;
+mod zeroing;
 
 /// One group's table of one request.
 #[derive(Clone, Debug, Default)]
@@ -114,6 +118,10 @@ pub struct SlotRequest {
     /// Groups: bit `g` set: group `g`'s external-token blocks are not logged
     /// as new (vLLM's `skip_zeroing_group_ids`).
     pub skip_zeroing: u64,
+    /// Groups: vLLM's `num_tokens_main_model` (computed plus new tokens,
+    /// without lookahead), what align-mode Mamba groups allocate for; None:
+    /// `num_tokens_need_slot`.
+    pub num_tokens_main_model: Option<usize>,
 }
 
 /// vLLM's manager state over a block pool.
@@ -137,7 +145,13 @@ pub struct VllmManager {
     /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
     new_ids: Vec<Vec<BlockId>>,
     log_new: bool,
+    /// Bit `g`: group `g` logs its new blocks when `log_new` ([`zeroing`]).
+    zero_mask: u64,
+    /// Sparse caching of sliding-window groups ([`retention`]).
+    retention: retention::Retention,
     scratch: Vec<BlockId>,
+    /// Align-mode Mamba groups' bookkeeping.
+    mamba: mamba::MambaState,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
@@ -287,6 +301,7 @@ impl VllmManager {
             .collect();
         let hash_tokens = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
+        let mamba = mamba::MambaState::new(&layout);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -300,7 +315,10 @@ impl VllmManager {
             removed: Vec::new(),
             log_removed,
             log_new,
+            zero_mask: u64::MAX,
+            retention: retention::Retention::default(),
             scratch: Vec::new(),
+            mamba,
         })
     }
 
@@ -575,6 +593,7 @@ impl VllmManager {
     /// `pop_blocks_for_free`): each group's table without its leading null
     /// blocks, in group order.
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
         if r.rest.is_empty() {
             let mut b = r.first.blocks;
@@ -592,6 +611,7 @@ impl VllmManager {
     /// Frees the request's blocks, each group's table in reverse order, group
     /// 0 first (vLLM's coordinator `free`).
     pub fn free(&mut self, rid: &str) {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return };
         let mut scratch = std::mem::take(&mut self.scratch);
         for g in r.into_groups() {
