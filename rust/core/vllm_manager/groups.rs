@@ -276,6 +276,20 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> usize {
+        self.blocks_to_allocate(self.reqs.get(rid), g, num_tokens, new_computed, total_computed, apply_cap)
+    }
+
+    /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
+    /// (`None`: it has none), looked up by the caller.
+    fn blocks_to_allocate(
+        &self,
+        req: Option<&Req>,
+        g: usize,
+        num_tokens: usize,
+        new_computed: &[BlockId],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> usize {
         let spec = self.layout.groups()[g];
         let bs = spec.block_size;
         let mut required = cdiv(num_tokens, bs);
@@ -284,8 +298,7 @@ impl VllmManager {
                 required = required.min(cap);
             }
         }
-        let (held, running) =
-            self.reqs.get(rid).map_or((0, false), |r| (r.g(g).blocks.len(), r.g(g).num_cached.is_some()));
+        let (held, running) = req.map_or((0, false), |r| (r.g(g).blocks.len(), r.g(g).num_cached.is_some()));
         if running {
             return required.saturating_sub(held);
         }
@@ -333,13 +346,14 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> isize {
+        let req = self.reqs.get(rid);
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 if self.mamba.is_align(g) {
                     return self.mamba_blocks_needed(rid, g, main_tokens, nc);
                 }
-                let n = self.num_blocks_to_allocate_group(rid, g, num_tokens, nc, total_computed, apply_cap);
+                let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, apply_cap);
                 isize::try_from(n).unwrap_or(isize::MAX)
             })
             .fold(0isize, isize::saturating_add)
