@@ -639,12 +639,16 @@ class HybridKVCacheManager(ManagerCalls):
     ) -> KVCacheBlocks:
         """A lookup result cut at a token count aligned to every group's block size."""
         out: list[list[KVCacheBlock]] = []
-        for group, bs in zip(blocks.blocks, self._group_sizes, strict=True):
-            if num_computed_tokens % bs != 0 or num_computed_tokens // bs > len(group):
+        for group, bs, spec in zip(blocks.blocks, self._group_sizes, self._specs, strict=True):
+            n = num_computed_tokens // bs
+            if isinstance(spec, MambaSpec):
+                # An external hit can supply the final Mamba state past the local one.
+                n = min(n, len(group))
+            if num_computed_tokens % bs != 0 or n > len(group):
                 raise InvalidArgumentError(
                     f"cannot truncate {len(group)} blocks of {bs} tokens at {num_computed_tokens}"
                 )
-            out.append(list(group[: num_computed_tokens // bs]))
+            out.append(list(group[:n]))
         return self.create_kv_cache_blocks(tuple(out))
 
     # ------------------------------------------------------- worker hand-offs
