@@ -723,6 +723,14 @@ fn groups() -> Vec<Seed> {
         ops(&mut v);
         out.push((name, v));
     }
+    // A two-token window on twice the block beside full attention (sparse tails), a retention
+    // interval of two scheduler blocks (flags bit 4, bits 5-6 = 2), zeroing logs (bit 7),
+    // and loose blocks taken, cached for each group and freed.
+    let mut v = vec![50u8, 1, 1, 0, 0, 2, 0x91, 0b1101_0000];
+    ops(&mut v);
+    v.extend_from_slice(&[op::LOOSE, 3, 0, 1, op::LOOSE, 2, 1, 2, op::LOOSE, 70, 0, 0]);
+    ops(&mut v);
+    out.push(("full-wide-swa-retention-zeroing-loose", v));
     out
 }
 

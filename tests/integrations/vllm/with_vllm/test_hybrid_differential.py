@@ -10,7 +10,9 @@ too small for the load refuses an allocation, finishes, and prefix-cache resets;
 scheduler step (``new_step_starts``) begins before about half of them. After every
 operation the test compares the hit (tokens and per-group block ids), each running request's
 per-group block table (null blocks included), every block's ref count and hash, the free
-queue in order, the usage and the KV events; the first difference fails with the op number.
+queue in order, the usage, the KV events and the block ids logged for KV cache zeroing; the
+first difference fails with the op number. Some mixes set a retention interval (sparse
+sliding-window caching) or mix precisions (which makes vLLM zero new blocks).
 
 Configurations kvindex's manager does not take yet are listed in :data:`UNSUPPORTED` with
 the reason; for those the test checks that construction raises
@@ -27,7 +29,7 @@ import os
 import random
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import gcd, lcm
 from typing import Any
 
@@ -92,6 +94,10 @@ class Mix:
     groups: tuple[Callable[[], Any], ...]
     num_blocks: int
     seed: int
+    #: vLLM's ``prefix_cache_retention_interval`` (None: dense caching).
+    retention: int | None = None
+    #: A mixed-precision cache (groups after the first in float16), which vLLM zeroes.
+    zeroing: bool = False
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
@@ -115,6 +121,18 @@ MIXES: dict[str, Mix] = {
     "all-four": Mix(
         (lambda: full(8), lambda: swa(8, 5), lambda: chunked(8, 16), lambda: mamba(8)), 120, 13
     ),
+    # Retention intervals (latest only; one tail per interval) and KV cache zeroing.
+    "full+swa-ret0": Mix((lambda: full(8), lambda: swa(8, 8)), 60, 15, retention=0),
+    "swa-ret16": Mix((lambda: swa(4, 4),), 40, 16, retention=16),
+    "full+swa-lcm-ret36-zero": Mix(
+        (lambda: full(4), lambda: swa(12, 20)), 80, 17, retention=36, zeroing=True
+    ),
+    "2full+2swa-zero": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)),
+        120,
+        18,
+        zeroing=True,
+    ),
 }
 
 _COARSE_FULL = (
@@ -130,12 +148,16 @@ UNSUPPORTED: dict[str, str] = {
 
 def config(mix: Mix) -> tuple[Any, int, int]:
     specs = [g() for g in mix.groups]
+    if mix.zeroing:
+        specs = specs[:1] + [replace(s, dtype=torch.float16) for s in specs[1:]]
     sizes = [s.block_size for s in specs]
     kv = KVCacheConfig(
         num_blocks=mix.num_blocks,
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        prefix_cache_retention_interval=mix.retention,
     )
+    assert kv.needs_kv_cache_zeroing or not mix.zeroing
     return kv, lcm(*sizes), gcd(*sizes)
 
 
@@ -166,6 +188,7 @@ def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
         "hash": [b.block_hash for b in pool.blocks],
         "usage": m.usage,
         "events": m.take_events(),
+        "new_block_ids": m.take_new_block_ids(),
     }
 
 
@@ -251,7 +274,8 @@ class Driver:
 
         def go(m: Any, side: int) -> Any:
             req = self.reqs[rid][side]
-            blocks, hit, *_ = m.get_computed_blocks(req)
+            blocks, hit, junction = m.get_computed_blocks(req)
+            req.shared_prefix_boundary = junction  # as vLLM's scheduler sets it
             n = min(chunk, req.num_tokens - hit)
             new = m.allocate_slots(req, n, hit, blocks)
             if new is not None:
