@@ -54,8 +54,12 @@ FILES = [
 #: cache groups are the next step; HiSparse is out of scope). Every listed test passed on
 #: vLLM's manager and failed with that error on kvindex's when this list was written.
 _HYBRID = "hybrid KV cache groups, not yet supported: "
-_MAMBA = _HYBRID + "Mamba / linear-attention state (MambaSpec), alone or beside full attention"
-_MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix"
+_MAMBA = _HYBRID + (
+    "Mamba state beyond align / none mode with one state block per position: partial-block "
+    "state hits and their copy-on-write, prefill checkpoint or speculative state blocks, sparse "
+    "state retention, hash lookahead, per-group connector hits"
+)
+_MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix with partial-block state hits"
 _CROSS = _HYBRID + "a cross-attention (encoder-decoder) group beside full attention"
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _SWA_MLA = _HYBRID + "sliding-window MLA (SlidingWindowMLASpec)"
@@ -76,11 +80,9 @@ _HISPARSE = "HiSparse resident / hot page groups (out of scope)"
 OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
     "prefix_cache/test_partial_prefix_cache_hits.py": {
         _MAMBA: [
-            "test_boundary_state_offer_includes_more_mamba_groups_than_two",
             "test_boundary_state_offload_dropped_when_request_freed_before_drain",
             "test_boundary_state_offloads_block_aligned_prompt",
             "test_boundary_state_offloads_returns_cow_target",
-            "test_boundary_states_offered_past_prompt_for_resumed_prefill",
             "test_checkpoint_reservation_matches_worker",
             "test_cow_retained_blocks_returned_for_release",
             "test_dcp_fine_hit_retention_uses_hash_alignment",

@@ -32,6 +32,7 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
 )
 from vllm.v1.core import kv_cache_manager as _vllm_manager_module
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
@@ -180,6 +181,16 @@ class _HybridCoordinatorView:
     ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
         return self._manager._find_hit(block_hashes, max_cache_hit_length)
 
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """vLLM's per-group hits (each group on its own, for KV connectors): not computed
+        by kvindex, :class:`UnsupportedVllmConfigError`."""
+        raise _unsupported(
+            "the hybrid fixed-point hit only, not find_longest_cache_hit_per_group "
+            "(per-group hits of a KV connector)"
+        )
+
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return self._manager._tables(request_id)
 
@@ -194,6 +205,12 @@ class _HybridCoordinatorView:
 
 class UnitaryKVCacheCoordinator(_HybridCoordinatorView):
     """The coordinator view of one group that is not full attention (vLLM's class name)."""
+
+
+# vLLM's scheduler and connectors tell a hybrid coordinator by its class before asking it
+# for hybrid-only lookups; the view answers those it implements and refuses the others by
+# name, so it is registered as one (no vLLM method is inherited).
+HybridKVCacheCoordinator.register(_HybridCoordinatorView)
 
 
 class HybridKVCacheManager(ManagerCalls):
@@ -639,12 +656,16 @@ class HybridKVCacheManager(ManagerCalls):
     ) -> KVCacheBlocks:
         """A lookup result cut at a token count aligned to every group's block size."""
         out: list[list[KVCacheBlock]] = []
-        for group, bs in zip(blocks.blocks, self._group_sizes, strict=True):
-            if num_computed_tokens % bs != 0 or num_computed_tokens // bs > len(group):
+        for group, bs, spec in zip(blocks.blocks, self._group_sizes, self._specs, strict=True):
+            n = num_computed_tokens // bs
+            if isinstance(spec, MambaSpec):
+                # An external hit can supply the final Mamba state past the local one.
+                n = min(n, len(group))
+            if num_computed_tokens % bs != 0 or n > len(group):
                 raise InvalidArgumentError(
                     f"cannot truncate {len(group)} blocks of {bs} tokens at {num_computed_tokens}"
                 )
-            out.append(list(group[: num_computed_tokens // bs]))
+            out.append(list(group[:n]))
         return self.create_kv_cache_blocks(tuple(out))
 
     # ------------------------------------------------------- worker hand-offs
