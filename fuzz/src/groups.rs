@@ -1,17 +1,20 @@
 //! Fuzz harness for the vLLM manager over several KV cache groups: a
-//! decoded layout (full attention, MLA, sliding windows, chunked local, two
-//! block sizes), then admissions with prefix-cache hits, prefill / decode
-//! steps, frees, `remove_skipped_blocks`, evictions, resets, pops and calls
-//! with hit blocks that are not hits (caller errors).
+//! decoded layout (full attention, MLA, sliding windows, chunked local,
+//! Mamba state in align / none mode, two block sizes), then admissions with prefix-cache hits, prefill / decode
+//! steps, frees, `remove_skipped_blocks`, evictions, resets, pops, blocks
+//! taken and cached for no request, and calls with hit blocks that are not
+//! hits (caller errors); optionally under a retention interval and with KV
+//! cache zeroing logs.
 //!
 //! Input: `[num_blocks][hash block][num groups][(kind, param) per group][flags]`
 //! then operations; see `fuzz/README.md`. After every operation:
 //! `check_invariants()`; every held block's ref count equals its references
 //! in the live tables (blocks are conserved); sliding-window and
-//! chunked-local tables are nulls then real blocks; after a caller error,
+//! chunked-local tables are nulls then real blocks; a step starts a new
+//! scheduler step (`new_step_starts`); after a caller error,
 //! tables, cached counts and the free queue are unchanged.
 
-use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions, MambaMode};
 use kvindex::core::ids::{BlockHash, BlockId};
 use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
 
@@ -35,8 +38,11 @@ pub mod op {
     pub const RESET: u8 = 6;
     /// `[id]`: pops the tables, then releases them in reverse.
     pub const POP: u8 = 7;
+    /// `[n][group][family]`: takes `n` blocks for no request, caches them for one
+    /// group, then frees them.
+    pub const LOOSE: u8 = 8;
     /// Number of operation codes.
-    pub const NUM_OPS: u8 = 8;
+    pub const NUM_OPS: u8 = 9;
 }
 
 fn hashes(family: u8, len: usize, h: usize) -> Vec<BlockHash> {
@@ -57,7 +63,7 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
     let n = 1 + inp.count(3);
     let mut groups = Vec::with_capacity(n);
     for _ in 0..n {
-        let kind = inp.u8() % 4;
+        let kind = inp.u8() % 5;
         let p = inp.u8();
         let size = 1 + usize::from(p % 24);
         let bs = if p & 0x80 != 0 { 2 * h } else { h };
@@ -65,7 +71,11 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
             0 => GroupSpec::full(h),
             1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
             2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
-            _ => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+            3 => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+            _ => {
+                let mode = if p & 1 == 0 { MambaMode::Align } else { MambaMode::None };
+                GroupSpec { kind: GroupKind::Mamba { mode }, block_size: bs }
+            }
         });
     }
     let flags = inp.u8();
@@ -75,7 +85,20 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
         ..LayoutOptions::default()
     };
     let layout = GroupLayout::new(groups, opt).ok()?;
-    VllmManager::with_layout(nb, layout, flags & 4 != 0, flags & 8 != 0, None).ok()
+    let mut m = VllmManager::with_layout(nb, layout, flags & 4 != 0, flags & 8 != 0, None).ok()?;
+    if flags & 16 != 0 {
+        // Latest only, or one tail per 1-3 scheduler blocks; a refusal changes nothing.
+        let before = m.state_snapshot();
+        let every = usize::from((flags >> 5) & 3) * m.layout().scheduler_block_size();
+        if m.set_retention_interval(Some(every)).is_err() {
+            assert!(m.retention_interval().is_none() && m.state_snapshot() == before);
+        }
+    }
+    if flags & 128 != 0 {
+        let all = if m.num_groups() >= 64 { u64::MAX } else { (1u64 << m.num_groups()) - 1 };
+        m.set_zeroing_groups(all).expect("a mask within the groups");
+    }
+    Some(m)
 }
 
 fn check(m: &VllmManager) {
@@ -91,7 +114,8 @@ fn check(m: &VllmManager) {
                     refs[b.idx()] += 1;
                 }
             }
-            if !m.layout().groups()[g].kind.is_full() {
+            let kind = m.layout().groups()[g].kind;
+            if !kind.is_full() && !matches!(kind, GroupKind::Mamba { .. }) {
                 let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
                 assert!(t[nulls..].iter().all(|&b| b != BlockId::NULL), "group {g}: nulls after real blocks");
             }
@@ -140,6 +164,7 @@ pub fn run(data: &[u8]) {
                 let hs = hashes(family, len, h);
                 let hit = m.find_hit_groups(&hs, len - 1);
                 let tokens = hit.hit.tokens;
+                m.set_cache_context(len, hit.hit.tokens + hit.hit.uncached_common_prefix);
                 assert!(tokens < len, "a hit leaves the last token");
                 let n = chunk.min(len - tokens).max(1);
                 let adopt = hit.blocks.iter().any(|b| !b.is_empty());
@@ -181,8 +206,10 @@ pub fn run(data: &[u8]) {
                     num_tokens_need_slot: total + n + la,
                     num_local_computed: total,
                     processed_tokens: Some(total),
+                    num_tokens_main_model: Some(total + n),
                     ..SlotRequest::default()
                 };
+                m.new_step_starts();
                 let hs2 = hs.clone();
                 let known2 = *known;
                 if m.allocate_slots_groups(&name, &[], &s).expect("a valid call").is_some() {
@@ -235,6 +262,29 @@ pub fn run(data: &[u8]) {
             op::RESET => {
                 let _ = m.reset();
             }
+            op::LOOSE => {
+                let n = inp.count(16);
+                let g = inp.count(4) % m.num_groups();
+                let family = inp.u8() % 3;
+                let before = m.state_snapshot();
+                match m.take_loose(n) {
+                    Ok(loose) => {
+                        assert_eq!(loose.len(), n);
+                        let bs = m.layout().groups()[g].block_size;
+                        let hs = hashes(family, n * bs, h);
+                        let before_cache = m.state_snapshot();
+                        if m.cache_loose(&loose, g, 0, n, 0, &hs).is_err() {
+                            assert!(
+                                m.state_snapshot() == before_cache,
+                                "a refused cache_loose changed state"
+                            );
+                        }
+                        m.check_invariants().unwrap_or_else(|e| panic!("{e}"));
+                        m.free_blocks(&loose).expect("loose blocks are held");
+                    }
+                    Err(_) => assert!(m.state_snapshot() == before, "a refused take_loose changed state"),
+                }
+            }
             _ => {
                 let id = inp.id();
                 let popped = m.pop_blocks(&format!("r{id}"));
@@ -245,6 +295,8 @@ pub fn run(data: &[u8]) {
                 *slot = None;
             }
         }
+        // Zeroing logs hold blocks some group allocated (the null block never).
+        assert!(m.take_new_ids().iter().all(|&b| b != BlockId::NULL), "the null block logged as new");
         check(&m);
     }
 }

@@ -700,7 +700,8 @@ pub fn all() -> Vec<(&'static str, Vec<Seed>)> {
 /// The multi-group manager: a shared prompt admitted twice (the second one
 /// hits), prefill and decode steps, windows sliding, frees, pops, bad hits,
 /// evictions and a reset, on full + sliding window, full + MLA + a wide
-/// sliding window under EAGLE, and full + chunked local layouts.
+/// sliding window under EAGLE, full + chunked local and full + sliding
+/// window + align-mode Mamba layouts.
 fn groups() -> Vec<Seed> {
     use crate::groups::op;
     let ops = |v: &mut Vec<u8>| {
@@ -762,11 +763,20 @@ fn groups() -> Vec<Seed> {
         ("full-swa", vec![40u8, 1, 1, 0, 0, 2, 7, 0]),
         ("full-mla-wide-swa-eagle", vec![50, 1, 2, 0, 0, 1, 0, 2, 0x89, 1]),
         ("full-chunked-local", vec![50, 1, 1, 0, 0, 3, 15, 0]),
+        ("full-swa-mamba", vec![50, 1, 2, 0, 0, 2, 7, 4, 0, 0]),
     ] {
         let mut v = header;
         ops(&mut v);
         out.push((name, v));
     }
+    // A two-token window on twice the block beside full attention (sparse tails), a retention
+    // interval of two scheduler blocks (flags bit 4, bits 5-6 = 2), zeroing logs (bit 7),
+    // and loose blocks taken, cached for each group and freed.
+    let mut v = vec![50u8, 1, 1, 0, 0, 2, 0x91, 0b1101_0000];
+    ops(&mut v);
+    v.extend_from_slice(&[op::LOOSE, 3, 0, 1, op::LOOSE, 2, 1, 2, op::LOOSE, 70, 0, 0]);
+    ops(&mut v);
+    out.push(("full-wide-swa-retention-zeroing-loose", v));
     out
 }
 

@@ -1102,8 +1102,14 @@ class _VllmManager:
         new_computed: Sequence[Sequence[int] | npt.NDArray[np.int32]] | None,
         total_computed: int,
         apply_admission_cap: bool = False,
+        num_tokens_main_model: int | None = None,
     ) -> int:
-        """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups)."""
+        """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
+        ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
+        groups count; the sum may be negative, as in vLLM."""
+    def new_step_starts(self) -> None:
+        """vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
+        step that ended."""
     def allocate_slots_groups(
         self,
         request_id: str,
@@ -1121,6 +1127,7 @@ class _VllmManager:
         hashes: Sequence[bytes] | None = None,
         cache_tokens: int | None = None,
         reprefillable: int = 0,
+        num_tokens_main_model: int | None = None,
     ) -> list[npt.NDArray[np.int32]] | None:
         """vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
         None. ``full_sequence_computed`` is the gate's (capped) computed count,
@@ -1227,6 +1234,32 @@ class _VllmManager:
         """Drains the block ids allocated since the last call."""
     def record_for_zeroing(self, request_id: str, start: int) -> None:
         """Logs the request's blocks from table index ``start`` as new (for zeroing)."""
+    def set_zeroing_groups(self, groups: Sequence[int]) -> None:
+        """Logs the blocks the listed groups allocate (KV cache zeroing); the other
+        groups log nothing."""
+    def records_new_ids(self, group: int) -> bool:
+        """Whether group ``group`` logs its new blocks for zeroing."""
+    def take_new_ids_group(self, group: int) -> list[int]:
+        """Drains group ``group``'s zeroing log alone."""
+    def record_for_zeroing_groups(self, request_id: str, start_token: int) -> None:
+        """vLLM's ``record_blocks_for_zeroing``: each logging group logs the request's
+        blocks from token ``start_token`` on (a multiple of its block size)."""
+    def set_retention_interval(self, interval: int | None) -> None:
+        """Sets vLLM's ``prefix_cache_retention_interval`` (None: dense caching)."""
+    @property
+    def retention_interval(self) -> int | None:
+        """The retention interval (None: dense)."""
+    def set_cache_context(self, num_prompt_tokens: int, shared_prefix_boundary: int) -> None:
+        """The prompt length and shared-prefix junction the next caching steps use
+        under a retention interval."""
+    def take_loose(self, num_blocks: int) -> list[int]:
+        """Takes ``num_blocks`` free blocks held by no request (``free_blocks`` them)."""
+    def cache_loose(
+        self, blocks: Sequence[int], group: int, start: int, end: int, hashes: Sequence[bytes]
+    ) -> list[int]:
+        """vLLM's ``block_pool.cache_full_blocks`` for group ``group`` over the
+        caller's ``blocks`` (indices ``start..end``) under the request's
+        ``hashes``; returns the indices cached."""
     def free_queue(self) -> list[int]:
         """The free queue, head (next handed out) first."""
     def ref_count(self, block_id: int) -> int:

@@ -129,6 +129,13 @@ impl BlockHash {
         &self.bytes[..self.len as usize]
     }
 
+    /// All [`MAX_DIGEST_LEN`] bytes: the digest, then zeros.
+    #[inline]
+    #[must_use]
+    pub fn padded_bytes(&self) -> &[u8; MAX_DIGEST_LEN] {
+        &self.bytes
+    }
+
     /// The low 64 bits of the digest read big-endian, as vLLM's KV events
     /// report hashes (`int.from_bytes(h, "big") & (2**64 - 1)`).
     #[must_use]

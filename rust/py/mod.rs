@@ -22,6 +22,7 @@ pub mod radix_hybrid;
 pub mod sglang;
 pub mod vllm_hashing;
 pub mod vllm_manager;
+pub mod vllm_manager_extra;
 pub mod vllm_manager_groups;
 
 /// Test hook: panics inside Rust (surfaces as ``pyo3_runtime.PanicException``).

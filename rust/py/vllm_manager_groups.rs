@@ -94,7 +94,9 @@ impl PyVllmManager {
     }
 
     /// vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
-    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false))]
+    /// ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
+    /// groups count; the sum may be negative, as in vLLM.
+    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false, num_tokens_main_model = None))]
     fn num_blocks_to_allocate_groups(
         &self,
         request_id: &str,
@@ -102,15 +104,25 @@ impl PyVllmManager {
         new_computed: Option<&Bound<'_, PyAny>>,
         total_computed: i64,
         apply_admission_cap: bool,
-    ) -> PyResult<usize> {
+        num_tokens_main_model: Option<i64>,
+    ) -> PyResult<isize> {
         let hits = self.hit_lists(new_computed)?;
-        Ok(self.inner.num_blocks_to_allocate_groups(
+        let n = count(num_tokens, "num_tokens")?;
+        let main = num_tokens_main_model.map(|m| count(m, "num_tokens_main_model")).transpose()?.unwrap_or(n);
+        Ok(self.inner.num_blocks_to_allocate_signed(
             request_id,
-            count(num_tokens, "num_tokens")?,
+            n,
+            main,
             &hits,
             count(total_computed, "total_computed")?,
             apply_admission_cap,
         ))
+    }
+
+    /// vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
+    /// step that ended.
+    fn new_step_starts(&mut self) {
+        self.inner.new_step_starts();
     }
 
     /// vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
@@ -119,7 +131,7 @@ impl PyVllmManager {
     /// ``skip_zeroing`` the groups whose external blocks are not logged as new.
     /// With ``hashes`` and ``cache_tokens`` the caching step follows (as
     /// :meth:`cache_groups`; runs in :attr:`last_cached_runs`).
-    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, full_sequence_computed, processed_tokens, reserved_blocks, watermark_blocks, adopt, skip_zeroing = Vec::new(), hashes = None, cache_tokens = None, reprefillable = 0))]
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, full_sequence_computed, processed_tokens, reserved_blocks, watermark_blocks, adopt, skip_zeroing = Vec::new(), hashes = None, cache_tokens = None, reprefillable = 0, num_tokens_main_model = None))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots_groups<'py>(
         &mut self,
@@ -139,6 +151,7 @@ impl PyVllmManager {
         hashes: Option<&Bound<'py, PyAny>>,
         cache_tokens: Option<i64>,
         reprefillable: i64,
+        num_tokens_main_model: Option<i64>,
     ) -> PyResult<Option<Arrays<'py>>> {
         let hits = self.hit_lists(new_computed)?;
         let mut mask = 0u64;
@@ -160,6 +173,7 @@ impl PyVllmManager {
             full_sequence_computed: opt(full_sequence_computed, "full_sequence_computed")?,
             processed_tokens: opt(processed_tokens, "processed_tokens")?,
             skip_zeroing: mask,
+            num_tokens_main_model: opt(num_tokens_main_model, "num_tokens_main_model")?,
         };
         let cache_tokens = opt(cache_tokens, "cache_tokens")?;
         let reprefillable = count(reprefillable, "reprefillable")?;

@@ -1,5 +1,6 @@
 //! Property test: random KV cache group layouts (full attention, MLA, sliding windows,
-//! chunked local, block sizes whose lcm exceeds their gcd) and random scheduler call
+//! chunked local, align-mode Mamba state, block sizes whose lcm exceeds their gcd) and
+//! random scheduler call
 //! sequences on the multi-group vLLM manager. After every call:
 //! - `check_invariants()` passes (pool invariants, no block in two groups' tables, cached
 //!   blocks keyed for their group);
@@ -7,6 +8,8 @@
 //!   tables (no call here pins blocks outside a table);
 //! - sliding-window and chunked-local tables are nulls then real blocks, and right after an
 //!   allocation they keep no real block before their rule's window;
+//! - right after an allocation an align-mode Mamba table holds at most two real blocks
+//!   (the state it resumes from and the new one);
 //! - a refused call (caller error) changes nothing: tables, cached counts and free queue.
 //!
 //! A second property runs one full-attention group through the multi-group calls and the
@@ -20,7 +23,7 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config as ProptestConfig, RngSeed};
 
 use kvindex::core::groups::rule::GroupRule;
-use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions};
+use kvindex::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, LayoutOptions, MambaMode};
 use kvindex::core::ids::{BlockHash, BlockId};
 use kvindex::core::vllm_manager::{SlotRequest, VllmManager};
 
@@ -31,6 +34,7 @@ enum Op {
     Free { rid: u8 },
     BadHit { rid: u8, block: u32 },
     Evict { block: u32 },
+    NewStep,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -40,16 +44,22 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..6).prop_map(|rid| Op::Free { rid }),
         1 => (0u8..6, 0u32..80).prop_map(|(rid, block)| Op::BadHit { rid, block }),
         1 => (0u32..80).prop_map(|block| Op::Evict { block }),
+        2 => Just(Op::NewStep),
     ]
 }
 
 /// A layout: hash block `h`; each group full (block `h`), MLA, a sliding window
-/// (block `h` or `2h`) or chunked local (only when every block is `h`).
+/// (block `h` or `2h`), chunked local (only when every block is `h`) or align-mode
+/// Mamba (block `h`).
 fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
-    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..4, 1usize..20, any::<bool>()), 1..5))
+    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..5, 1usize..20, any::<bool>()), 1..5))
         .prop_map(|(h, gs)| {
             let mut out = vec![GroupSpec::full(h)];
             for (k, size, wide) in gs {
+                if k == 4 {
+                    out.push(GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: h });
+                    continue;
+                }
                 let bs = if wide { 2 * h } else { h };
                 out.push(match k {
                     0 => GroupSpec::full(h),
@@ -110,6 +120,11 @@ fn check_windows(m: &VllmManager, rid: &str, total: Option<usize>) -> Result<(),
             continue;
         }
         let t = m.group_blocks(rid, g);
+        if let GroupKind::Mamba { .. } = spec.kind {
+            let real = t.iter().filter(|&&b| b != BlockId::NULL).count();
+            prop_assert!(total.is_none() || real <= 2, "group {}: Mamba table {:?}", g, t);
+            continue;
+        }
         let nulls = t.iter().take_while(|&&b| b == BlockId::NULL).count();
         prop_assert!(
             t[nulls..].iter().all(|&b| b != BlockId::NULL),
@@ -158,6 +173,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     num_local_computed: tokens,
                     adopt,
                     processed_tokens: Some(tokens),
+                    num_tokens_main_model: Some(tokens + n),
                     ..SlotRequest::default()
                 };
                 let hits = if adopt { hit.blocks } else { Vec::new() };
@@ -186,6 +202,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     num_tokens_need_slot: total + n + lookahead,
                     num_local_computed: total,
                     processed_tokens: Some(total),
+                    num_tokens_main_model: Some(total + n),
                     ..SlotRequest::default()
                 };
                 if m.allocate_slots_groups(&name, &[], &s).expect("valid call").is_some() {
@@ -219,6 +236,7 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                     prop_assert_eq!(m.state_snapshot(), before);
                 }
             }
+            Op::NewStep => m.new_step_starts(),
         }
         m.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
         check_conservation(&m)?;
@@ -310,5 +328,270 @@ proptest! {
     #[test]
     fn one_full_group_agrees_with_the_fast_calls(bs in 1usize..6, ops in prop::collection::vec(op(), 1..60)) {
         run_single(bs, ops)?;
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Retention intervals, KV cache zeroing and blocks held by no request.
+//
+// Random layouts as above with a random retention interval (dense, latest only, or a
+// multiple of the scheduler block) and random zeroing groups, and call sequences that mix
+// requests with loose blocks (taken, cached for a group, freed). After every call:
+// - the invariants hold and blocks are conserved counting loose holdings;
+// - every cached sliding-window block is one the dense rule would cache too (sparse
+//   retention only drops tails, never adds one);
+// - the zeroing log drained after an allocation is exactly the new blocks of the logging
+//   groups, in group order; loose blocks are never logged;
+// - a refused call (too many loose blocks, a bad cache range) changes nothing.
+
+#[derive(Clone, Debug)]
+enum ExtraOp {
+    Req(Op),
+    TakeLoose { n: usize },
+    CacheLoose { group: usize, family: u8 },
+    FreeLoose,
+}
+
+fn extra_op() -> impl Strategy<Value = ExtraOp> {
+    prop_oneof![
+        8 => op().prop_map(ExtraOp::Req),
+        1 => (0usize..70).prop_map(|n| ExtraOp::TakeLoose { n }),
+        1 => (0usize..6, 0u8..3).prop_map(|(group, family)| ExtraOp::CacheLoose { group, family }),
+        1 => Just(ExtraOp::FreeLoose),
+    ]
+}
+
+/// Layouts where sparse retention matters: one sliding window alone (its block is the
+/// scheduler block), or full attention beside narrow windows, or any layout above.
+fn extra_layout() -> impl Strategy<Value = Vec<GroupSpec>> {
+    prop_oneof![
+        (prop_oneof![Just(2usize), Just(4)], 1usize..10).prop_map(|(bs, window)| vec![GroupSpec {
+            kind: GroupKind::SlidingWindow { window },
+            block_size: bs
+        }]),
+        (prop_oneof![Just(2usize), Just(4)], 1usize..6, any::<bool>()).prop_map(|(h, window, wide)| vec![
+            GroupSpec::full(h),
+            GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size: if wide { 2 * h } else { h } },
+        ]),
+        layout(),
+    ]
+}
+
+fn check_conservation_with(m: &VllmManager, loose: &[BlockId]) -> Result<(), TestCaseError> {
+    let mut refs = vec![0u32; m.pool().num_blocks()];
+    for r in m.request_ids(false) {
+        for g in 0..m.num_groups() {
+            for &b in m.group_blocks(r, g) {
+                if b != BlockId::NULL {
+                    refs[b.idx()] += 1;
+                }
+            }
+        }
+    }
+    for &b in loose {
+        refs[b.idx()] += 1;
+    }
+    for (i, &n) in refs.iter().enumerate().skip(1) {
+        #[allow(clippy::cast_possible_truncation)]
+        let rc = m.pool().ref_count(BlockId(i as u32));
+        prop_assert_eq!(n, rc, "block {} referenced {} times, ref count {}", i, n, rc);
+    }
+    Ok(())
+}
+
+/// Every sliding-window block a request cached sits where dense caching would put one
+/// (`by_loose[b]`: the key a loose caching call gave block `b`, which no rule masks).
+fn check_sparse_subset(m: &VllmManager, by_loose: &[Option<BlockHash>]) -> Result<(), TestCaseError> {
+    let l = m.layout();
+    for (i, loose_key) in by_loose.iter().enumerate().skip(1) {
+        #[allow(clippy::cast_possible_truncation)]
+        let b = BlockId(i as u32);
+        let key = m.pool().block_hash(b);
+        if key.is_none() || key == *loose_key {
+            continue;
+        }
+        let g = m.block_group(b);
+        let spec = l.groups()[g];
+        if !matches!(spec.kind, GroupKind::SlidingWindow { .. }) {
+            continue;
+        }
+        let idx = m.hash_tokens(b) / spec.block_size - 1;
+        prop_assert!(
+            spec.caches_block(idx, l.scheduler_block_size(), l.use_eagle()),
+            "group {} caches block index {} that dense caching skips",
+            g,
+            idx
+        );
+    }
+    Ok(())
+}
+
+fn run_extra(
+    groups: Vec<GroupSpec>,
+    interval: u8,
+    zero_mask: u64,
+    ops: Vec<ExtraOp>,
+) -> Result<(), TestCaseError> {
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let Ok(layout) = GroupLayout::new(groups, opt) else { return Ok(()) };
+    let h = layout.hash_block_size();
+    let sbs = layout.scheduler_block_size();
+    let Ok(mut m) = VllmManager::with_layout(60, layout, true, false, None) else { return Ok(()) };
+    let ng = m.num_groups();
+    let retention = match interval {
+        0 => None,
+        1 => Some(0),
+        k => Some(usize::from(k - 1) * sbs),
+    };
+    let is_mamba = |g: &GroupSpec| matches!(g.kind, GroupKind::Mamba { .. });
+    let mamba = m.layout().groups().iter().any(is_mamba);
+    if m.set_retention_interval(retention).is_err() {
+        // Only a layout without windowed groups refuses a positive interval (and any
+        // interval is refused beside a Mamba group).
+        let windowed = m.layout().groups().iter().any(|g| matches!(g.kind, GroupKind::SlidingWindow { .. }));
+        prop_assert!(!windowed || mamba, "a layout with a sliding window refused interval {:?}", retention);
+        return Ok(());
+    }
+    // vLLM zeroes attention groups' blocks only, never a Mamba group's.
+    let mamba_bits: u64 =
+        m.layout().groups().iter().enumerate().filter(|(_, g)| is_mamba(g)).map(|(i, _)| 1u64 << i).sum();
+    let mask = zero_mask & ((1u64 << ng) - 1) & !mamba_bits;
+    m.set_zeroing_groups(mask).expect("mask within the groups");
+    let mut live: Vec<Option<Live>> = (0..6).map(|_| None).collect();
+    let mut loose: Vec<BlockId> = Vec::new();
+    let mut by_loose: Vec<Option<BlockHash>> = vec![None; m.pool().num_blocks()];
+    for op in ops {
+        match op {
+            ExtraOp::TakeLoose { n } => {
+                let before = m.state_snapshot();
+                match m.take_loose(n) {
+                    Ok(v) => {
+                        prop_assert_eq!(v.len(), n);
+                        loose.extend(v);
+                    }
+                    Err(_) => {
+                        prop_assert!(n > m.pool().num_free());
+                        prop_assert_eq!(m.state_snapshot(), before);
+                    }
+                }
+                prop_assert!(m.take_new_ids().is_empty(), "loose blocks are not logged for zeroing");
+            }
+            ExtraOp::CacheLoose { group, family } => {
+                let g = group % ng;
+                let bs = m.layout().groups()[g].block_size;
+                let hashes = prompt_hashes(family, loose.len() * bs, h);
+                let before = m.state_snapshot();
+                let end = loose.len() + usize::from(family == 2);
+                match m.cache_loose(&loose, g, 0, end, 0, &hashes) {
+                    Ok(stored) => {
+                        for i in stored {
+                            by_loose[loose[i].idx()] = m.pool().block_hash(loose[i]);
+                        }
+                    }
+                    Err(_) => prop_assert_eq!(m.state_snapshot(), before),
+                }
+            }
+            ExtraOp::FreeLoose => {
+                m.free_blocks(&loose).expect("loose blocks are held");
+                loose.clear();
+            }
+            ExtraOp::Req(op) => match op {
+                Op::Admit { rid, family, len, chunk } => {
+                    if live[rid as usize].is_some() {
+                        continue;
+                    }
+                    let name = format!("r{rid}");
+                    let hashes = prompt_hashes(family, len, h);
+                    let hit = m.find_hit_groups(&hashes, len - 1);
+                    let tokens = hit.hit.tokens;
+                    let n = chunk.min(len - tokens).max(1);
+                    let adopt = hit.blocks.iter().any(|b| !b.is_empty());
+                    let s = SlotRequest {
+                        num_tokens_need_slot: tokens + n,
+                        num_local_computed: tokens,
+                        adopt,
+                        processed_tokens: Some(tokens),
+                        ..SlotRequest::default()
+                    };
+                    let hits = if adopt { hit.blocks } else { Vec::new() };
+                    m.set_cache_context(len, usize::from(family) * sbs);
+                    match m.allocate_slots_groups(&name, &hits, &s).expect("valid call") {
+                        Some(new) => {
+                            let logged: Vec<BlockId> = (0..ng)
+                                .filter(|&g| mask & (1 << g) != 0)
+                                .flat_map(|g| new[g].clone())
+                                .collect();
+                            prop_assert_eq!(m.take_new_ids(), logged);
+                            let plan = m.cache_plan(&name, tokens + n, hashes.len(), 0);
+                            let (lo, hi) = m.plan_hash_range(&plan);
+                            m.cache_apply(&name, &plan, lo, &hashes[lo..hi]).expect("plan fits");
+                            live[rid as usize] =
+                                Some(Live { hashes, num_tokens: len, num_computed: tokens + n });
+                        }
+                        None => {
+                            m.free(&name);
+                            m.take_new_ids();
+                        }
+                    }
+                }
+                Op::Step { rid, n, lookahead } => {
+                    let Some(l) = live[rid as usize].as_mut() else { continue };
+                    let name = format!("r{rid}");
+                    let remaining = l.num_tokens - l.num_computed;
+                    let n = if remaining > 0 { n.min(remaining) } else { 1 };
+                    if remaining == 0 {
+                        l.num_tokens += 1;
+                        l.hashes = prompt_hashes(255 - rid, l.num_tokens, h);
+                    }
+                    let total = l.num_computed;
+                    let s = SlotRequest {
+                        num_tokens_need_slot: total + n + lookahead,
+                        num_local_computed: total,
+                        processed_tokens: Some(total),
+                        ..SlotRequest::default()
+                    };
+                    if let Some(new) = m.allocate_slots_groups(&name, &[], &s).expect("valid call") {
+                        let logged: Vec<BlockId> =
+                            (0..ng).filter(|&g| mask & (1 << g) != 0).flat_map(|g| new[g].clone()).collect();
+                        prop_assert_eq!(m.take_new_ids(), logged);
+                        l.num_computed += n;
+                        let plan = m.cache_plan(&name, l.num_computed.min(l.num_tokens), l.hashes.len(), 0);
+                        let (lo, hi) = m.plan_hash_range(&plan);
+                        m.cache_apply(&name, &plan, lo, &l.hashes[lo..hi]).expect("plan fits");
+                    }
+                }
+                Op::Free { rid } => {
+                    m.free(&format!("r{rid}"));
+                    live[rid as usize] = None;
+                }
+                Op::NewStep => m.new_step_starts(),
+                Op::BadHit { .. } | Op::Evict { .. } => {
+                    let name = format!("r{}", ng % 6);
+                    let before = m.state_snapshot();
+                    if m.record_for_zeroing_groups(&name, 1).is_err() {
+                        prop_assert_eq!(m.state_snapshot(), before);
+                    }
+                    m.take_new_ids();
+                }
+            },
+        }
+        m.check_invariants().map_err(|e| TestCaseError::fail(e.to_string()))?;
+        check_conservation_with(&m, &loose)?;
+        check_sparse_subset(&m, &by_loose)?;
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(config())]
+
+    #[test]
+    fn retention_zeroing_and_loose_blocks_keep_the_rules(
+        groups in extra_layout(),
+        interval in 0u8..7,
+        zero_mask in any::<u64>(),
+        ops in prop::collection::vec(extra_op(), 1..60),
+    ) {
+        run_extra(groups, interval, zero_mask, ops)?;
     }
 }

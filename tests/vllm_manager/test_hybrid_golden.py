@@ -1,11 +1,13 @@
 """The multi-group ``_VllmManager`` against vLLM 0.33's own ``KVCacheManager``.
 
 ``tests/data/vllm_hybrid_golden.json`` holds what vLLM's manager did on synthetic
-multi-group configs (full attention, sliding window, chunked local; see
+multi-group configs (full attention, sliding window, chunked local, align-mode Mamba; see
 ``tests/integrations/vllm/gen_hybrid_golden.py``). Each operation is replayed here with the
 arithmetic vLLM's ``KVCacheManager.allocate_slots`` does before it reaches the coordinator;
 hits, per-group hit blocks, new blocks, every live table and cached count, the free queue
-and the KV events must all be equal after every operation.
+and the KV events must all be equal after every operation; with a retention interval the
+caching step gets the request's prompt length and shared-prefix junction as vLLM's does, and
+with KV cache zeroing the block ids logged for zeroing must match too.
 """
 
 from __future__ import annotations
@@ -36,7 +38,9 @@ class Replay:
 
     def __init__(self, sc: dict[str, Any]) -> None:
         self.sc = sc
-        self.groups = [(k, bs, size, "") for k, bs, size in sc["groups"]]
+        self.groups = [
+            (k, bs, size, "align" if k == "mamba" else "") for k, bs, size in sc["groups"]
+        ]
         self.m = _VllmManager(
             sc["num_blocks"],
             sc["scheduler_block_size"],
@@ -44,6 +48,9 @@ class Replay:
             groups=self.groups,
             use_eagle=sc["use_eagle"],
         )
+        self.m.set_retention_interval(sc.get("retention_interval"))
+        if sc.get("zeroing"):
+            self.m.set_zeroing_groups([g for g, x in enumerate(self.groups) if x[0] != "mamba"])
         self.hbs = self.m.hash_block_size
         self.mml = sc["max_model_len"]
         self.hashes = {rid: [bytes.fromhex(h) for h in hs] for rid, hs in sc["hashes"].items()}
@@ -77,6 +84,8 @@ class Replay:
         need = min(total + op["num_new"] + op["lookahead"], self.mml)
         cache_to = min(total + op["num_new"], op["num_tokens"])
         adopt = hit_blocks is not None and any(len(b) for b in hit_blocks)
+        if "num_prompt_tokens" in op:
+            self.m.set_cache_context(op["num_prompt_tokens"], op["shared_prefix_boundary"])
         new = self.m.allocate_slots_groups(
             rid,
             hit_blocks if adopt else None,
@@ -91,6 +100,7 @@ class Replay:
             adopt,
             hashes=self.hashes[rid][: op["num_hashes"]],
             cache_tokens=cache_to,
+            num_tokens_main_model=total + op["num_new"],
         )
         return None if new is None else [a.tolist() for a in new]
 
@@ -102,6 +112,8 @@ def test_hybrid_manager_matches_vllm(sc: dict[str, Any]) -> None:
     for step, op in enumerate(sc["ops"]):
         where = f"{sc['name']} op {step} {op['op']} {op.get('rid')}"
         events: list[list[Any]] = []
+        if op.get("new_step"):
+            m.new_step_starts()
         if op["op"] == "admit":
             rid = op["rid"]
             hs = r.hashes[rid][: op["num_hashes"]]
@@ -132,4 +144,6 @@ def test_hybrid_manager_matches_vllm(sc: dict[str, Any]) -> None:
         cached = {rid: m.num_cached_groups(rid) for rid in r.live}
         assert cached == op["num_cached"], where
         assert m.free_queue() == op["free_queue"], where
+        if sc.get("zeroing"):
+            assert m.take_new_ids() == op["new_block_ids"], where
         m.check_invariants()

@@ -75,19 +75,25 @@ pub fn longest_hit<L: BlockLookup>(
     let hash_bs = layout.hash_block_size();
     let mut hit_length = max_tokens;
     let mut longest = 0usize;
-    let mut looked = vec![false; sets.len()];
-    let mut set_len = vec![0usize; sets.len()];
-    let mut verified = vec![false; sets.len()];
-    let mut last_q: Vec<Option<HitQuery>> = vec![None; sets.len()];
+    // Per spec set (one allocation): looked up yet, its last hit length, EAGLE-verified,
+    // its last query.
+    #[derive(Clone, Copy, Default)]
+    struct SetState {
+        looked: bool,
+        len: usize,
+        verified: bool,
+        last_q: Option<HitQuery>,
+    }
+    let mut st = vec![SetState::default(); sets.len()];
     loop {
         let mut curr = hit_length;
         for (idx, set) in sets.iter().enumerate() {
             let spec = set.spec;
-            if spec.kind.is_full() && looked[idx] {
-                curr = curr.min(set_len[idx]);
+            if spec.kind.is_full() && st[idx].looked {
+                curr = curr.min(st[idx].len);
                 continue;
             }
-            let drop = eagle && !verified[idx];
+            let drop = eagle && !st[idx].verified;
             let mut max_len = curr;
             if drop && !matches!(spec.kind, GroupKind::Mamba { .. }) {
                 max_len = (curr + spec.block_size).min(num_hashes.saturating_mul(hash_bs));
@@ -95,20 +101,20 @@ pub fn longest_hit<L: BlockLookup>(
             let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: drop };
             // A rule is a pure function of its query: a later round asking the same
             // question reuses the answer (and its blocks, still in `out`).
-            let new_len = if last_q[idx] == Some(q) {
-                set_len[idx]
+            let new_len = if st[idx].last_q == Some(q) {
+                st[idx].len
             } else {
-                last_q[idx] = Some(q);
+                st[idx].last_q = Some(q);
                 spec.longest_hit(&mut lookups[idx], &q, &mut out[idx])
             };
             if drop {
-                verified[idx] = true;
+                st[idx].verified = true;
             } else if new_len < curr {
-                verified.iter_mut().for_each(|v| *v = false);
+                st.iter_mut().for_each(|v| v.verified = false);
             }
             curr = new_len;
-            looked[idx] = true;
-            set_len[idx] = new_len;
+            st[idx].looked = true;
+            st[idx].len = new_len;
             longest = longest.max(curr);
         }
         if curr >= hit_length {

@@ -28,6 +28,20 @@ pub trait BlockLookup {
     type Block: Copy;
     /// Block `i`, if cached.
     fn get(&mut self, i: usize) -> Option<Self::Block>;
+
+    /// Appends blocks `lo, lo + 1, ..` to `out` while cached, up to (not
+    /// including) `hi`; returns how many. The answers of [`Self::get`] one
+    /// by one (an implementation may look the run up in one batch).
+    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<Self::Block>>) -> usize {
+        let start = out.len();
+        for i in lo..hi {
+            match self.get(i) {
+                Some(b) => out.push(Some(b)),
+                None => break,
+            }
+        }
+        out.len() - start
+    }
 }
 
 /// Any `FnMut(block index) -> Option<B>` is a lookup.
@@ -79,6 +93,9 @@ fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
+/// Windows of at most this many blocks are looked up as one run.
+const SHORT_WINDOW: usize = 16;
+
 /// Blocks a sliding-window hit needs (vLLM's `_contiguous_blocks_for_hit`).
 #[must_use]
 pub fn window_blocks(window: usize, block_size: usize, use_eagle: bool) -> usize {
@@ -92,12 +109,7 @@ fn full_hit<L: BlockLookup>(
     out: &mut Vec<Option<L::Block>>,
 ) -> usize {
     out.clear();
-    for i in 0..q.max_tokens / bs {
-        match lookup.get(i) {
-            Some(b) => out.push(Some(b)),
-            None => break,
-        }
-    }
+    lookup.get_run(0, q.max_tokens / bs, out);
     let mut hit = out.len() * bs;
     if q.drop_eagle && hit > 0 {
         hit -= q.alignment.min(bs);
@@ -153,42 +165,36 @@ fn window_hit<L: BlockLookup>(
     let mut found = false;
     if bs == q.alignment {
         // vLLM's right-to-left scan without its alignment skips finds the rightmost run
-        // of `need` cached blocks (`need` 0 acts as 1); checking a candidate window's
-        // leftmost block first skips a whole window on a miss, with the same answer.
+        // of `need` cached blocks (`need` 0 acts as 1). A candidate window is looked up
+        // as one run (a long one checks its leftmost block alone first, so a miss there
+        // costs one lookup): a miss at `j` rules out every window ending after `j` (each
+        // contains `j`), so the scan skips to the windows ending at `j`, with the same
+        // answer. `out` is `None` from the candidate window on.
         let need1 = need.max(1);
         let mut end = max_blocks;
         while end >= need1 {
             let left = end - need1;
-            let mut miss = None;
-            for j in std::iter::once(left).chain((left + 1..end).rev()) {
-                match lookup.get(j) {
-                    Some(b) => out[j] = Some(b),
-                    None => {
-                        miss = Some(j);
-                        break;
-                    }
-                }
+            out.truncate(left);
+            if need1 > SHORT_WINDOW {
+                let Some(b) = lookup.get(left) else {
+                    out.resize(max_blocks, None);
+                    end = left;
+                    continue;
+                };
+                out.push(Some(b));
             }
-            match miss {
-                None => {
-                    out.truncate(end);
-                    found = true;
-                    break;
-                }
-                Some(j) => {
-                    out[left..end].iter_mut().for_each(|o| *o = None);
-                    end = j;
-                }
+            let got = out.len() - left + lookup.get_run(out.len(), end, out);
+            if got == need1 {
+                found = true;
+                break;
             }
+            out.truncate(left);
+            out.resize(max_blocks, None);
+            end = left + got;
         }
         if !found {
-            while run < need1.min(max_blocks) {
-                match lookup.get(run) {
-                    Some(b) => out[run] = Some(b),
-                    None => break,
-                }
-                run += 1;
-            }
+            out.clear();
+            run = lookup.get_run(0, need1.min(max_blocks), out);
         }
     } else {
         (run, found) = window_scan(need, bs, lookup, q, out);
@@ -221,12 +227,7 @@ fn chunked_hit<L: BlockLookup>(
     let start = if q.max_tokens > 0 { q.max_tokens / chunk * chunk } else { 0 };
     let start_block = start / bs;
     out.resize(start_block, None);
-    for i in start_block..max_blocks {
-        match lookup.get(i) {
-            Some(b) => out.push(Some(b)),
-            None => break,
-        }
-    }
+    lookup.get_run(start_block, max_blocks, out);
     out.len() * bs
 }
 
@@ -375,6 +376,33 @@ mod tests {
                     }
                     assert_eq!((got, &fast), (slow.len() * 4, &slow), "window {window} set {set:b}");
                 }
+            }
+        }
+    }
+
+    /// Long windows (their leftmost block checked alone first) agree too.
+    #[test]
+    fn long_window_scan_matches_the_plain_scan() {
+        let mut x = 0x2545_f491_4f6c_dd1du64;
+        for window in 15..24 {
+            for _ in 0..400 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                // Mostly cached blocks, so that long windows are found.
+                let set = x | (x >> 7) | (x >> 19);
+                let s = GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size: 1 };
+                let q = HitQuery { max_tokens: 40, alignment: 1, drop_eagle: false };
+                let mut look = |i: usize| (set >> i & 1 == 1).then_some(i);
+                let mut fast = Vec::new();
+                let got = s.longest_hit(&mut look, &q, &mut fast);
+                let need = window_blocks(window, 1, false);
+                let mut slow = vec![None; 40];
+                let (run, found) = window_scan(need, 1, &mut look, &q, &mut slow);
+                if !found {
+                    slow.truncate(run);
+                }
+                assert_eq!((got, &fast), (slow.len(), &slow), "window {window} set {set:b}");
             }
         }
     }

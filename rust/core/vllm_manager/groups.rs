@@ -21,24 +21,31 @@
 //! Costs: a hit is O(blocks looked up) per spec set and round of the fixed
 //! point; allocation and caching O(blocks touched) per group.
 
+use std::cell::RefCell;
+
 use rustc_hash::FxHashMap;
 
 use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::{BlockLookup, GroupRule};
-use crate::core::groups::spec::{GroupKind, GroupLayout};
+use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
 /// Rejects what the manager does not implement, naming it.
 pub(crate) fn check_supported(layout: &GroupLayout) -> KvResult<()> {
     for (i, g) in layout.groups().iter().enumerate() {
-        if let GroupKind::Mamba { .. } = g.kind {
-            return Err(KvError::invalid(format!(
-                "group {i}: Mamba groups are not supported by the kvindex vLLM manager yet \
-                 (align-mode state, speculative and checkpoint blocks)"
-            )));
+        if let GroupKind::Mamba { mode: MambaMode::Align } = g.kind {
+            if layout.enable_caching() && g.block_size != layout.hash_block_size() {
+                return Err(KvError::invalid(format!(
+                    "group {i}: a Mamba block size ({}) other than the hash block size ({}) needs \
+                     partial-block Mamba state entries (several hashes per block), which kvindex \
+                     does not support",
+                    g.block_size,
+                    layout.hash_block_size()
+                )));
+            }
         }
         if layout.len() > 1
             && layout.enable_caching()
@@ -83,19 +90,33 @@ pub struct CachedRun {
 }
 
 /// A spec set's view of the pool: block `i` at the set's block size,
-/// cached under every member group's key. Hits land in `side`.
+/// cached under every member group's key. A set of one group answers its
+/// block id itself; a set of several answers an offset into `side`, where
+/// the members' block ids of that block follow in member order.
+///
+/// Runs ([`BlockLookup::get_run`], full attention and chunked local) are
+/// looked up in one [`BlockPool::lookup_run`] batch per member, whose
+/// cache misses overlap.
+///
+/// [`BlockPool::lookup_run`]: crate::core::block_pool::BlockPool::lookup_run
 struct PoolLookup<'a> {
     m: &'a VllmManager,
     hashes: &'a [BlockHash],
     scale: usize,
     groups: &'a [usize],
     side: Vec<BlockId>,
+    /// Scratch of [`BlockLookup::get_run`], shared by a call's sets: one
+    /// member's keys and hits.
+    scratch: &'a RefCell<(Vec<BlockHash>, Vec<BlockId>)>,
 }
 
 impl BlockLookup for PoolLookup<'_> {
     type Block = u32;
     fn get(&mut self, i: usize) -> Option<u32> {
         let h = self.hashes.get(coarse_hash_index(i, self.scale))?;
+        if let [g] = *self.groups {
+            return self.m.pool.get_cached(&group_key(h, g)).map(|b| b.0);
+        }
         let off = self.side.len();
         for &g in self.groups {
             match self.m.pool.get_cached(&group_key(h, g)) {
@@ -108,6 +129,47 @@ impl BlockLookup for PoolLookup<'_> {
         }
         #[allow(clippy::cast_possible_truncation)]
         Some(off as u32)
+    }
+
+    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<u32>>) -> usize {
+        let hi = hi.min(self.hashes.len() / self.scale);
+        if lo >= hi {
+            return 0;
+        }
+        let pool = &self.m.pool;
+        let mut n = hi - lo;
+        let base = self.side.len();
+        let mut scratch = self.scratch.borrow_mut();
+        let (keys, ids) = &mut *scratch;
+        for (j, &g) in self.groups.iter().enumerate() {
+            ids.clear();
+            if g == 0 && self.scale == 1 {
+                pool.lookup_run(&self.hashes[lo..lo + n], ids);
+            } else {
+                keys.clear();
+                let (hs, sc) = (self.hashes, self.scale);
+                keys.extend((lo..lo + n).map(|i| group_key(&hs[coarse_hash_index(i, sc)], g)));
+                pool.lookup_run(keys, ids);
+            }
+            n = ids.len();
+            if self.groups.len() == 1 {
+                out.extend(ids.iter().map(|b| Some(b.0)));
+                return n;
+            }
+            // Interleave: member j's block of block k goes to side[base + k * members + j].
+            let members = self.groups.len();
+            if j == 0 {
+                self.side.resize(base + n * members, BlockId::NULL);
+            }
+            self.side.truncate(base + n * members);
+            for (k, &b) in ids.iter().enumerate() {
+                self.side[base + k * members + j] = b;
+            }
+        }
+        let members = self.groups.len();
+        #[allow(clippy::cast_possible_truncation)]
+        out.extend((0..n).map(|k| Some((base + k * members) as u32)));
+        n
     }
 }
 
@@ -171,20 +233,28 @@ impl VllmManager {
         let ng = self.layout.len();
         let hbs = self.layout.hash_block_size();
         let sets = self.layout.spec_sets();
+        let scratch = RefCell::new((Vec::new(), Vec::with_capacity(hashes.len())));
         let mut looks: Vec<PoolLookup<'_>> = sets
             .iter()
-            .map(|s| PoolLookup {
-                m: self,
-                hashes,
-                scale: s.spec.block_size / hbs,
-                groups: &s.group_ids,
-                side: Vec::new(),
+            .map(|s| {
+                let scale = s.spec.block_size / hbs;
+                let side = if s.group_ids.len() > 1 {
+                    Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
+                } else {
+                    Vec::new()
+                };
+                PoolLookup { m: self, hashes, scale, groups: &s.group_ids, side, scratch: &scratch }
             })
             .collect();
-        let mut outs: Vec<Vec<Option<u32>>> = vec![Vec::new(); sets.len()];
+        let mut outs: Vec<Vec<Option<u32>>> =
+            sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
         let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
         let mut blocks = vec![Vec::new(); ng];
         for (si, s) in sets.iter().enumerate() {
+            if let [g] = *s.group_ids {
+                blocks[g] = outs[si].iter().map(|o| o.map_or(BlockId::NULL, BlockId)).collect();
+                continue;
+            }
             for (m, &g) in s.group_ids.iter().enumerate() {
                 blocks[g] = outs[si]
                     .iter()
@@ -206,6 +276,20 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> usize {
+        self.blocks_to_allocate(self.reqs.get(rid), g, num_tokens, new_computed, total_computed, apply_cap)
+    }
+
+    /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
+    /// (`None`: it has none), looked up by the caller.
+    fn blocks_to_allocate(
+        &self,
+        req: Option<&Req>,
+        g: usize,
+        num_tokens: usize,
+        new_computed: &[BlockId],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> usize {
         let spec = self.layout.groups()[g];
         let bs = spec.block_size;
         let mut required = cdiv(num_tokens, bs);
@@ -214,8 +298,7 @@ impl VllmManager {
                 required = required.min(cap);
             }
         }
-        let (held, running) =
-            self.reqs.get(rid).map_or((0, false), |r| (r.g(g).blocks.len(), r.g(g).num_cached.is_some()));
+        let (held, running) = req.map_or((0, false), |r| (r.g(g).blocks.len(), r.g(g).num_cached.is_some()));
         if running {
             return required.saturating_sub(held);
         }
@@ -227,7 +310,8 @@ impl VllmManager {
         new + evictable
     }
 
-    /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups.
+    /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups
+    /// (0 when negative; see [`Self::num_blocks_to_allocate_signed`]).
     #[must_use]
     pub fn num_blocks_to_allocate_groups(
         &self,
@@ -237,12 +321,42 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> usize {
+        let n = self.num_blocks_to_allocate_signed(
+            rid,
+            num_tokens,
+            num_tokens,
+            new_computed,
+            total_computed,
+            apply_cap,
+        );
+        usize::try_from(n).unwrap_or(0)
+    }
+
+    /// vLLM's coordinator `get_num_blocks_to_allocate` with its
+    /// `num_tokens_main_model` (`main_tokens`, what align-mode Mamba groups
+    /// count): the sum over groups, negative when a Mamba table holds more
+    /// blocks than needed, as in vLLM.
+    #[must_use]
+    pub fn num_blocks_to_allocate_signed(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        main_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> isize {
+        let req = self.reqs.get(rid);
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
-                self.num_blocks_to_allocate_group(rid, g, num_tokens, nc, total_computed, apply_cap)
+                if self.mamba.is_align(g) {
+                    return self.mamba_blocks_needed(rid, g, main_tokens, nc);
+                }
+                let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, apply_cap);
+                isize::try_from(n).unwrap_or(isize::MAX)
             })
-            .sum()
+            .fold(0isize, isize::saturating_add)
     }
 
     /// Validates per-group hit blocks: one list per group (or none), each
@@ -303,23 +417,24 @@ impl VllmManager {
         }
         let local = s.num_local_computed;
         let total = local + s.num_external_computed;
+        let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         if let Some(full) = s.full_sequence_tokens {
             let gate_total = s.full_sequence_computed.unwrap_or(total);
-            let n = self.num_blocks_to_allocate_groups(rid, full, new_computed, gate_total, true);
-            if n + s.watermark_blocks > self.pool.num_free() {
+            let n = self.num_blocks_to_allocate_signed(rid, full, full, new_computed, gate_total, true);
+            if n.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) {
                 return Ok(None);
             }
         }
         if let Some(p) = s.processed_tokens {
             self.remove_skipped_blocks(rid, p);
         }
+        let main = s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot);
         let need =
-            self.num_blocks_to_allocate_groups(rid, s.num_tokens_need_slot, new_computed, total, false);
-        if need + s.watermark_blocks + s.reserved_blocks > self.pool.num_free() {
+            self.num_blocks_to_allocate_signed(rid, s.num_tokens_need_slot, main, new_computed, total, false);
+        if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
         let ng = self.layout.len();
-        let log_new = self.log_new;
         if s.adopt && !running {
             for g in 0..ng {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
@@ -327,16 +442,20 @@ impl VllmManager {
             }
             if s.num_external_computed > 0 {
                 for g in 0..ng {
-                    let record = log_new && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
+                    let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
             }
         }
         let mut out = Vec::with_capacity(ng);
         for g in 0..ng {
+            if self.mamba.is_align(g) {
+                out.push(self.mamba_allocate(rid, g, main));
+                continue;
+            }
             let bs = self.layout.groups()[g].block_size;
-            let n = cdiv(s.num_tokens_need_slot, bs).saturating_sub(self.group_blocks(rid, g).len());
-            out.push(self.take_new(rid, g, n, log_new));
+            let record = self.records_new(g);
+            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), record));
         }
         Ok(Some(out))
     }
@@ -347,10 +466,10 @@ impl VllmManager {
         let spec = self.layout.groups()[g];
         let skipped = spec.skipped_tokens(total) / spec.block_size;
         let rest = &hits[skipped.min(hits.len())..];
-        let touch: Vec<BlockId> = rest.iter().copied().filter(|&b| b != BlockId::NULL).collect();
-        self.pool.touch(&touch);
-        let ng = self.layout.len();
-        let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
+        for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
+            self.pool.touch(std::slice::from_ref(b));
+        }
+        let req = self.req_mut(rid).g_mut(g);
         req.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
         req.blocks.extend_from_slice(rest);
         req.num_cached = Some(req.blocks.len());
@@ -373,27 +492,24 @@ impl VllmManager {
     /// first, stopping at a null) and replaced by nulls.
     pub fn remove_skipped_blocks(&mut self, rid: &str, processed: usize) {
         let ng = self.layout.len();
-        let mut freed = Vec::new();
         for g in 0..ng {
+            if self.mamba.is_align(g) {
+                self.mamba_remove_skipped(rid, g, processed);
+                continue;
+            }
             let spec = self.layout.groups()[g];
             let skipped = spec.skipped_tokens(processed);
             if skipped == 0 {
                 continue;
             }
-            let req = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g);
-            let n = (skipped / spec.block_size).min(req.blocks.len());
-            freed.clear();
-            for i in (0..n).rev() {
-                if req.blocks[i] == BlockId::NULL {
-                    break;
-                }
-                freed.push(req.blocks[i]);
-                req.blocks[i] = BlockId::NULL;
-            }
-            if !freed.is_empty() {
-                let mut scratch = std::mem::take(&mut self.scratch);
-                self.pool.free(freed.iter().copied(), &mut scratch);
-                self.scratch = scratch;
+            let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+            let blocks = &mut req.g_mut(g).blocks;
+            let n = (skipped / spec.block_size).min(blocks.len());
+            // The real blocks that end at `n`, freed last first.
+            let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
+            if lo < n {
+                self.pool.free(blocks[lo..n].iter().rev().copied(), &mut self.scratch);
+                blocks[lo..n].fill(BlockId::NULL);
             }
         }
     }
@@ -481,10 +597,11 @@ impl VllmManager {
             let spec = self.layout.groups()[g];
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
+            let blocks = &self.reqs.get(rid).expect("checked above").g(g).blocks;
             for i in start..end {
-                let b = self.reqs[rid].g(g).blocks[i];
+                let b = blocks[i];
                 if b == BlockId::NULL
-                    || !spec.caches_block(i, alignment, eagle)
+                    || !self.caches_block_at(g, i, alignment, eagle)
                     || self.pool.block_hash(b).is_some()
                 {
                     continue;
@@ -499,6 +616,9 @@ impl VllmManager {
             }
             let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
             gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
+            if self.mamba.is_align(g) {
+                self.mamba_note_cached(rid, g, start, end);
+            }
             runs.push(CachedRun { group: g, start, end, stored });
         }
         Ok(runs)
@@ -544,6 +664,70 @@ impl VllmManager {
                 ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
             }
         }
-        Ok(())
+        self.check_mamba_invariants()
+    }
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    use super::*;
+    use crate::core::groups::spec::{GroupSpec, LayoutOptions};
+    use crate::core::vllm_manager::SlotRequest;
+
+    /// A set's answers as member block ids.
+    fn ids(l: &PoolLookup<'_>, a: &[Option<u32>]) -> Vec<Option<Vec<BlockId>>> {
+        let n = l.groups.len();
+        a.iter()
+            .map(|o| {
+                o.map(|x| if n == 1 { vec![BlockId(x)] } else { l.side[x as usize..x as usize + n].to_vec() })
+            })
+            .collect()
+    }
+
+    /// The batched run lookup answers as the block-by-block one, on tables with holes,
+    /// for sets of one and of two groups, block sizes of one and two hash blocks.
+    #[test]
+    fn batched_runs_match_block_by_block_lookups() {
+        let swa = |window, block_size| GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size };
+        let groups = vec![GroupSpec::full(4), swa(9, 4), GroupSpec::full(4), swa(6, 8)];
+        let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+        let layout = GroupLayout::new(groups, opt).expect("layout");
+        let mut m = VllmManager::with_layout(400, layout, false, false, None).expect("manager");
+        let hs: Vec<BlockHash> = (0..24u8).map(|i| BlockHash::from_digest(&[i; 16])).collect();
+        let s = SlotRequest { num_tokens_need_slot: 96, adopt: true, ..SlotRequest::default() };
+        m.allocate_slots_groups("a", &[], &s).expect("valid").expect("fits");
+        let plan = m.cache_plan("a", 96, hs.len(), 0);
+        m.cache_apply("a", &plan, 0, &hs).expect("fits");
+        // Holes: every group loses a different block.
+        let holes: Vec<i64> = (0..4).map(|g| i64::from(m.group_blocks("a", g)[3 + 2 * g % 5].0)).collect();
+        m.evict_blocks(&holes).expect("in range");
+        for (si, set) in m.layout().spec_sets().iter().enumerate() {
+            let scale = set.spec.block_size / m.layout().hash_block_size();
+            for lo in 0..14 {
+                for hi in lo..26 {
+                    let scratch = RefCell::new((Vec::new(), Vec::new()));
+                    let mk = || PoolLookup {
+                        m: &m,
+                        hashes: &hs,
+                        scale,
+                        groups: &set.group_ids,
+                        side: Vec::new(),
+                        scratch: &scratch,
+                    };
+                    let (mut a, mut b) = (mk(), mk());
+                    let mut ra = vec![None];
+                    let n = a.get_run(lo, hi, &mut ra);
+                    let mut rb = vec![None];
+                    for i in lo..hi {
+                        match b.get(i) {
+                            Some(x) => rb.push(Some(x)),
+                            None => break,
+                        }
+                    }
+                    assert_eq!(n, rb.len() - 1, "set {si} {lo}..{hi}");
+                    assert_eq!(ids(&a, &ra), ids(&b, &rb), "set {si} {lo}..{hi}");
+                }
+            }
+        }
     }
 }

@@ -147,8 +147,9 @@ fn errors_change_nothing() {
     assert!(!m.has_request("a"));
     let mamba = GroupSpec {
         kind: GroupKind::Mamba { mode: crate::core::groups::spec::MambaMode::Align },
-        block_size: 4,
+        block_size: 8,
     };
+    // A Mamba block larger than the hash block needs partial-block state entries.
     let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
     let l = GroupLayout::new(vec![GroupSpec::full(4), mamba], opt).expect("layout");
     assert!(VllmManager::with_layout(8, l, false, false, None).is_err());

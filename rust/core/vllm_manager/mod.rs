@@ -39,6 +39,10 @@ use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
 pub mod groups;
+mod loose;
+mod mamba;
+pub mod retention;
+mod zeroing;
 
 /// One group's table of one request.
 #[derive(Clone, Debug, Default)]
@@ -114,6 +118,10 @@ pub struct SlotRequest {
     /// Groups: bit `g` set: group `g`'s external-token blocks are not logged
     /// as new (vLLM's `skip_zeroing_group_ids`).
     pub skip_zeroing: u64,
+    /// Groups: vLLM's `num_tokens_main_model` (computed plus new tokens,
+    /// without lookahead), what align-mode Mamba groups allocate for; None:
+    /// `num_tokens_need_slot`.
+    pub num_tokens_main_model: Option<usize>,
 }
 
 /// vLLM's manager state over a block pool.
@@ -125,7 +133,8 @@ pub struct VllmManager {
     layout: GroupLayout,
     /// Per group: the admission cap in blocks (sliding window, chunked local).
     caps: Vec<Option<usize>>,
-    reqs: FxHashMap<String, Req>,
+    /// Per request id (hashbrown's map: a lookup by `&str` that inserts copies the id only then).
+    reqs: hashbrown::HashMap<String, Req, rustc_hash::FxBuildHasher>,
     /// Per block: tokens its cached hash covers (0: no hash).
     hash_tokens: Vec<u32>,
     /// Per block: the group its cached hash belongs to and the hash's length.
@@ -136,30 +145,56 @@ pub struct VllmManager {
     /// Newly allocated block ids since the last drain, per group (kept when `log_new`).
     new_ids: Vec<Vec<BlockId>>,
     log_new: bool,
+    /// Bit `g`: group `g` logs its new blocks when `log_new` ([`zeroing`]).
+    zero_mask: u64,
+    /// Sparse caching of sliding-window groups ([`retention`]).
+    retention: retention::Retention,
     scratch: Vec<BlockId>,
+    /// Align-mode Mamba groups' bookkeeping.
+    mamba: mamba::MambaState,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
     a.div_ceil(b)
 }
 
-/// The 32-byte mask of group `g`'s keys (computed once for the first 64 groups).
+/// The masks of the first 64 groups' keys, computed at compile time.
+static MASKS: [[u8; 32]; 64] = {
+    let mut out = [[0u8; 32]; 64];
+    let mut g = 0;
+    while g < 64 {
+        out[g] = make_mask(g);
+        g += 1;
+    }
+    out
+};
+
+/// The 32-byte mask of group `g`'s keys.
 fn group_mask(g: usize) -> [u8; 32] {
-    static MASKS: std::sync::OnceLock<Vec<[u8; 32]>> = std::sync::OnceLock::new();
-    let masks = MASKS.get_or_init(|| (0..64).map(make_mask).collect());
-    masks.get(g).copied().unwrap_or_else(|| make_mask(g))
+    if g < 64 {
+        MASKS[g]
+    } else {
+        make_mask(g)
+    }
 }
 
 /// Group `g`'s mask: four splitmix64 outputs seeded by `g`.
-fn make_mask(g: usize) -> [u8; 32] {
+const fn make_mask(g: usize) -> [u8; 32] {
     let mut x = g as u64;
     let mut out = [0u8; 32];
-    for chunk in out.chunks_mut(8) {
+    let mut c = 0;
+    while c < 4 {
         x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = x;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        chunk.copy_from_slice(&(z ^ (z >> 31)).to_be_bytes());
+        let w = (z ^ (z >> 31)).to_be_bytes();
+        let mut k = 0;
+        while k < 8 {
+            out[c * 8 + k] = w[k];
+            k += 1;
+        }
+        c += 1;
     }
     out
 }
@@ -170,16 +205,24 @@ pub fn group_key(h: &BlockHash, g: usize) -> BlockHash {
     if g == 0 {
         return *h;
     }
-    let d = h.as_bytes();
+    let p = h.padded_bytes();
+    let mask = group_mask(g);
     let mut bytes = [0u8; 32];
-    bytes[..d.len()].copy_from_slice(d);
-    if d.len() < 32 {
-        #[allow(clippy::cast_possible_truncation)]
-        let len = d.len() as u8;
-        bytes[31] = len;
+    // Eight bytes at a time (a digest shorter than 32 bytes is zero-padded).
+    for i in (0..32).step_by(8) {
+        let word = |b: &[u8]| {
+            let mut w = [0u8; 8];
+            w.copy_from_slice(&b[i..i + 8]);
+            u64::from_ne_bytes(w)
+        };
+        bytes[i..i + 8].copy_from_slice(&(word(p) ^ word(&mask)).to_ne_bytes());
     }
-    for (b, m) in bytes.iter_mut().zip(group_mask(g)) {
-        *b ^= m;
+    let len = h.as_bytes().len();
+    if len < 32 {
+        // The length goes in the last (zero) byte before the mask.
+        #[allow(clippy::cast_possible_truncation)]
+        let l = len as u8;
+        bytes[31] ^= l;
     }
     BlockHash::from_digest(&bytes)
 }
@@ -258,6 +301,7 @@ impl VllmManager {
             .collect();
         let hash_tokens = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
+        let mamba = mamba::MambaState::new(&layout);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -265,13 +309,16 @@ impl VllmManager {
             new_ids: vec![Vec::new(); layout.len()],
             caps,
             layout,
-            reqs: FxHashMap::default(),
+            reqs: hashbrown::HashMap::default(),
             hash_tokens,
             owner,
             removed: Vec::new(),
             log_removed,
             log_new,
+            zero_mask: u64::MAX,
+            retention: retention::Retention::default(),
             scratch: Vec::new(),
+            mamba,
         })
     }
 
@@ -429,7 +476,7 @@ impl VllmManager {
         let log_new = self.log_new;
         if s.adopt && !running {
             self.pool.touch(new_computed);
-            let req = &mut self.reqs.entry(rid.to_owned()).or_default().first;
+            let req = &mut self.reqs.entry_ref(rid).or_default().first;
             req.blocks.extend_from_slice(new_computed);
             req.num_cached = Some(req.blocks.len());
             if s.num_external_computed > 0 {
@@ -438,13 +485,35 @@ impl VllmManager {
                 self.take_new(rid, 0, n, log_new);
             }
         }
-        let n = cdiv(s.num_tokens_need_slot, self.block_size).saturating_sub(self.blocks(rid).len());
-        let new = self.take_new(rid, 0, n, log_new);
+        let new = self.take_upto(rid, 0, cdiv(s.num_tokens_need_slot, self.block_size), log_new);
         Ok(Some(new))
     }
 
     /// Pops `n` blocks for group `g` of `rid` (the caller checked they are free).
     fn take_new(&mut self, rid: &str, g: usize, n: usize, log_new: bool) -> Vec<BlockId> {
+        self.take_blocks(rid, g, |_| n, log_new)
+    }
+
+    /// Pops the blocks group `g` of `rid` lacks to hold `want` (the caller
+    /// checked they are free): one request lookup.
+    fn take_upto(&mut self, rid: &str, g: usize, want: usize, log_new: bool) -> Vec<BlockId> {
+        self.take_blocks(rid, g, |held| want.saturating_sub(held), log_new)
+    }
+
+    /// Pops `count(held)` blocks for group `g` of `rid`, `held` its table's length.
+    fn take_blocks(
+        &mut self,
+        rid: &str,
+        g: usize,
+        count: impl FnOnce(usize) -> usize,
+        log_new: bool,
+    ) -> Vec<BlockId> {
+        let ng = self.layout.len();
+        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        let n = count(req.g(g).blocks.len());
+        if n == 0 {
+            return Vec::new();
+        }
         let n = n.min(self.pool.num_free());
         if self.log_removed {
             for b in self.pool.free_queue().take(n) {
@@ -461,14 +530,15 @@ impl VllmManager {
         if log_new {
             self.new_ids[g].extend_from_slice(&out);
         }
-        let ng = self.layout.len();
-        self.reqs
-            .entry(rid.to_owned())
-            .or_insert_with(|| Req::with_groups(ng))
-            .g_mut(g)
-            .blocks
-            .extend_from_slice(&out);
+        req.g_mut(g).blocks.extend_from_slice(&out);
         out
+    }
+
+    /// The request's tables, created empty if it has none (vLLM's
+    /// `req_to_blocks` is a defaultdict); the id is copied only then.
+    fn req_mut(&mut self, rid: &str) -> &mut Req {
+        let ng = self.layout.len();
+        self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng))
     }
 
     /// The blocks `cache_blocks` would cache now: `(num_cached, num_full)` for
@@ -523,6 +593,7 @@ impl VllmManager {
     /// `pop_blocks_for_free`): each group's table without its leading null
     /// blocks, in group order.
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
         if r.rest.is_empty() {
             let mut b = r.first.blocks;
@@ -540,6 +611,7 @@ impl VllmManager {
     /// Frees the request's blocks, each group's table in reverse order, group
     /// 0 first (vLLM's coordinator `free`).
     pub fn free(&mut self, rid: &str) {
+        self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return };
         let mut scratch = std::mem::take(&mut self.scratch);
         for g in r.into_groups() {
@@ -662,6 +734,28 @@ mod tests {
 
     fn slots(n: usize) -> SlotRequest {
         SlotRequest { num_tokens_need_slot: n, adopt: true, ..SlotRequest::default() }
+    }
+
+    /// Group keys are the hash XOR splitmix64 masks (pinned: events unkey with them).
+    #[test]
+    fn group_keys_xor_their_masks_and_unkey() {
+        let hex = |m: [u8; 32]| m.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        assert_eq!(hex(group_mask(1)), "910a2dec89025cc1beeb8da1658eec67f893a2eefb32555e71c18690ee42c90b");
+        assert_eq!(hex(group_mask(70)), "6707e8333343cb0f32dcac7c9e946f08fd39dcb0d39afbbbb7e31f8cdf00907b");
+        for len in [8, 16, 32] {
+            let d: Vec<u8> = (1..=len).collect();
+            let h = BlockHash::from_digest(&d);
+            let k = group_key(&h, 3);
+            let mut want = [0u8; 32];
+            want[..d.len()].copy_from_slice(&d);
+            if d.len() < 32 {
+                want[31] = len;
+            }
+            want.iter_mut().zip(group_mask(3)).for_each(|(w, m)| *w ^= m);
+            assert_eq!(k.as_bytes(), &want);
+            assert_eq!(group_unkey(&k, 3, d.len()), h);
+            assert_eq!(group_key(&h, 0), h);
+        }
     }
 
     #[test]

@@ -7,9 +7,11 @@ Run with vLLM 0.33.0 installed (not part of the test suite; its output is commit
     python tests/integrations/vllm/gen_hybrid_golden.py tests/data/vllm_hybrid_golden.json
 
 Each scenario builds a real ``KVCacheManager`` over a ``KVCacheConfig`` whose groups are
-full attention, sliding window and chunked local attention specs, and drives it through
-seeded scheduler-like operations (admission with a prefix-cache lookup and chunked prefill,
-prefill chunks, decode steps with lookahead slots, frees) on prompts that share prefixes.
+full attention, sliding window, chunked local attention and Mamba (``mamba_cache_mode`` align)
+specs, and drives it through seeded scheduler-like operations (admission with a prefix-cache
+lookup and chunked prefill, prefill chunks, decode steps with lookahead slots, frees) on
+prompts that share prefixes; before an operation a new scheduler step may start
+(``new_step_starts``, recorded as ``"new_step"``, drawn from a second seeded stream).
 Requests hash their tokens with vLLM's ``get_request_block_hasher`` (sha256) at the hash
 block size. After every operation the file holds what vLLM returned (hit length and hit
 block ids per group, new block ids per group or None), every live request's block table
@@ -35,6 +37,7 @@ from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from vllm.v1.request import Request, RequestStatus
@@ -70,16 +73,78 @@ SCENARIOS: list[tuple[str, list[tuple[str, int, int]], int, bool, int]] = [
         False,
         256,
     ),
+    ("full16_mamba16", [("full_attention", 16, 0), ("mamba", 16, 0)], 48, False, 512),
+    ("swa32_mamba16", [("sliding_window", 16, 32), ("mamba", 16, 0)], 48, False, 512),
+    (
+        "full8_swa20x16_mamba8",
+        [("full_attention", 8, 0), ("sliding_window", 16, 20), ("mamba", 8, 0)],
+        64,
+        False,
+        512,
+    ),
+    (
+        "full4_mamba4_full4_mamba4",
+        [("full_attention", 4, 0), ("mamba", 4, 0), ("full_attention", 4, 0), ("mamba", 4, 0)],
+        80,
+        False,
+        256,
+    ),
+]
+#: Scenarios with a retention interval or KV cache zeroing: (name, groups, num_blocks,
+#: use_eagle, max_model_len, prefix_cache_retention_interval, zeroing). Zeroing comes from
+#: a mixed-precision cache (the groups after the first in float32), as vLLM decides it.
+EXTRA_SCENARIOS: list[tuple[str, list[tuple[str, int, int]], int, bool, int, int | None, bool]] = [
+    ("swa_only8_ret32", [("sliding_window", 8, 8)], 48, False, 512, 32, False),
+    (
+        "full8_swa8_ret0",
+        [("full_attention", 8, 0), ("sliding_window", 8, 8)],
+        64,
+        False,
+        512,
+        0,
+        False,
+    ),
+    (
+        "full4_swa8x6_ret32_eagle",
+        [("full_attention", 4, 0), ("sliding_window", 8, 6)],
+        80,
+        True,
+        512,
+        32,
+        False,
+    ),
+    (
+        "full16_swa32_zero",
+        [("full_attention", 16, 0), ("sliding_window", 16, 32)],
+        48,
+        False,
+        512,
+        None,
+        True,
+    ),
+    (
+        "full8_swa8_swa16x20_ret48_zero",
+        [("full_attention", 8, 0), ("sliding_window", 8, 8), ("sliding_window", 16, 20)],
+        72,
+        False,
+        512,
+        48,
+        True,
+    ),
 ]
 OPS_PER_SCENARIO = 120
 
 
-def _spec(kind: str, bs: int, size: int) -> Any:
+def _spec(kind: str, bs: int, size: int, dtype: torch.dtype = torch.float16) -> Any:
+    if kind == "mamba":
+        return MambaSpec(
+            block_size=bs, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        )
     common: dict[str, Any] = {
         "block_size": bs,
         "num_kv_heads": 1,
         "head_size": 8,
-        "dtype": torch.float16,
+        "dtype": dtype,
     }
     if kind == "full_attention":
         return FullAttentionSpec(**common)
@@ -119,17 +184,32 @@ def _events(mgr: KVCacheManager) -> list[list[Any]]:
 
 
 def _scenario(
-    name: str, groups: list[tuple[str, int, int]], num_blocks: int, eagle: bool, mml: int, seed: int
+    name: str,
+    groups: list[tuple[str, int, int]],
+    num_blocks: int,
+    eagle: bool,
+    mml: int,
+    seed: int,
+    retention: int | None = None,
+    zeroing: bool = False,
 ) -> dict[str, Any]:
     rng = random.Random(seed)
+    step_rng = random.Random(seed + 1000)
     sizes = [g[1] for g in groups]
     sched = math.lcm(*sizes)
     hbs = math.gcd(*sizes) if len(groups) > 1 else sizes[0]
+    dtypes = [torch.float32 if zeroing and i > 0 else torch.float16 for i in range(len(groups))]
     config = KVCacheConfig(
         num_blocks=num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], _spec(*g)) for i, g in enumerate(groups)],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer{i}"], _spec(*g, dtype=dtypes[i]))
+            for i, g in enumerate(groups)
+        ],
+        prefix_cache_retention_interval=retention,
     )
+    assert config.needs_kv_cache_zeroing or not zeroing
+    zeroing = config.needs_kv_cache_zeroing  # Mamba groups make vLLM zero attention blocks
     mgr = KVCacheManager(
         config,
         max_model_len=mml,
@@ -144,11 +224,12 @@ def _scenario(
     hasher = get_request_block_hasher(hbs, hash_fn)
     families = [[rng.randrange(1000) for _ in range(rng.randrange(40, 160))] for _ in range(4)]
     running: dict[str, Request] = {}
+    requests: dict[str, Request] = {}
     all_hashes: dict[str, list[str]] = {}
     ops: list[dict[str, Any]] = []
     next_id = 0
 
-    def snapshot(op: dict[str, Any]) -> None:
+    def record(op: dict[str, Any]) -> None:
         op["tables"] = {
             rid: [[b.block_id for b in blocks] for blocks in mgr.coordinator.get_blocks(rid)]
             for rid in running
@@ -161,9 +242,24 @@ def _scenario(
             b.block_id for b in mgr.block_pool.free_block_queue.get_all_free_blocks()
         ]
         op["events"] = _events(mgr)
+        if zeroing:
+            op["new_block_ids"] = mgr.take_new_block_ids()
+        rid = op.get("rid")
+        if retention is not None and rid in requests:
+            op["num_prompt_tokens"] = requests[rid].num_prompt_tokens
+            op["shared_prefix_boundary"] = requests[rid].shared_prefix_boundary
         ops.append(op)
 
     for _ in range(OPS_PER_SCENARIO):
+        new_step = step_rng.random() < 0.5
+        if new_step:
+            mgr.new_step_starts()
+
+        def snapshot(op: dict[str, Any], new_step: bool = new_step) -> None:
+            if new_step:
+                op["new_step"] = True
+            record(op)
+
         r = rng.random()
         if (r < 0.3 or not running) and len(running) < 6:
             fam = rng.choice(families)
@@ -172,7 +268,9 @@ def _scenario(
             rid = f"r{next_id}"
             next_id += 1
             req = Request(rid, tokens, SamplingParams(max_tokens=64), None, block_hasher=hasher)
-            blocks, hit, _ = mgr.get_computed_blocks(req)
+            blocks, hit, boundary = mgr.get_computed_blocks(req)
+            req.shared_prefix_boundary = boundary  # as the scheduler sets it
+            requests[rid] = req
             hit_ids = [[b.block_id for b in g] for g in blocks.blocks]
             chunk = min(len(tokens) - hit, rng.randrange(8, 96))
             op: dict[str, Any] = {
@@ -240,6 +338,8 @@ def _scenario(
         "hash_block_size": hbs,
         "hashes": all_hashes,
         "ops": ops,
+        "retention_interval": retention,
+        "zeroing": zeroing,
     }
 
 
@@ -248,7 +348,11 @@ def main() -> None:
         "vllm_version": "0.33.0",
         "generator": "tests/integrations/vllm/gen_hybrid_golden.py",
         "seed": 0,
-        "scenarios": [_scenario(*s, seed=i) for i, s in enumerate(SCENARIOS)],
+        "scenarios": [_scenario(*s, seed=i) for i, s in enumerate(SCENARIOS)]
+        + [
+            _scenario(*s[:5], seed=len(SCENARIOS) + i, retention=s[5], zeroing=s[6])
+            for i, s in enumerate(EXTRA_SCENARIOS)
+        ],
     }
     with open(sys.argv[1], "w") as f:
         json.dump(out, f, separators=(",", ":"))

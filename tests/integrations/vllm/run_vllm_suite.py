@@ -54,14 +54,20 @@ FILES = [
 #: cache groups are the next step; HiSparse is out of scope). Every listed test passed on
 #: vLLM's manager and failed with that error on kvindex's when this list was written.
 _HYBRID = "hybrid KV cache groups, not yet supported: "
-_MAMBA = _HYBRID + "Mamba / linear-attention state (MambaSpec), alone or beside full attention"
-_MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix"
+_MAMBA = _HYBRID + (
+    "Mamba state beyond align / none mode with one state block per position: partial-block "
+    "state hits and their copy-on-write, prefill checkpoint or speculative state blocks, sparse "
+    "state retention, hash lookahead, per-group connector hits"
+)
+_MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix with partial-block state hits"
 _CROSS = _HYBRID + "a cross-attention (encoder-decoder) group beside full attention"
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _SWA_MLA = _HYBRID + "sliding-window MLA (SlidingWindowMLASpec)"
-_RETENTION = _HYBRID + "prefix_cache_retention_interval (sparse caching of window groups)"
-_ZEROING = _HYBRID + "KV cache zeroing of window groups' blocks (needs_kv_cache_zeroing)"
-_LOOSE = _HYBRID + "block_pool.get_new_blocks (blocks held by no request) with several groups"
+_PARTIAL_ENTRY = _HYBRID + (
+    "a full-attention block larger than the hash block beside another group (vLLM registers "
+    "partial-block prefix entries: several hashes on one block)"
+)
+_EAGLE_GROUPS = _HYBRID + "EAGLE flagged on some KV cache groups only (is_eagle_group)"
 _POOL_EDIT = (
     "edits vLLM's block-pool hash map in place (cached_block_hash_to_block._cache) to fake an "
     "eviction; kvindex's pool is owned by Rust and refuses the edit"
@@ -74,11 +80,9 @@ _HISPARSE = "HiSparse resident / hot page groups (out of scope)"
 OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
     "prefix_cache/test_partial_prefix_cache_hits.py": {
         _MAMBA: [
-            "test_boundary_state_offer_includes_more_mamba_groups_than_two",
             "test_boundary_state_offload_dropped_when_request_freed_before_drain",
             "test_boundary_state_offloads_block_aligned_prompt",
             "test_boundary_state_offloads_returns_cow_target",
-            "test_boundary_states_offered_past_prompt_for_resumed_prefill",
             "test_checkpoint_reservation_matches_worker",
             "test_cow_retained_blocks_returned_for_release",
             "test_dcp_fine_hit_retention_uses_hash_alignment",
@@ -135,62 +139,40 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
         ],
     },
     "test_prefix_caching.py": {
-        _LOOSE: [
-            "test_block_stored_event_group_idx_multiple_groups",
-        ],
         _FAKE_HIT: [
             "test_cache_hit_local_and_external",
             "test_cache_hit_local_and_external_three_groups",
             "test_cache_hit_local_and_external_three_groups_preempt_and_reallocate",
             "test_cache_hit_local_and_external_two_groups_preempt_and_reallocate",
         ],
-        _ZEROING: [
+        _PARTIAL_ENTRY: [
             "test_different_block_size",
             "test_eagle_grouped_swa_siblings_use_same_cache_mask",
             "test_eagle_swa_alignment_caches_extra_block",
             "test_eagle_swa_boundary_caches_post_boundary_block",
             "test_hybrid_cache_blocks_clamped_to_lcm",
             "test_hybrid_cache_blocks_swa_tail_window_only",
+            "test_hybrid_local_kv_retention_interval_aligns_in_manager",
+            "test_hybrid_local_kv_retention_interval_survives_recycling",
+            "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary",
+            "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary",
             "test_swa_free_split_keeps_cached_tail_ahead_of_scratch",
+        ],
+        _EAGLE_GROUPS: [
+            "test_swa_shared_prefix_reuse_under_zero_retention[True]",
         ],
         _POOL_EDIT: [
             "test_eagle_with_sliding_window",
             "test_prefill_hybrid_model",
             "test_prefill_hybrid_model_eagle",
         ],
-        _RETENTION: [
-            "test_hybrid_local_kv_retention_interval_aligns_in_manager",
-            "test_hybrid_local_kv_retention_interval_rejects_invalid",
-            "test_hybrid_local_kv_retention_interval_survives_recycling",
-            "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary",
-            "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary",
-            "test_pure_swa_retention_interval_caches_sparse_tails",
-            "test_pure_swa_retention_latest_only",
-            "test_swa_shared_prefix_reuse_under_zero_retention",
-        ],
-        _MAMBA_SWA: [
-            "test_block_stored_event_group_idx",
-            "test_prefill_hybrid_model_combinations[2g-sw+mamba]",
-            "test_prefill_hybrid_model_combinations[3g-full+sw+mamba]",
-            "test_prefill_hybrid_model_combinations[4g-2full+sw+mamba]",
-            "test_prefill_hybrid_model_combinations[4g-sw+mamba+sw_large+mamba]",
-        ],
         _MAMBA: [
             "test_eagle_hybrid_mamba_hits_partial_prompt_boundary",
-            "test_hybrid_cache_mamba_align_shared_prefix_detection",
             "test_hybrid_mamba_retention_lookahead_keeps_last_prompt_boundary",
             "test_hybrid_mamba_retention_mtp_resend_of_aligned_prompt",
-            "test_hybrid_model_mamba_align_with_dynamic_draft_tokens",
             "test_lookahead_checkpoint_has_available_hash",
-            "test_mamba_align_siblings_hit_committed_boundary_in_one_step",
-            "test_mamba_boundary_handoffs_do_not_pin_obsolete_blocks",
             "test_mamba_partial_hit_requires_matching_lookahead_tokens",
             "test_mamba_shared_prefix_reuse_under_zero_retention",
-            "test_prefill_hybrid_model_combinations[2g-full+mamba]",
-            "test_prefill_hybrid_model_combinations[3g-2full+mamba]",
-            "test_prefill_hybrid_model_combinations[3g-full+2mamba]",
-            "test_prefill_hybrid_model_combinations[4g-interleaved-full+mamba]",
-            "test_prefill_hybrid_model_mamba_align",
             "test_prefix_cache_hit_uses_per_group_dcp_geometry",
         ],
         _HISPARSE: [

@@ -46,6 +46,17 @@ class ManagerSide(Protocol):
 
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]: ...
 
+    def _cache_loose(
+        self,
+        request: Any,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None: ...
+
     def _reset_pool(self) -> bool: ...
 
     def _take_raw_events(self) -> list[Any]: ...
@@ -404,6 +415,29 @@ class BlockPoolView:
         caller frees them through :meth:`free_blocks`)."""
         return self._manager._take_loose_blocks(num_blocks)
 
+    def cache_full_blocks(
+        self,
+        request: Any,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        """Caches ``blocks[num_cached_blocks:num_full_blocks]`` for one group under the
+        request's hashes (null and masked-out blocks skipped), with its ``BlockStored``
+        event: what a group's caching step does, on a caller's block list."""
+        self._manager._cache_loose(
+            request,
+            blocks,
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
+        )
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Takes one reference on each block (KV connectors pin what they read)."""
         self._core.touch([b.block_id for b in blocks])
@@ -452,10 +486,10 @@ class GroupManagerView:
 
     @property
     def records_new_block_ids(self) -> bool:
-        return False
+        return self._core.records_new_ids(self.kv_cache_group_id)
 
     def take_new_block_ids(self) -> list[int]:
-        return []
+        return list(self._core.take_new_ids_group(self.kv_cache_group_id))
 
 
 class _ReqTables(Mapping[str, list[KVCacheBlock]]):

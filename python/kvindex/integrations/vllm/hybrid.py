@@ -12,9 +12,11 @@ and builds vLLM's event objects.
 :class:`~kvindex.integrations.vllm.manager.KVCacheManager` hands a config with several
 groups (or one that is not full attention / MLA) to this class; it is not constructed
 directly. Supported group kinds: full attention, MLA, sliding window, chunked local
-attention (as the Rust layout accepts them); anything else (Mamba state until the core
-allocates align-mode state blocks, partial hash hits, retention intervals, cross-attention,
-HiSparse roles, context parallelism, KV cache zeroing, the KV cache metrics collector) raises
+attention, Mamba state in ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout
+accepts them, with KV cache zeroing, retention intervals (not beside Mamba) and blocks held by
+no request as :mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else
+(partial hash hits and partial-block prefix entries, per-group EAGLE flags, cross-attention,
+HiSparse roles, context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -30,6 +32,7 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
 )
 from vllm.v1.core import kv_cache_manager as _vllm_manager_module
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
@@ -44,6 +47,7 @@ from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
+    MambaSpec,
     MLAAttentionSpec,
     SlidingWindowSpec,
     get_kv_cache_spec_kind,
@@ -57,6 +61,20 @@ from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
+from .hybrid_extra import (
+    cache_loose,
+    check_eagle_groups,
+    check_retention_interval,
+    take_loose_ids,
+    zeroing_groups,
+)
+from .mamba import (
+    BoundaryStateOffloads,
+    align_groups,
+    check_mamba_retention,
+    has_mamba,
+    mamba_group_args,
+)
 from .manager_calls import ManagerCalls
 
 __all__ = ["HybridKVCacheManager", "group_args"]
@@ -87,9 +105,12 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
         kind = _KINDS.get(type(spec))
+        if type(spec) is MambaSpec:
+            out.append(mamba_group_args(spec))
+            continue
         if kind is None:
             raise _unsupported(
-                "full attention, MLA, sliding window and chunked local KV cache groups, not "
+                "full attention, MLA, sliding window, chunked local and Mamba KV cache groups, not "
                 f"{type(spec).__name__} (groups: "
                 + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
                 + ")"
@@ -147,13 +168,28 @@ class _HybridCoordinatorView:
     ) -> int:
         hits = [[b.block_id for b in g] for g in new_computed_blocks] or None
         return self._core.num_blocks_to_allocate_groups(
-            request_id, num_tokens, hits, total_computed_tokens, apply_admission_cap
+            request_id,
+            num_tokens,
+            hits,
+            total_computed_tokens,
+            apply_admission_cap,
+            num_tokens_main_model,
         )
 
     def find_longest_cache_hit(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
         return self._manager._find_hit(block_hashes, max_cache_hit_length)
+
+    def find_longest_cache_hit_per_group(
+        self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+    ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """vLLM's per-group hits (each group on its own, for KV connectors): not computed
+        by kvindex, :class:`UnsupportedVllmConfigError`."""
+        raise _unsupported(
+            "the hybrid fixed-point hit only, not find_longest_cache_hit_per_group "
+            "(per-group hits of a KV connector)"
+        )
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return self._manager._tables(request_id)
@@ -164,7 +200,17 @@ class _HybridCoordinatorView:
         self._manager.remove_skipped_blocks(request_id, processed_tokens, num_prompt_tokens)
 
     def new_step_starts(self) -> None:
-        return None
+        self._core.new_step_starts()
+
+
+class UnitaryKVCacheCoordinator(_HybridCoordinatorView):
+    """The coordinator view of one group that is not full attention (vLLM's class name)."""
+
+
+# vLLM's scheduler and connectors tell a hybrid coordinator by its class before asking it
+# for hybrid-only lookups; the view answers those it implements and refuses the others by
+# name, so it is registered as one (no vLLM method is inherited).
+HybridKVCacheCoordinator.register(_HybridCoordinatorView)
 
 
 class HybridKVCacheManager(ManagerCalls):
@@ -196,13 +242,9 @@ class HybridKVCacheManager(ManagerCalls):
                 f"(dcp_world_size={dcp_world_size}, pcp_world_size={pcp_world_size})"
             )
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-        if retention is not None:
-            raise _unsupported(
-                f"no prefix_cache_retention_interval (got {retention}): every window "
-                "group's blocks are cached densely"
-            )
-        if getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
-            raise _unsupported("no KV cache zeroing (needs_kv_cache_zeroing)")
+        check_retention_interval(kv_cache_config, scheduler_block_size)
+        check_mamba_retention(kv_cache_config)
+        check_eagle_groups(kv_cache_config, use_eagle)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
         if metrics_collector is not None:
@@ -229,8 +271,14 @@ class HybridKVCacheManager(ManagerCalls):
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        self._core.set_retention_interval(retention)
+        self._retention = retention is not None
+        zeroing = zeroing_groups(kv_cache_config)
+        if zeroing:
+            self._core.set_zeroing_groups(zeroing)
         specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
         self._specs = specs
+        self._mamba = has_mamba(kv_cache_config)
         self.max_model_len = max_model_len
         self.enable_caching = enable_caching
         self.enable_kv_cache_events = enable_kv_cache_events
@@ -244,6 +292,9 @@ class HybridKVCacheManager(ManagerCalls):
         self.num_hash_lookahead_tokens = num_hash_lookahead_tokens
         self._num_reprefillable = max(0, num_prefill_lookahead - 1)
         self._group_sizes: list[int] = list(self._core.group_block_sizes)
+        self._offloads = BoundaryStateOffloads(
+            align_groups(kv_cache_config, enable_caching), self._group_sizes
+        )
         self._hash_block_size = self._core.hash_block_size
         self._events: list[KVCacheEvent] = []
         self._loose = 0
@@ -251,7 +302,8 @@ class HybridKVCacheManager(ManagerCalls):
             self, self._core, self._hash_block_size, groups=True
         )
         self._blocks = self.block_pool.blocks
-        self.coordinator = _HybridCoordinatorView(self, self._core, specs)
+        view = _HybridCoordinatorView if len(specs) > 1 else UnitaryKVCacheCoordinator
+        self.coordinator = view(self, self._core, specs)
         self.mamba_shared_prefix_checkpoint = False
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
@@ -298,7 +350,14 @@ class HybridKVCacheManager(ManagerCalls):
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` plus ``hit_diverged`` (False: no Mamba group)."""
+        """``get_computed_blocks`` plus ``hit_diverged`` (False). With a Mamba group beside
+        full attention vLLM reports per-group hits here, which kvindex does not compute:
+        :class:`UnsupportedVllmConfigError`."""
+        if self._mamba and self.coordinator.full_attention_group_id is not None:
+            raise _unsupported(
+                "get_computed_blocks_for_connector (per-group hits of a KV connector) "
+                "without Mamba groups beside full attention"
+            )
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def estimate_cached_tokens(self, request: Request) -> int:
@@ -353,6 +412,8 @@ class HybridKVCacheManager(ManagerCalls):
         processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
+        if self._retention:
+            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         new = self._core.allocate_slots_groups(
             request.request_id,
             hits,
@@ -369,6 +430,7 @@ class HybridKVCacheManager(ManagerCalls):
             request.block_hashes if caching else None,
             cache_tokens,
             self._num_reprefillable,
+            main,
         )
         if self.enable_kv_cache_events:
             self._drain_removed()
@@ -376,18 +438,32 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.take_removed_groups()
         if new is None:
             return None
-        if self.enable_kv_cache_events:
-            for g, start, end, stored in self._core.last_cached_runs:
-                self._emit_stored(request, g, start, end, stored.tolist())
+        if self.enable_kv_cache_events or self._offloads.groups:
+            runs = self._core.last_cached_runs
+            if self._offloads.groups and runs:
+                self._offload_runs(request.request_id, runs)
+            if self.enable_kv_cache_events:
+                for g, start, end, stored in runs:
+                    self._emit_stored(request, g, start, end, stored.tolist())
         return self.create_kv_cache_blocks(self._wrap(new))
+
+    def _offload_runs(self, request_id: str, runs: Sequence[Any]) -> None:
+        tables = [t.tolist() for t in self._core.group_blocks(request_id)]
+        self._offloads.add_runs(
+            request_id, ((g, s, e, st.tolist()) for g, s, e, st in runs), tables
+        )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
         if not self.enable_caching:
             return
+        if self._retention:
+            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
         )
+        if self._offloads.groups and runs:
+            self._offload_runs(request.request_id, runs)
         if self.enable_kv_cache_events:
             self._drain_removed()
             for g, start, end, stored in runs:
@@ -396,11 +472,15 @@ class HybridKVCacheManager(ManagerCalls):
     def free(self, request: Request) -> None:
         """Free the request's blocks, each group in reverse order (tail blocks are evicted
         first), group 0 first."""
+        if self._offloads.groups:
+            self._offloads.drop(request.request_id)
         self._core.free(request.request_id)
 
     def pop_blocks_for_free(self, request: Request) -> list[KVCacheBlock]:
         """Pop the request's tables and return their blocks, not yet freed."""
         blocks = self._blocks
+        if self._offloads.groups:
+            self._offloads.drop(request.request_id)
         return [blocks[i] for i in self._core.pop_blocks(request.request_id)]
 
     def remove_skipped_blocks(
@@ -426,9 +506,50 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.take_removed_groups()
 
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
-        raise _unsupported(
-            "block_pool.get_new_blocks (blocks held by no request) with one KV cache group only"
+        ids = take_loose_ids(self._core, num_blocks)
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+        else:
+            self._core.take_removed_groups()
+        blocks = self._blocks
+        return [blocks[i] for i in ids]
+
+    def _cache_loose(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        if num_cached_blocks >= num_full_blocks:
+            return
+        stored = cache_loose(
+            self._core,
+            request.block_hashes,
+            [b.block_id for b in blocks],
+            num_cached_blocks,
+            num_full_blocks,
+            block_size,
+            kv_cache_group_id,
+            block_mask,
         )
+        if self.enable_kv_cache_events:
+            self._emit_stored(
+                request, kv_cache_group_id, num_cached_blocks, num_full_blocks, stored
+            )
+
+    def take_new_block_ids(self) -> list[int]:
+        """Drain the block ids every zeroing group allocated since the last call, group by
+        group (empty unless the config needs KV cache zeroing)."""
+        return list(self._core.take_new_ids())
+
+    def record_blocks_for_zeroing(self, request_id: str, start_token: int) -> None:
+        """Re-log the request's blocks from ``start_token`` (a multiple of every zeroing
+        group's block size) for zeroing."""
+        self._core.record_for_zeroing_groups(request_id, start_token)
 
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 per group."""
@@ -535,12 +656,16 @@ class HybridKVCacheManager(ManagerCalls):
     ) -> KVCacheBlocks:
         """A lookup result cut at a token count aligned to every group's block size."""
         out: list[list[KVCacheBlock]] = []
-        for group, bs in zip(blocks.blocks, self._group_sizes, strict=True):
-            if num_computed_tokens % bs != 0 or num_computed_tokens // bs > len(group):
+        for group, bs, spec in zip(blocks.blocks, self._group_sizes, self._specs, strict=True):
+            n = num_computed_tokens // bs
+            if isinstance(spec, MambaSpec):
+                # An external hit can supply the final Mamba state past the local one.
+                n = min(n, len(group))
+            if num_computed_tokens % bs != 0 or n > len(group):
                 raise InvalidArgumentError(
                     f"cannot truncate {len(group)} blocks of {bs} tokens at {num_computed_tokens}"
                 )
-            out.append(list(group[: num_computed_tokens // bs]))
+            out.append(list(group[:n]))
         return self.create_kv_cache_blocks(tuple(out))
 
     # ------------------------------------------------------- worker hand-offs
@@ -559,13 +684,15 @@ class HybridKVCacheManager(ManagerCalls):
         return copies, [b for pair in pending for b in pair]
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Mamba boundary states: none (no Mamba group)."""
-        return {}
+        """Drains the state blocks align-mode Mamba groups cached since the last call:
+        ``{request_id: [(group_id, block_id, boundary_tokens), ...]}``."""
+        return self._offloads.take()
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """Mamba partial tails: none (no Mamba group)."""
+        """Mamba partial tails: none (partial-block Mamba states are refused at
+        construction)."""
         return []
 
     def new_step_starts(self) -> None:
-        """A new scheduler step starts (nothing to do without Mamba groups)."""
-        return None
+        """A new scheduler step starts: Mamba states cached in the last one become hits."""
+        self._core.new_step_starts()

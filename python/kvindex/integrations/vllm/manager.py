@@ -662,6 +662,21 @@ class KVCacheManager(ManagerCalls):
         blocks = self._blocks
         return [blocks[i] for i in self._core.pop_blocks(rid)]
 
+    def _cache_loose(
+        self,
+        request: Request,
+        blocks: Sequence[KVCacheBlock],
+        num_cached_blocks: int,
+        num_full_blocks: int,
+        block_size: int,
+        kv_cache_group_id: int,
+        block_mask: Sequence[bool] | None = None,
+    ) -> None:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports block_pool.cache_full_blocks with several KV "
+            "cache groups only"
+        )
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 for the one group."""
         return [0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import warnings
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -251,7 +252,11 @@ def test_events_have_vllm_content() -> None:
 @pytest.mark.parametrize(
     ("cfg", "kw", "what"),
     [
-        (config(10, 4, full_attention(4), mamba(4)), {}, "not MambaSpec"),
+        (
+            config(10, 4, full_attention(4), replace(mamba(4), num_speculative_blocks=1)),
+            {},
+            "without speculative state blocks",
+        ),
         (
             config(10, 4, full_attention(8), swa(4)),
             {"scheduler_block_size": 8},

@@ -1,0 +1,129 @@
+"""KV cache zeroing, retention intervals and blocks held by no request for
+:class:`~kvindex.integrations.vllm.hybrid.HybridKVCacheManager`: the vLLM-facing half of
+the Rust manager's zeroing logs, sparse sliding-window caching and loose blocks.
+
+- Zeroing (``needs_kv_cache_zeroing``): every attention group logs the ids of the blocks
+  it allocates, drained group by group (vLLM's ``take_new_block_ids``) or re-logged from a
+  token position (``record_blocks_for_zeroing``).
+- Retention (``prefix_cache_retention_interval``): vLLM's validation at construction, then
+  each caching step tells the Rust manager the request's prompt length and shared-prefix
+  junction, which decide the sliding-window tails it keeps.
+- ``block_pool.get_new_blocks`` / ``cache_full_blocks``: blocks taken off the free queue
+  for no request, and a caller's block list cached for one group with its ``BlockStored``
+  event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
+    CircularBufferSpec,
+    KVCacheConfig,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+from kvindex._core import _VllmManager
+from kvindex.exceptions import InvalidArgumentError
+
+from .errors import UnsupportedVllmConfigError
+
+__all__ = [
+    "cache_loose",
+    "check_eagle_groups",
+    "check_retention_interval",
+    "take_loose_ids",
+    "zeroing_groups",
+]
+
+
+def check_retention_interval(kv_cache_config: KVCacheConfig, scheduler_block_size: int) -> None:
+    """vLLM's construction-time check of ``prefix_cache_retention_interval`` (None: dense;
+    0: latest only; a positive multiple of the scheduler block size): raises
+    :class:`~kvindex.exceptions.InvalidArgumentError` (a ``ValueError``) with vLLM's
+    message otherwise."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is None:
+        return
+    windowed = any(
+        isinstance(g.kv_cache_spec, (SlidingWindowSpec, MambaSpec))
+        for g in kv_cache_config.kv_cache_groups
+    )
+    if not windowed:
+        if interval == 0:
+            return
+        raise InvalidArgumentError(
+            "prefix_cache_retention_interval is set but this model has no sliding-window or "
+            "Mamba KV cache group, so retention has no effect. Set it to 0 (it only applies "
+            "to sliding-window and Mamba attention)."
+        )
+    if interval < 0 or interval % scheduler_block_size != 0:
+        raise InvalidArgumentError(
+            f"prefix_cache_retention_interval ({interval}) must be non-negative and a "
+            f"multiple of scheduler_block_size ({scheduler_block_size})."
+        )
+
+
+def check_eagle_groups(kv_cache_config: KVCacheConfig, use_eagle: bool) -> None:
+    """Refuses EAGLE flags on some groups only (``is_eagle_group``): kvindex's layout drops
+    the EAGLE block in every group or in none, which is vLLM's rule when no group is
+    flagged or all are."""
+    flags = [bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups]
+    if use_eagle and any(flags) and not all(flags):
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports EAGLE on every KV cache group or on none, not "
+            f"per-group EAGLE flags (is_eagle_group: {flags})"
+        )
+
+
+def zeroing_groups(kv_cache_config: KVCacheConfig) -> list[int]:
+    """The groups whose new blocks the worker zeroes: attention groups, when the config
+    needs KV cache zeroing (none otherwise)."""
+    if not getattr(kv_cache_config, "needs_kv_cache_zeroing", False):
+        return []
+    return [
+        g
+        for g, group in enumerate(kv_cache_config.kv_cache_groups)
+        if isinstance(group.kv_cache_spec, AttentionSpec)
+        and not isinstance(group.kv_cache_spec, CircularBufferSpec)
+    ]
+
+
+def take_loose_ids(core: _VllmManager, num_blocks: int) -> list[int]:
+    """``num_blocks`` free block ids held by no request (vLLM's ``get_new_blocks``)."""
+    if num_blocks > core.num_free_blocks:
+        raise InvalidArgumentError(f"Cannot get {num_blocks} free blocks from the pool")
+    return core.take_loose(num_blocks)
+
+
+def cache_loose(
+    core: _VllmManager,
+    block_hashes: Sequence[bytes],
+    block_ids: Sequence[int],
+    num_cached_blocks: int,
+    num_full_blocks: int,
+    block_size: int,
+    group: int,
+    block_mask: Sequence[bool] | None,
+) -> list[int]:
+    """vLLM's ``block_pool.cache_full_blocks`` over a caller's blocks: the table indices
+    cached (null and masked-out blocks skipped)."""
+    sizes = core.group_block_sizes
+    if not 0 <= group < len(sizes):
+        raise InvalidArgumentError(f"KV cache group {group} out of range")
+    if block_size != sizes[group]:
+        raise InvalidArgumentError(
+            f"block_size {block_size} is not group {group}'s block size {sizes[group]}"
+        )
+    ids: list[Any] = list(block_ids)
+    if block_mask is not None:
+        span = num_full_blocks - num_cached_blocks
+        if len(block_mask) != span:
+            raise InvalidArgumentError(f"block_mask has {len(block_mask)} entries, not {span}")
+        for i, keep in enumerate(block_mask):
+            if not keep and num_cached_blocks + i < len(ids):
+                ids[num_cached_blocks + i] = 0
+    return core.cache_loose(ids, group, num_cached_blocks, num_full_blocks, block_hashes)

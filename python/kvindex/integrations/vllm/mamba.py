@@ -1,0 +1,114 @@
+"""Mamba / linear-attention state groups (vLLM's ``MambaSpec``) in the hybrid drop-in.
+
+kvindex's Rust manager implements vLLM 0.33's ``MambaManager`` in ``mamba_cache_mode``
+``"align"`` (one running state block per request, null blocks before it, states cached at
+block boundaries, a hit never taken in the step its state block was cached) and ``"none"``
+(no prefix caching). This module turns a ``MambaSpec`` into the layout arguments and names
+what kvindex does not implement.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
+
+from .errors import UnsupportedVllmConfigError
+
+__all__ = [
+    "BoundaryStateOffloads",
+    "align_groups",
+    "check_mamba_retention",
+    "has_mamba",
+    "mamba_group_args",
+]
+
+
+def mamba_group_args(spec: MambaSpec) -> tuple[str, int, int, str]:
+    """The layout arguments of a Mamba group: ``("mamba", block size, 0, mode)``; raises
+    :class:`UnsupportedVllmConfigError` for speculative or prefill-checkpoint state blocks."""
+    mode = spec.mamba_cache_mode
+    if mode not in ("align", "none"):
+        raise UnsupportedVllmConfigError(
+            f"kvindex's KVCacheManager supports mamba_cache_mode 'align' and 'none', not {mode!r}"
+        )
+    if spec.num_speculative_blocks:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports Mamba groups without speculative state blocks "
+            f"(num_speculative_blocks={spec.num_speculative_blocks}: MTP/EAGLE with Mamba)"
+        )
+    if mode == "align" and spec.num_prefill_checkpoint_blocks:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports Mamba groups without prefill checkpoint blocks "
+            f"(num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks})"
+        )
+    return ("mamba", spec.block_size, 0, mode)
+
+
+def has_mamba(kv_cache_config: KVCacheConfig) -> bool:
+    """Whether a group of the config is a Mamba group."""
+    return any(isinstance(g.kv_cache_spec, MambaSpec) for g in kv_cache_config.kv_cache_groups)
+
+
+def align_groups(kv_cache_config: KVCacheConfig, enable_caching: bool) -> frozenset[int]:
+    """The groups whose cached states are offered to a KV connector: align-mode Mamba
+    groups, when prefix caching is on."""
+    if not enable_caching:
+        return frozenset()
+    return frozenset(
+        g
+        for g, group in enumerate(kv_cache_config.kv_cache_groups)
+        if isinstance(group.kv_cache_spec, MambaSpec)
+        and group.kv_cache_spec.mamba_cache_mode == "align"
+    )
+
+
+class BoundaryStateOffloads:
+    """vLLM's pending boundary-state hand-offs: every state block an align-mode Mamba
+    group caches, as ``(request, group, block id, boundary tokens)``, drained by
+    ``take_boundary_state_offloads`` and dropped when the request is freed first."""
+
+    def __init__(self, groups: frozenset[int], block_sizes: Sequence[int]) -> None:
+        self.groups = groups
+        self._sizes = list(block_sizes)
+        self._pending: list[tuple[str, int, int, int]] = []
+
+    def add_runs(
+        self,
+        request_id: str,
+        runs: Iterable[tuple[int, int, int, Sequence[int]]],
+        tables: Sequence[Sequence[int]],
+    ) -> None:
+        """Records the state blocks cached by ``runs`` (group, start, end, stored indices)
+        of the request's ``tables``."""
+        for g, _start, _end, stored in runs:
+            if g not in self.groups:
+                continue
+            bs = self._sizes[g]
+            table = tables[g]
+            for i in stored:
+                self._pending.append((request_id, g, int(table[i]), (int(i) + 1) * bs))
+
+    def drop(self, request_id: str) -> None:
+        """Forgets the request's hand-offs not yet taken (its blocks go back to the pool)."""
+        if any(e[0] == request_id for e in self._pending):
+            self._pending = [e for e in self._pending if e[0] != request_id]
+
+    def take(self) -> dict[str, list[tuple[int, int, int]]]:
+        """``{request_id: [(group_id, block_id, boundary_tokens), ...]}``, drained."""
+        out: dict[str, list[tuple[int, int, int]]] = {}
+        for rid, g, block, tokens in self._pending:
+            out.setdefault(rid, []).append((g, block, tokens))
+        self._pending = []
+        return out
+
+
+def check_mamba_retention(kv_cache_config: KVCacheConfig) -> None:
+    """Refuses ``prefix_cache_retention_interval`` beside a Mamba group (vLLM then keeps
+    Mamba states sparsely and reserves checkpoints, which kvindex does not implement)."""
+    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
+    if interval is not None and has_mamba(kv_cache_config):
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports prefix_cache_retention_interval without Mamba "
+            f"groups only (got {interval}: sparse Mamba state retention)"
+        )

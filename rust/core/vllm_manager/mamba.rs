@@ -1,0 +1,282 @@
+//! vLLM 0.33's `MambaManager` for Mamba / linear-attention state groups in
+//! `mamba_cache_mode="align"` (what prefix caching of such models uses).
+//!
+//! A Mamba group keeps one state per request, not one block per token block:
+//! - allocation (`allocate_new_blocks`): when the request needs a block past
+//!   its table, the table is padded with null blocks up to the last block
+//!   position and one new block holds the running state there; the block
+//!   that held the state before becomes the request's *last state block*;
+//! - the count (`get_num_blocks_to_allocate`): at most one new block per
+//!   call, plus the hit's evictable blocks; a hit whose state block was
+//!   cached in the current scheduler step refuses the allocation (the
+//!   state is only written by that step's forward), by asking for more
+//!   blocks than the pool has;
+//! - `remove_skipped_blocks`: the blocks before the last computed token's
+//!   block are freed (from the retired count on, nulls skipped), and the
+//!   last state block once the request moved two blocks past it;
+//! - caching: the generic full-block caching (null blocks skipped); every
+//!   state block cached is remembered for the step (see the count).
+//!
+//! "none" mode (no Mamba prefix caching) is the generic single-type rule
+//! with the Mamba skipped-token count, handled by [`super::groups`].
+//!
+//! Not implemented (refused by the layout checks or the Python drop-in):
+//! speculative state blocks (`num_speculative_blocks`), prefill checkpoint
+//! blocks, retention intervals (sparse state retention), partial-block state entries (a Mamba block size larger than the
+//! hash block size) and the boundary-state hand-offs to KV connectors.
+//!
+//! # Invariants (checked by [`VllmManager::check_invariants`])
+//! - per-request state exists only for align-mode Mamba groups;
+//! - the retired prefix of a request's Mamba table holds null blocks only;
+//! - a last state block index lies inside the table.
+//!
+//! Costs: O(1) per call and group plus the blocks freed; the step set is
+//! O(blocks cached this step).
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use super::{cdiv, Req, VllmManager};
+use crate::core::error::{InvariantViolation, KvError, KvResult};
+use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
+use crate::core::ids::{BlockHash, BlockId};
+use crate::ensure_inv;
+
+/// One request's align-mode bookkeeping in one Mamba group.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MambaReq {
+    /// vLLM's `last_state_block_idx`.
+    last_state: Option<usize>,
+    /// vLLM's `_num_retired_blocks`.
+    retired: usize,
+    /// Whether the request is in vLLM's `_allocated_block_reqs`.
+    allocated: bool,
+}
+
+/// One align-mode Mamba group's bookkeeping.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MambaGroup {
+    reqs: FxHashMap<String, MambaReq>,
+    /// Keys of the state blocks cached in this scheduler step
+    /// (`cached_blocks_this_step`).
+    this_step: FxHashSet<BlockHash>,
+}
+
+/// Per group: `Some` for align-mode Mamba groups.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct MambaState {
+    groups: Vec<Option<MambaGroup>>,
+}
+
+impl MambaState {
+    /// The state for `layout` (empty when it has no align-mode Mamba group).
+    pub(crate) fn new(layout: &GroupLayout) -> Self {
+        let any = layout.groups().iter().any(|g| is_align(g.kind));
+        if !any {
+            return MambaState::default();
+        }
+        MambaState {
+            groups: layout.groups().iter().map(|g| is_align(g.kind).then(MambaGroup::default)).collect(),
+        }
+    }
+
+    /// Whether group `g` is an align-mode Mamba group.
+    #[inline]
+    pub(crate) fn is_align(&self, g: usize) -> bool {
+        matches!(self.groups.get(g), Some(Some(_)))
+    }
+
+    /// Drops a request's bookkeeping (vLLM's `pop_blocks_for_free`).
+    pub(crate) fn forget(&mut self, rid: &str) {
+        for m in self.groups.iter_mut().flatten() {
+            m.reqs.remove(rid);
+        }
+    }
+
+    fn group_mut(&mut self, g: usize) -> &mut MambaGroup {
+        self.groups[g].as_mut().expect("align-mode Mamba group")
+    }
+
+    fn group(&self, g: usize) -> &MambaGroup {
+        self.groups[g].as_ref().expect("align-mode Mamba group")
+    }
+}
+
+fn is_align(k: GroupKind) -> bool {
+    matches!(k, GroupKind::Mamba { mode: MambaMode::Align })
+}
+
+impl VllmManager {
+    /// vLLM's scheduler `new_step_starts`: forgets which Mamba state blocks
+    /// were cached in the step that ended.
+    pub fn new_step_starts(&mut self) {
+        for m in self.mamba.groups.iter_mut().flatten() {
+            m.this_step.clear();
+        }
+    }
+
+    /// Refuses a retention interval beside a Mamba group: vLLM then keeps
+    /// Mamba states sparsely (and reserves checkpoints), which is not
+    /// implemented.
+    ///
+    /// # Errors
+    /// `InvalidArgument` naming it when the layout has a Mamba group.
+    pub(crate) fn mamba_refuses_retention(&self) -> KvResult<()> {
+        if self.layout.groups().iter().any(|g| matches!(g.kind, GroupKind::Mamba { .. })) {
+            return Err(KvError::invalid(
+                "prefix_cache_retention_interval beside a Mamba group (sparse Mamba state \
+                 retention) is not supported by kvindex",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Align-mode `get_num_blocks_to_allocate` of Mamba group `g` for
+    /// `main_tokens` main-model tokens (may be negative, as in vLLM, when
+    /// the table holds more blocks than needed).
+    pub(crate) fn mamba_blocks_needed(
+        &self,
+        rid: &str,
+        g: usize,
+        main_tokens: usize,
+        new_computed: &[BlockId],
+    ) -> isize {
+        let m = self.mamba.group(g);
+        if let Some(&last) = new_computed.last() {
+            if last != BlockId::NULL {
+                if let Some(k) = self.pool.block_hash(last) {
+                    if m.this_step.contains(&k) {
+                        return isize::try_from(self.pool.num_blocks() + 1).unwrap_or(isize::MAX);
+                    }
+                }
+            }
+        }
+        let bs = self.layout.groups()[g].block_size;
+        let held = self.reqs.get(rid).map_or(0, |r| r.g(g).blocks.len());
+        let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        let mut new = sig(cdiv(main_tokens, bs)) - sig(new_computed.len()) - sig(held);
+        if new > 0 {
+            // One state block per call (speculative blocks are not supported).
+            new = new.min(1);
+        }
+        let evictable = new_computed.iter().filter(|&&b| b != BlockId::NULL && self.pool.is_free(b)).count();
+        new + sig(evictable)
+    }
+
+    /// Align-mode `allocate_new_blocks` of Mamba group `g`: the table's new
+    /// entries (null padding, then the new state block), empty when the
+    /// table already covers `main_tokens`.
+    pub(crate) fn mamba_allocate(&mut self, rid: &str, g: usize, main_tokens: usize) -> Vec<BlockId> {
+        let bs = self.layout.groups()[g].block_size;
+        let ng = self.layout.len();
+        let required = cdiv(main_tokens, bs);
+        let prev = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g(g).blocks.len();
+        let st = self.mamba.group_mut(g).reqs.entry(rid.to_owned()).or_default();
+        if required <= prev {
+            st.allocated = true;
+            return Vec::new();
+        }
+        if prev > 0 {
+            st.last_state = Some(prev - 1);
+        }
+        st.allocated = true;
+        let skipped = required - 1;
+        let table = &mut self.reqs.get_mut(rid).expect("inserted above").g_mut(g).blocks;
+        if prev < skipped {
+            table.resize(skipped, BlockId::NULL);
+        }
+        let n = required - table.len();
+        self.take_new(rid, g, n, false);
+        self.reqs[rid].g(g).blocks[prev..].to_vec()
+    }
+
+    /// Align-mode `remove_skipped_blocks` of Mamba group `g` at `processed`
+    /// computed tokens (module header).
+    pub(crate) fn mamba_remove_skipped(&mut self, rid: &str, g: usize, processed: usize) {
+        let bs = self.layout.groups()[g].block_size;
+        let ng = self.layout.len();
+        let mut freed = Vec::new();
+        let skipped = processed.saturating_sub(1);
+        if skipped > 0 {
+            // vLLM's base `remove_skipped_blocks` (it creates the table entry).
+            let table =
+                &mut self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g).blocks;
+            let last = (skipped / bs).min(table.len());
+            let first = self.mamba.group(g).reqs.get(rid).map_or(0, |s| s.retired);
+            if first < last {
+                for i in (first..last).rev() {
+                    if table[i] != BlockId::NULL {
+                        freed.push(table[i]);
+                        table[i] = BlockId::NULL;
+                    }
+                }
+                self.mamba.group_mut(g).reqs.entry(rid.to_owned()).or_default().retired = last;
+            }
+        }
+        if !freed.is_empty() {
+            self.free_now(&freed);
+            freed.clear();
+        }
+        let Some(lsi) = self.mamba.group(g).reqs.get(rid).and_then(|s| s.last_state) else { return };
+        if lsi + 1 < cdiv(processed, bs) {
+            let table =
+                &mut self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g_mut(g).blocks;
+            if let Some(b) = table.get_mut(lsi) {
+                if *b != BlockId::NULL {
+                    freed.push(*b);
+                    *b = BlockId::NULL;
+                }
+            }
+        }
+        if !freed.is_empty() {
+            self.free_now(&freed);
+        }
+    }
+
+    /// Releases one reference on each of `blocks`, in order.
+    fn free_now(&mut self, blocks: &[BlockId]) {
+        let mut scratch = std::mem::take(&mut self.scratch);
+        self.pool.free(blocks.iter().copied(), &mut scratch);
+        self.scratch = scratch;
+    }
+
+    /// Remembers the state blocks of table indices `start..end` of group `g`
+    /// that hold a hash (cached this step).
+    pub(crate) fn mamba_note_cached(&mut self, rid: &str, g: usize, start: usize, end: usize) {
+        let Some(r) = self.reqs.get(rid) else { return };
+        let blocks = &r.g(g).blocks;
+        let m = self.mamba.groups[g].as_mut().expect("align-mode Mamba group");
+        for &b in &blocks[start.min(blocks.len())..end.min(blocks.len())] {
+            if b == BlockId::NULL {
+                continue;
+            }
+            if let Some(k) = self.pool.block_hash(b) {
+                m.this_step.insert(k);
+            }
+        }
+    }
+
+    /// The Mamba part of [`VllmManager::check_invariants`].
+    pub(crate) fn check_mamba_invariants(&self) -> Result<(), InvariantViolation> {
+        for (g, m) in self.mamba.groups.iter().enumerate() {
+            let Some(m) = m else { continue };
+            for (rid, st) in &m.reqs {
+                let table = self.reqs.get(rid.as_str()).map_or(&[][..], |r| r.g(g).blocks.as_slice());
+                ensure_inv!(
+                    table[..st.retired.min(table.len())].iter().all(|&b| b == BlockId::NULL),
+                    "request {rid:?} group {g}: a retired Mamba block is not null"
+                );
+                if let Some(l) = st.last_state {
+                    ensure_inv!(
+                        l < table.len(),
+                        "request {rid:?} group {g}: last state block {l} outside the table"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+#[path = "mamba_tests.rs"]
+mod mamba_tests;
