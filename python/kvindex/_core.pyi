@@ -1196,6 +1196,22 @@ class _VllmManager:
 
         With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
         (as :meth:`cache`; its run is :attr:`last_cached_run`)."""
+    def allocate_slots_state(
+        self,
+        request_id: str,
+        new_computed: Sequence[int],
+        num_tokens_need_slot: int,
+        num_local_computed: int,
+        num_external_computed: int,
+        full_sequence_tokens: int | None,
+        reserved_blocks: int,
+        watermark_blocks: int,
+        adopt: bool,
+        hashes: Sequence[bytes] | None = None,
+        cache_tokens: int | None = None,
+    ) -> tuple[list[int], int, int] | None:
+        """:meth:`allocate_slots` followed by :meth:`table_state` in one call:
+        ``(new block ids, table length, cached blocks)``, or None (nothing changed)."""
     def cache(
         self, request_id: str, hashes: Sequence[bytes], num_tokens: int
     ) -> tuple[int, int] | None:

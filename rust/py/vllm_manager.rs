@@ -245,6 +245,44 @@ impl PyVllmManager {
         Ok(Some(ids_out(&new)))
     }
 
+    /// :meth:`allocate_slots` followed by :meth:`table_state` in one call:
+    /// ``(new block ids, table length, cached blocks)``, or None (nothing changed).
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, reserved_blocks, watermark_blocks, adopt, hashes = None, cache_tokens = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn allocate_slots_state(
+        &mut self,
+        request_id: &str,
+        new_computed: Vec<i64>,
+        num_tokens_need_slot: i64,
+        num_local_computed: i64,
+        num_external_computed: i64,
+        full_sequence_tokens: Option<i64>,
+        reserved_blocks: i64,
+        watermark_blocks: i64,
+        adopt: bool,
+        hashes: Option<&Bound<'_, PyAny>>,
+        cache_tokens: Option<i64>,
+    ) -> PyResult<Option<(Vec<u32>, usize, usize)>> {
+        let Some(new) = self.allocate_slots(
+            request_id,
+            new_computed,
+            num_tokens_need_slot,
+            num_local_computed,
+            num_external_computed,
+            full_sequence_tokens,
+            reserved_blocks,
+            watermark_blocks,
+            adopt,
+            hashes,
+            cache_tokens,
+        )?
+        else {
+            return Ok(None);
+        };
+        let (held, cached) = self.table_state(request_id).unwrap_or((0, 0));
+        Ok(Some((new, held, cached)))
+    }
+
     /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached,
     /// or None.
     #[getter]

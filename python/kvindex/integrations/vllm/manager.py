@@ -399,6 +399,24 @@ class KVCacheManager(ManagerCalls):
                 )
             ):
                 return self.empty_kv_cache_blocks
+            if (
+                end + num_lookahead_tokens <= room[0]
+                and total >= 0
+                and end <= self.max_model_len
+                and self._fast
+                and not delay_cache_blocks
+                and not (
+                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
+                )
+            ):
+                # The table holds every slot the step needs (the one-call path below would
+                # allocate nothing): only its caching step is left, one Rust call.
+                num_tokens = request.num_tokens
+                cache_to = (end if end < num_tokens else num_tokens) - self._num_reprefillable
+                run = self._core.cache(rid, request.block_hashes, cache_to if cache_to > 0 else 0)
+                if run is not None:
+                    self._room[rid] = self._room_of(room[1], run[1])
+                return self.empty_kv_cache_blocks
         if (
             self._fast
             and new_computed_blocks is None
@@ -425,7 +443,7 @@ class KVCacheManager(ManagerCalls):
             watermark = (
                 self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
             )
-            new = self._core.allocate_slots(
+            res = self._core.allocate_slots_state(
                 rid,
                 _NO_IDS,
                 need,
@@ -438,9 +456,21 @@ class KVCacheManager(ManagerCalls):
                 None if delay_cache_blocks else request.block_hashes,
                 None if delay_cache_blocks else cache_to,
             )
-            if new is None:
+            if res is None:
                 return None
-            held = self._note(rid)
+            new, held, cached = res
+            if held:
+                # _room_of, inlined (caching is on on this path).
+                bs = self.block_size
+                slots = held * bs
+                quick = slots
+                if cached < held:
+                    quick = (cached + 1) * bs + self._num_reprefillable - 1
+                    if quick > slots:
+                        quick = slots
+                self._room[rid] = (slots, held, cached, quick)
+            else:
+                self._note(rid)
             if not new:
                 return self.empty_kv_cache_blocks
             blocks = self._blocks
@@ -503,7 +533,7 @@ class KVCacheManager(ManagerCalls):
             if caching
             else None
         )
-        new = self._core.allocate_slots(
+        res = self._core.allocate_slots_state(
             rid,
             hit,
             need_slot,
@@ -516,9 +546,13 @@ class KVCacheManager(ManagerCalls):
             request.block_hashes if caching else None,
             cache_tokens,
         )
-        if new is None:
+        if res is None:
             return None
-        held = self._note(rid)
+        new, held, cached = res
+        if held:
+            self._room[rid] = self._room_of(held, cached)
+        else:
+            self._note(rid)
         blocks = self._blocks
         new_blocks = [blocks[i] for i in new]
         if held == len(hit) + len(new_blocks):
