@@ -222,3 +222,11 @@ def test_swa_tree_matches_sglang_with_tombstones_and_swa_evictions(
     short of its walk and refreshes the hit's nodes only), one with SWA evictions, and one
     where a node holds two locks whose SWA segments differ (a split came between them)."""
     run_stream(window, seed, tombstones=tombstones, swa_evictions=swa_evictions)
+
+
+@pytest.mark.parametrize("window", [1, 3, 8])
+@pytest.mark.parametrize("seed", range(1, 4))
+def test_swa_tree_matches_sglang_with_swa_evictions(window: int, seed: int) -> None:
+    """Inserted tombstones, SWA evictions (tombstoning inner nodes, deleting leaves) and
+    full evictions mixed: every result and size agrees with SGLang's tree."""
+    run_stream(window, seed, tombstones=True, swa_evictions=True)
