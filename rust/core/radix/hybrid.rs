@@ -18,7 +18,9 @@
 //!   SWA accepts a node when no tombstone lies on the path to it, or when the
 //!   live SWA tokens since the last tombstone (the node's own included)
 //!   reach the window; Mamba accepts a node holding a state. Values are
-//!   returned up to that node. A match touches each component's LRU: SWA
+//!   returned up to that node, and only the nodes up to it (and both halves
+//!   of an edge the match split) get the match's tick: nodes walked past the
+//!   hit keep their recency. A match touches each component's LRU: SWA
 //!   moves the hit node and the live ancestors within `window + page_size`
 //!   tokens of it to the most recent end (the node most recent), Mamba the
 //!   hit node's state.
@@ -40,7 +42,8 @@
 //!   from the locked node up until the window is covered (tombstones
 //!   included; the last node is stamped with a boundary id, which a split
 //!   moves to the upper half, and the unlock walks up to it), and a Mamba
-//!   lock on the node itself.
+//!   lock on the node itself. Unlocking a node releases its most recent lock
+//!   (receipts are last in, first out).
 //! - **Eviction** (cascade by priority; a leaf is deleted whole):
 //!   full eviction deletes unlocked leaves with all their components;
 //!   SWA eviction takes the least recent SWA-unlocked live node: a deletable

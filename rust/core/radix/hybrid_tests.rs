@@ -324,3 +324,20 @@ fn layouts_map_onto_components_or_are_refused_by_name() {
         assert!(e.msg.contains(why) && e.msg.contains("block_size=16"), "{}", e.msg);
     }
 }
+
+#[test]
+fn a_match_refreshes_only_the_hit_nodes() {
+    // As SGLang's unified tree: the nodes a match walks past its hit keep
+    // their recency, so they stay first in the full eviction order.
+    let mut t = hy(1, Some(4), false);
+    let s: Vec<i32> = (1..=8).collect();
+    ins(&mut t, &s, 10, InsertOpts { swa_evicted: 6, ..InsertOpts::default() });
+    let x: Vec<i32> = (20..28).collect();
+    ins(&mut t, &x, 100, InsertOpts::default());
+    // [1..6] is a tombstone and [7 8] one live window short: the walk passes both, hits 0.
+    assert_eq!(hit(&mut t, &s).0, 0);
+    let mut freed = Vec::new();
+    assert_eq!(t.evict(1, &mut freed), 2);
+    assert_eq!(freed, vec![PageId(16), PageId(17)]);
+    t.check_invariants().expect("invariants");
+}

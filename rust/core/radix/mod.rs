@@ -62,7 +62,8 @@
 //!
 //! # Recency
 //! A logical clock ticks once per `match_prefix` / `insert`; every node a walk
-//! visits is stamped with the tick (root included), so eviction order is
+//! visits is stamped with the tick (root included; a match on a tree with SWA
+//! or Mamba components stamps the hit's nodes only), so eviction order is
 //! deterministic. Both halves of a split get the tick; the new upper half is
 //! "created" then (under FIFO/FILO a split parent looks new, as in SGLang).
 //!

@@ -157,7 +157,8 @@ impl RadixTree {
     /// Longest cached page-aligned prefix of `tokens` in namespace `ns`. The
     /// query is first cut down to a page multiple; a query shorter than one
     /// page hits 0 and touches nothing. Stamps every visited node with a new
-    /// tick; a match ending inside an edge splits it there (the tree's
+    /// tick (a tree with SWA or Mamba components: the hit's nodes and a split
+    /// edge's halves only); a match ending inside an edge splits it there (the tree's
     /// contents and sizes do not change). Appends the matched values to
     /// `out`. O(hit + depth + split edge).
     pub fn match_prefix<T: Token>(&mut self, tokens: &[T], ns: Option<&str>, out: &mut Vec<PageId>) -> Match {
@@ -195,17 +196,29 @@ impl RadixTree {
         let Some(ns) = self.ns.lookup(ns) else { return Matched { tree: self, len: 0, node: NodeId::ROOT } };
         let mut len = self.walk(q, ns);
         let mut node = NodeId::ROOT;
+        let hybrid = self.hy.is_some();
         for i in 0..self.path.len() {
             let (c, l) = self.path[i];
-            self.stamp(c, tick);
-            node = if l < self.nodes[c.idx()].key.len() { self.split(c, l, tick) } else { c };
+            let partial = l < self.nodes[c.idx()].key.len();
+            // A hybrid tree stamps the hit's path only (below); both halves of
+            // a split edge are new either way.
+            if !hybrid || partial {
+                self.stamp(c, tick);
+            }
+            node = if partial { self.split(c, l, tick) } else { c };
             // From here on `path` holds the matched nodes (after any split).
             self.path[i].0 = node;
         }
-        if self.hy.is_some() {
-            // The hit ends at the deepest node every component accepts.
+        if hybrid {
+            // The hit ends at the deepest node every component accepts; only
+            // its path is refreshed (as SGLang's unified tree does), so the
+            // nodes walked past it keep their recency.
             let (upto, hit) = self.hy_best(&self.path, false);
             self.path.truncate(upto);
+            for i in 0..upto {
+                let x = self.path[i].0;
+                self.stamp(x, tick);
+            }
             len = hit;
             node = self.path.last().map_or(NodeId::ROOT, |p| p.0);
             self.hy_touch(node, true);

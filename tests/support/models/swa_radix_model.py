@@ -9,9 +9,11 @@ Written from the behaviour of SGLang 0.5.23's unified radix cache
 - match: the deepest walked node every component's validator accepts. The SWA
   validator starts at an unbounded run; a tombstone resets it to 0 and fails,
   a live node adds its length and passes when the run reaches the window. The
-  Mamba validator passes a node holding a state. Match end refreshes the SWA
-  LRU over the hit node and its live ancestors within ``window + page_size``
-  tokens (the hit node most recent) and the Mamba LRU over the hit node.
+  Mamba validator passes a node holding a state. Match end stamps the hit's
+  nodes only (and a split edge's halves): nodes walked past it keep their
+  recency. It refreshes the SWA LRU over the hit node and its live ancestors
+  within ``window + page_size`` tokens (the hit node most recent) and the
+  Mamba LRU over the hit node.
 - split: the upper half copies the SWA liveness and lock count, takes the
   window-boundary id and enters the SWA LRU just older than the lower half;
   the Mamba state and lock stay on the lower half.
@@ -212,12 +214,15 @@ class HybridRadixModel(RadixModel):
         self.root.last_access = tick
         matched: list[HybridNode] = []
         for c, m in self._walk(q, namespace):
-            c.last_access = tick
+            if m < len(c.key):
+                c.last_access = tick
             node = self._split(c, m, tick) if m < len(c.key) else c
             assert isinstance(node, HybridNode)
             matched.append(node)
         best = self._best([(n, len(n.key), False) for n in matched])
         matched = matched[:best]
+        for n in matched:
+            n.last_access = tick
         slots = array("q")
         for n in matched:
             slots.extend(n.value)
