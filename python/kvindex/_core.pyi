@@ -1191,27 +1191,13 @@ class _VllmManager:
         adopt: bool,
         hashes: Sequence[bytes] | None = None,
         cache_tokens: int | None = None,
-    ) -> list[int] | None:
-        """vLLM's ``allocate_slots``: new block ids, or None (nothing changed).
+    ) -> tuple[list[int], int, int] | None:
+        """vLLM's ``allocate_slots``: ``(new block ids, table length, cached blocks)``
+        (the last two as :meth:`table_state` would give them next), or None (nothing
+        changed).
 
         With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
         (as :meth:`cache`; its run is :attr:`last_cached_run`)."""
-    def allocate_slots_state(
-        self,
-        request_id: str,
-        new_computed: Sequence[int],
-        num_tokens_need_slot: int,
-        num_local_computed: int,
-        num_external_computed: int,
-        full_sequence_tokens: int | None,
-        reserved_blocks: int,
-        watermark_blocks: int,
-        adopt: bool,
-        hashes: Sequence[bytes] | None = None,
-        cache_tokens: int | None = None,
-    ) -> tuple[list[int], int, int] | None:
-        """:meth:`allocate_slots` followed by :meth:`table_state` in one call:
-        ``(new block ids, table length, cached blocks)``, or None (nothing changed)."""
     def cache(
         self, request_id: str, hashes: Sequence[bytes], num_tokens: int
     ) -> tuple[int, int] | None:

@@ -200,7 +200,9 @@ impl PyVllmManager {
         Ok(self.inner.num_blocks_to_allocate(request_id, count(num_tokens, "num_tokens")?, &nc))
     }
 
-    /// vLLM's ``allocate_slots``: new block ids, or None (nothing changed).
+    /// vLLM's ``allocate_slots``: ``(new block ids, table length, cached blocks)``
+    /// (the last two as :meth:`table_state` would give them next), or None (nothing
+    /// changed).
     ///
     /// With ``hashes`` and ``cache_tokens``, the caching step follows in the same call
     /// (as :meth:`cache`; its run is :attr:`last_cached_run`).
@@ -219,7 +221,7 @@ impl PyVllmManager {
         adopt: bool,
         hashes: Option<&Bound<'_, PyAny>>,
         cache_tokens: Option<i64>,
-    ) -> PyResult<Option<Vec<u32>>> {
+    ) -> PyResult<Option<(Vec<u32>, usize, usize)>> {
         self.one_group("allocate_slots")?;
         let nc = block_ids(&self.inner, &new_computed)?;
         let s = SlotRequest {
@@ -242,45 +244,8 @@ impl PyVllmManager {
         if let (Some(h), Some(n)) = (hashes, cache_tokens) {
             self.cache(request_id, h, i64::try_from(n).unwrap_or(i64::MAX))?;
         }
-        Ok(Some(ids_out(&new)))
-    }
-
-    /// :meth:`allocate_slots` followed by :meth:`table_state` in one call:
-    /// ``(new block ids, table length, cached blocks)``, or None (nothing changed).
-    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, reserved_blocks, watermark_blocks, adopt, hashes = None, cache_tokens = None))]
-    #[allow(clippy::too_many_arguments)]
-    fn allocate_slots_state(
-        &mut self,
-        request_id: &str,
-        new_computed: Vec<i64>,
-        num_tokens_need_slot: i64,
-        num_local_computed: i64,
-        num_external_computed: i64,
-        full_sequence_tokens: Option<i64>,
-        reserved_blocks: i64,
-        watermark_blocks: i64,
-        adopt: bool,
-        hashes: Option<&Bound<'_, PyAny>>,
-        cache_tokens: Option<i64>,
-    ) -> PyResult<Option<(Vec<u32>, usize, usize)>> {
-        let Some(new) = self.allocate_slots(
-            request_id,
-            new_computed,
-            num_tokens_need_slot,
-            num_local_computed,
-            num_external_computed,
-            full_sequence_tokens,
-            reserved_blocks,
-            watermark_blocks,
-            adopt,
-            hashes,
-            cache_tokens,
-        )?
-        else {
-            return Ok(None);
-        };
         let (held, cached) = self.table_state(request_id).unwrap_or((0, 0));
-        Ok(Some((new, held, cached)))
+        Ok(Some((ids_out(&new), held, cached)))
     }
 
     /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached,

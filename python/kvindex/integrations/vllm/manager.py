@@ -443,7 +443,7 @@ class KVCacheManager(ManagerCalls):
             watermark = (
                 self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
             )
-            res = self._core.allocate_slots_state(
+            res = self._core.allocate_slots(
                 rid,
                 _NO_IDS,
                 need,
@@ -533,7 +533,7 @@ class KVCacheManager(ManagerCalls):
             if caching
             else None
         )
-        res = self._core.allocate_slots_state(
+        res = self._core.allocate_slots(
             rid,
             hit,
             need_slot,
