@@ -413,13 +413,7 @@ impl RadixDesign {
         if free >= need {
             return;
         }
-        let mut freed = std::mem::take(&mut self.scratch);
-        freed.clear();
-        self.tree.evict((need - free) * self.page_size, &mut freed);
-        self.evictions += freed.len() as u64;
-        self.decref(&freed);
-        self.scratch = freed;
-        self.absorb();
+        self.evict_with((need - free) * self.page_size, RadixTree::evict);
         assert!(self.pool.num_free() >= need, "evictable tree pages are held by the tree alone");
     }
 
@@ -430,9 +424,19 @@ impl RadixDesign {
         if free >= need {
             return;
         }
+        self.evict_with((need - free) * self.page_size, RadixTree::evict_swa);
+    }
+
+    /// Runs one of the tree's evictions for `tokens` tokens and returns the
+    /// pages it freed to the pools.
+    fn evict_with(
+        &mut self,
+        tokens: usize,
+        evict: impl FnOnce(&mut RadixTree, usize, &mut Vec<PageId>) -> usize,
+    ) {
         let mut freed = std::mem::take(&mut self.scratch);
         freed.clear();
-        self.tree.evict_swa((need - free) * self.page_size, &mut freed);
+        evict(&mut self.tree, tokens, &mut freed);
         self.evictions += freed.len() as u64;
         self.decref(&freed);
         self.scratch = freed;
