@@ -401,12 +401,19 @@ def instrument_targets(side: Side, targets: list[tuple[Any, str]]) -> Callable[[
 
         return timed
 
+    # An instance attribute a wrapper replaces (kvindex's native per-step methods) is
+    # put back by undo; any other wrapper is deleted, uncovering the class's method.
+    saved: list[tuple[Any, str, Any]] = []
     for obj, name in targets:
         acc = side.by_method.setdefault(name, [0, 0])
+        saved.append((obj, name, getattr(obj, "__dict__", {}).get(name)))
         setattr(obj, name, wrap(getattr(obj, name), acc))
 
     def undo() -> None:
-        for obj, name in targets:
+        for obj, name, before in saved:
+            if before is not None:
+                setattr(obj, name, before)
+                continue
             with contextlib.suppress(AttributeError):
                 delattr(obj, name)
 

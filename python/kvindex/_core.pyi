@@ -1274,3 +1274,50 @@ class _VllmManager:
         """The first block cached for ``group`` under ``block_hash``, or None."""
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if the pool's or the tables' invariants are broken."""
+
+@final
+class _VllmFront:
+    """The native per-step calls of one `KVCacheManager` (module doc)."""
+
+    def __new__(
+        cls,
+        core: _VllmManager,
+        *,
+        allocate: Callable[..., Any],
+        cache: Callable[..., Any],
+        empty: Any,
+        blocks_cls: Callable[..., Any],
+        blocks: list[Any],
+        tables: dict[str, Any],
+        admitting: tuple[Any, Any],
+        block_size: int,
+        reprefill: int,
+        max_model_len: int,
+        caching: bool,
+        cache_only: bool,
+        events: bool,
+        watermark: bool,
+    ) -> Self: ...
+    def allocate_slots(
+        self,
+        request: Any,
+        num_new_tokens: int,
+        num_new_computed_tokens: int = 0,
+        new_computed_blocks: Any | None = None,
+        num_lookahead_tokens: int = 0,
+        num_external_computed_tokens: int = 0,
+        delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
+        full_sequence_must_fit: bool = False,
+        reserved_blocks: int = 0,
+        has_scheduled_reqs: bool = True,
+        skip_zeroing_group_ids: tuple[int, ...] = (),
+    ) -> Any:
+        """vLLM's ``allocate_slots`` (the manager's; a running request's plain step is
+        answered here, module doc)."""
+    def cache_blocks(self, request: Any, num_computed_tokens: int) -> None:
+        """vLLM's ``cache_blocks`` (the manager's, answered here when it caches nothing, or
+        caches without KV events to build)."""
+    def estimate_cached_tokens(self, request: Any) -> int:
+        """Tokens the request's table holds cached blocks for (vLLM's
+        ``estimate_cached_tokens``)."""

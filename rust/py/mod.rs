@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod radix;
 pub mod radix_hybrid;
 pub mod sglang;
+pub mod vllm_front;
 pub mod vllm_hashing;
 pub mod vllm_manager;
 pub mod vllm_manager_extra;
@@ -61,6 +62,7 @@ fn kvindex_core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<radix::InsertResult>()?;
     m.add_class::<radix::PyRadixPrefixCache>()?;
     m.add_class::<vllm_manager::PyVllmManager>()?;
+    m.add_class::<vllm_front::PyVllmFront>()?;
     m.add("RADIX_POLICIES", crate::core::radix::POLICY_NAMES.to_vec())?;
     Ok(())
 }

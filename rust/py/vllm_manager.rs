@@ -84,6 +84,28 @@ pub struct PyVllmManager {
 }
 
 impl PyVllmManager {
+    /// `allocate_slots` for one group, then (with `caching`: the request's hashes and
+    /// the tokens to cache up to) its caching step: the new blocks and the table's
+    /// `(length, cached blocks)` after both, or None (nothing changed).
+    pub(super) fn allocate_then_cache(
+        &mut self,
+        request_id: &str,
+        new_computed: &[BlockId],
+        s: &SlotRequest,
+        caching: Option<(&Bound<'_, PyAny>, i64)>,
+    ) -> PyResult<Option<(Vec<BlockId>, usize, usize)>> {
+        self.one_group("allocate_slots")?;
+        self.last_run = None;
+        let Some(new) = self.inner.allocate_slots(request_id, new_computed, s).py()? else {
+            return Ok(None);
+        };
+        if let Some((h, n)) = caching {
+            self.cache(request_id, h, n)?;
+        }
+        let (held, cached) = self.table_state(request_id).unwrap_or((0, 0));
+        Ok(Some((new, held, cached)))
+    }
+
     /// Refuses a one-group call on a manager with several groups.
     fn one_group(&self, call: &str) -> PyResult<()> {
         if self.inner.num_groups() == 1 {
@@ -237,15 +259,10 @@ impl PyVllmManager {
             ..SlotRequest::default()
         };
         let cache_tokens = cache_tokens.map(|n| count(n, "cache_tokens")).transpose()?;
-        self.last_run = None;
-        let Some(new) = self.inner.allocate_slots(request_id, &nc, &s).py()? else {
-            return Ok(None);
-        };
-        if let (Some(h), Some(n)) = (hashes, cache_tokens) {
-            self.cache(request_id, h, i64::try_from(n).unwrap_or(i64::MAX))?;
-        }
-        let (held, cached) = self.table_state(request_id).unwrap_or((0, 0));
-        Ok(Some((ids_out(&new), held, cached)))
+        let caching = hashes.zip(cache_tokens.map(|n| i64::try_from(n).unwrap_or(i64::MAX)));
+        Ok(self
+            .allocate_then_cache(request_id, &nc, &s, caching)?
+            .map(|(new, held, cached)| (ids_out(&new), held, cached)))
     }
 
     /// The run ``(start, end)`` the last ``allocate_slots`` / ``cache`` call cached,
@@ -258,7 +275,7 @@ impl PyVllmManager {
     /// Caches the request's full blocks up to ``num_tokens`` under ``hashes`` (its
     /// ``block_hashes``; only the new ones are read). Returns the cached run
     /// ``(start, end)`` in blocks, or None when nothing was cached.
-    fn cache(
+    pub(super) fn cache(
         &mut self,
         request_id: &str,
         hashes: &Bound<'_, PyAny>,
@@ -305,10 +322,7 @@ impl PyVllmManager {
     /// ``(table length, cached blocks)`` of the request (its ``num_cached_block`` entry,
     /// 0 when it has none), or None when it holds no table.
     fn table_state(&self, request_id: &str) -> Option<(usize, usize)> {
-        if !self.inner.has_request(request_id) {
-            return None;
-        }
-        Some((self.inner.blocks(request_id).len(), self.inner.num_cached(request_id).unwrap_or(0)))
+        self.inner.table_state(request_id).map(|(held, cached)| (held, cached.unwrap_or(0)))
     }
 
     /// Pops the request's tables without freeing them (each group's without its

@@ -401,6 +401,13 @@ impl VllmManager {
         self.reqs.iter().filter(|(_, r)| !cached_only || r.running()).map(|(k, _)| k.as_str()).collect()
     }
 
+    /// Group 0's `(table length, num_cached_block entry)` of the request, in
+    /// one lookup, or None when it holds no table.
+    #[must_use]
+    pub fn table_state(&self, rid: &str) -> Option<(usize, Option<usize>)> {
+        self.reqs.get(rid).map(|r| (r.first.blocks.len(), r.first.num_cached))
+    }
+
     /// vLLM's `num_cached_block` entry of the request.
     #[must_use]
     pub fn num_cached(&self, rid: &str) -> Option<usize> {

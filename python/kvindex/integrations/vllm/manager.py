@@ -22,6 +22,7 @@ metrics. Anything else raises
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import MethodType
 from typing import Any
 
 from vllm.distributed.kv_events import (
@@ -51,7 +52,7 @@ from vllm.v1.kv_cache_interface import (
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
-from kvindex._core import _VllmManager
+from kvindex._core import _VllmFront, _VllmManager
 from kvindex.exceptions import InvalidArgumentError
 
 from .blocks import BlockPoolView, GroupManagerView
@@ -264,10 +265,6 @@ class KVCacheManager(ManagerCalls):
         self._loose = 0
         self._last_hit: tuple[KVCacheBlocks, list[int]] | None = None
         self._last_ids: list[int] = []
-        # Per request with a table, mirrored after every Rust call that may change it:
-        # (slots held in tokens, blocks held, cached blocks). The no-op paths of
-        # allocate_slots and cache_blocks read it instead of crossing into Rust.
-        self._room: dict[str, tuple[int, int, int, int]] = {}
         # get_blocks' result per request, dropped when the request's table changes.
         self._tables: dict[str, KVCacheBlocks] = {}
         # The one-call path serves running requests when nothing else must watch the
@@ -283,6 +280,34 @@ class KVCacheManager(ManagerCalls):
             (get_kv_cache_spec_kind(spec).value, get_kv_cache_spec_sliding_window(spec)),
         )
         self.empty_kv_cache_blocks = KVCacheBlocks(((),))
+        self._install_front()
+
+    def _install_front(self) -> None:
+        """Serve the per-step calls of running requests natively (``_VllmFront``: a plain
+        step of a running request — a no-op, a filled block to cache, new blocks — without
+        a Python frame; anything else reaches the methods below), unless a subclass
+        overrides them."""
+        front = _VllmFront(
+            self._core,
+            allocate=MethodType(KVCacheManager.allocate_slots, self),
+            cache=MethodType(KVCacheManager.cache_blocks, self),
+            empty=self.empty_kv_cache_blocks,
+            blocks_cls=KVCacheBlocks,
+            blocks=self._blocks,
+            tables=self._tables,
+            admitting=_ADMITTING,
+            block_size=self.block_size,
+            reprefill=self._num_reprefillable,
+            max_model_len=self.max_model_len,
+            caching=self.enable_caching,
+            cache_only=self._fast,
+            events=self.enable_kv_cache_events,
+            watermark=self.watermark_blocks > 0,
+        )
+        cls = type(self)
+        for name in ("allocate_slots", "cache_blocks", "estimate_cached_tokens"):
+            if getattr(cls, name) is getattr(KVCacheManager, name):
+                self.__dict__[name] = getattr(front, name)
 
     # ------------------------------------------------------------------ stats
 
@@ -329,9 +354,6 @@ class KVCacheManager(ManagerCalls):
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """Tokens the request's table holds cached blocks for (the furthest hashed block)."""
-        room = self._room.get(request.request_id)
-        if room is not None:
-            return room[2] * self.block_size
         n = self._core.num_cached(request.request_id)
         return 0 if not n else n * self.block_size
 
@@ -353,70 +375,9 @@ class KVCacheManager(ManagerCalls):
         skip_zeroing_group_ids: tuple[int, ...] = (),
     ) -> KVCacheBlocks | None:
         """vLLM's ``allocate_slots``: the new blocks, or None (nothing changed)."""
+        # A running request's plain step is answered by _VllmFront (installed over this
+        # method) before it gets here.
         rid = request.request_id
-        room = self._room.get(rid)
-        if (
-            room is not None
-            and new_computed_blocks is None
-            and num_new_tokens > 0
-            and not num_new_computed_tokens
-            and not num_external_computed_tokens
-            and not full_sequence_must_fit
-            and not reserved_blocks
-        ):
-            # The common case in one comparison: room[3] is the last token the held
-            # slots cover before a held block would become cacheable (see _room_of).
-            done = request.num_computed_tokens
-            if (
-                0 <= done
-                and done + num_new_tokens + num_lookahead_tokens <= room[3]
-                and not (
-                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
-                )
-            ):
-                return self.empty_kv_cache_blocks
-            # A running request's next chunk or decode step (the scheduler's call for
-            # every running request, every step). When the table already holds every
-            # slot the step needs and no held block becomes cacheable, the Rust call
-            # would allocate, cache, evict and log nothing: vLLM's empty result, here.
-            # Each test below is a sufficient condition (the slot and cache counts
-            # the slow path computes are at most these); anything else goes on.
-            total = request.num_computed_tokens
-            end = total + num_new_tokens
-            cached = room[2]
-            if (
-                end + num_lookahead_tokens <= room[0]
-                and total >= 0
-                and (
-                    (end - self._num_reprefillable) // self.block_size <= cached
-                    or room[1] <= cached
-                    or delay_cache_blocks
-                    or not self.enable_caching
-                    or len(request.block_hashes) <= cached
-                )
-                and not (
-                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
-                )
-            ):
-                return self.empty_kv_cache_blocks
-            if (
-                end + num_lookahead_tokens <= room[0]
-                and total >= 0
-                and end <= self.max_model_len
-                and self._fast
-                and not delay_cache_blocks
-                and not (
-                    self.watermark_blocks and has_scheduled_reqs and request.status in _ADMITTING
-                )
-            ):
-                # The table holds every slot the step needs (the one-call path below would
-                # allocate nothing): only its caching step is left, one Rust call.
-                num_tokens = request.num_tokens
-                cache_to = (end if end < num_tokens else num_tokens) - self._num_reprefillable
-                run = self._core.cache(rid, request.block_hashes, cache_to if cache_to > 0 else 0)
-                if run is not None:
-                    self._room[rid] = self._room_of(room[1], run[1])
-                return self.empty_kv_cache_blocks
         if (
             self._fast
             and new_computed_blocks is None
@@ -458,19 +419,7 @@ class KVCacheManager(ManagerCalls):
             )
             if res is None:
                 return None
-            new, held, cached = res
-            if held:
-                # _room_of, inlined (caching is on on this path).
-                bs = self.block_size
-                slots = held * bs
-                quick = slots
-                if cached < held:
-                    quick = (cached + 1) * bs + self._num_reprefillable - 1
-                    if quick > slots:
-                        quick = slots
-                self._room[rid] = (slots, held, cached, quick)
-            else:
-                self._note(rid)
+            new, held, _ = res
             if not new:
                 return self.empty_kv_cache_blocks
             blocks = self._blocks
@@ -548,11 +497,7 @@ class KVCacheManager(ManagerCalls):
         )
         if res is None:
             return None
-        new, held, cached = res
-        if held:
-            self._room[rid] = self._room_of(held, cached)
-        else:
-            self._note(rid)
+        new, held, _ = res
         blocks = self._blocks
         new_blocks = [blocks[i] for i in new]
         if held == len(hit) + len(new_blocks):
@@ -588,65 +533,16 @@ class KVCacheManager(ManagerCalls):
                 collector.on_block_evicted(b)
             collector.on_block_allocated(b)
 
-    def _cache(self, request: Request, num_tokens: int) -> None:
-        if not self.enable_caching:
-            return
-        num_tokens = max(0, num_tokens - self._num_reprefillable)
-        rid = request.request_id
-        room = self._room.get(rid)
-        if room is not None and (
-            num_tokens // self.block_size <= room[2]
-            or room[1] <= room[2]
-            or len(request.block_hashes) <= room[2]
-        ):
-            # No held block becomes cacheable (the Rust call would cache nothing).
-            return
-        run = self._core.cache(rid, request.block_hashes, num_tokens)
-        if run is None:
-            return
-        if room is not None:
-            self._room[rid] = self._room_of(room[1], run[1])
-        else:
-            self._note(rid)
-        if self.enable_kv_cache_events:
-            self._emit_stored(request, run[0], run[1])
-
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
         """Cache the request's full blocks up to ``num_computed_tokens``, if enabled."""
-        room = self._room.get(request.request_id)
-        if room is not None and (
-            (num_computed_tokens - self._num_reprefillable) // self.block_size <= room[2]
-            or room[1] <= room[2]
-        ):
-            # No held block becomes cacheable (the Rust call would cache nothing).
+        if not self.enable_caching:
             return
-        if self.enable_caching:
-            self._cache(request, num_computed_tokens)
-
-    def _note(self, rid: str) -> int:
-        """Mirrors the request's table state after a Rust call that may have changed it
-        (what the no-op paths of ``allocate_slots`` / ``cache_blocks`` read): returns
-        the table length."""
-        state = self._core.table_state(rid)
-        if state is None:
-            self._room.pop(rid, None)
-            return 0
-        held, cached = state
-        self._room[rid] = self._room_of(held, cached)
-        return held
-
-    def _room_of(self, held: int, cached: int) -> tuple[int, int, int, int]:
-        """A request's mirror: (slots held, blocks held, blocks cached, the most tokens
-        the table covers while no held block becomes cacheable: a step that ends there,
-        lookahead included, needs no Rust call)."""
-        slots = held * self.block_size
-        quick = slots
-        if self.enable_caching and cached < held:
-            quick = min(slots, (cached + 1) * self.block_size + self._num_reprefillable - 1)
-        return (slots, held, cached, quick)
+        num_tokens = max(0, num_computed_tokens - self._num_reprefillable)
+        run = self._core.cache(request.request_id, request.block_hashes, num_tokens)
+        if run is not None and self.enable_kv_cache_events:
+            self._emit_stored(request, run[0], run[1])
 
     def _forget(self, rid: str) -> None:
-        self._room.pop(rid, None)
         self._tables.pop(rid, None)
 
     def free(self, request: Request) -> None:
@@ -797,8 +693,7 @@ class KVCacheManager(ManagerCalls):
         if not table:
             return self.empty_kv_cache_blocks
         result = KVCacheBlocks((table,))
-        if request_id in self._room:
-            self._tables[request_id] = result
+        self._tables[request_id] = result
         return result
 
     def get_block_ids(self, request_id: str) -> tuple[list[int], ...]:

@@ -233,26 +233,14 @@ def summarize_engine(eco: Any) -> dict[Any, Any]:
 
 
 def check_mirror(m: Any, step: int) -> None:
-    """The drop-in's per-request Python state (what its no-op paths read) equals the Rust
-    tables: (slots, blocks held, cached blocks) per request, and each kept ``get_blocks``
-    result is the request's table."""
+    """Each ``get_blocks`` result the drop-in keeps is the request's Rust table, and its
+    per-step calls are served natively (``_VllmFront``: a wrong no-op there shows up as a
+    divergence from vLLM's scheduler)."""
     core = m._core
-    rids = set(core.request_ids())
-    assert set(m._room) <= rids, f"step {step}: mirrored requests without a table"
-    for rid in rids - {r for r in rids if r.startswith("\x00")}:
-        held, cached = core.table_state(rid)
-        room = m._room.get(rid)
-        assert room is not None and room[:3] == (held * m.block_size, held, cached), (
-            f"step {step}: {rid}"
-        )
-        # The one-comparison no-op bound: a step ending there fits the held slots and
-        # makes no held block cacheable.
-        quick = room[3]
-        assert quick <= room[0], f"step {step}: {rid}"
-        if m.enable_caching and cached < held:
-            assert (quick - m._num_reprefillable) // m.block_size <= cached, f"step {step}: {rid}"
     for rid, kept in m._tables.items():
         assert [b.block_id for b in kept.blocks[0]] == core.blocks(rid), f"step {step}: {rid}"
+    if type(m).__name__ == "KVCacheManager":
+        assert type(m.__dict__["allocate_slots"]).__name__ == "builtin_function_or_method"
 
 
 def first_difference(a: dict[Any, Any], b: dict[Any, Any]) -> str:
