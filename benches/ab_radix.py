@@ -12,7 +12,8 @@ first. Usage::
 
 With ``--b-window W`` build B's trees with a sliding-window component of ``W`` tokens
 (``RadixTree(ps, sliding_window=W)``): passing the same build as A and B then measures
-what a full + SWA tree costs per request against the one-group tree.
+what a full + SWA tree costs per request against the one-group tree. ``--a-window W``
+does the same for A's trees: with both, two builds are compared on full + SWA trees.
 
 Prints, per page size and per quantity (µs per call: match, insert, evict per request):
 the minimum and median of each build and the median of the B / A ratios.
@@ -41,7 +42,13 @@ def load_core(path: str) -> ModuleType:
 
 
 def ab(
-    a: ModuleType, b: ModuleType, rounds: int, ps: int, reqs: list, b_window: int | None = None
+    a: ModuleType,
+    b: ModuleType,
+    rounds: int,
+    ps: int,
+    reqs: list,
+    b_window: int | None = None,
+    a_window: int | None = None,
 ) -> dict[str, list]:
     """Per-quantity lists of (A, B) figures, one pair per round."""
     overhead = br.timer_overhead()
@@ -51,8 +58,8 @@ def ab(
         for i in (0, 1) if r % 2 == 0 else (1, 0):
             core = (a, b)[i]
             pool = br.SlotPool(br.CAPACITY + 8192 + 16 * ps, ps)
-            hybrid = i == 1 and b_window
-            tree = core.RadixTree(ps, sliding_window=b_window) if hybrid else core.RadixTree(ps)
+            window = (a_window, b_window)[i]
+            tree = core.RadixTree(ps, sliding_window=window) if window else core.RadixTree(ps)
             got[i] = br.request_loop(tree, pool, reqs, br.CAPACITY, overhead)
             pool.audit(tree.all_slots(), len(pool.pages))
         for k in KEYS:
@@ -68,11 +75,12 @@ def main() -> None:
     ap.add_argument("--page-sizes", default="1,16")
     ap.add_argument("--requests", type=int, default=2000)
     ap.add_argument("--b-window", type=int, default=None, help="B: full + SWA, this window")
+    ap.add_argument("--a-window", type=int, default=None, help="A: full + SWA, this window")
     args = ap.parse_args()
     a, b = load_core(args.a), load_core(args.b)
     reqs = br.workload(args.requests)
     for ps in (int(x) for x in args.page_sizes.split(",")):
-        res = ab(a, b, args.rounds, ps, reqs, args.b_window)
+        res = ab(a, b, args.rounds, ps, reqs, args.b_window, args.a_window)
         print(f"page size {ps} ({args.rounds} rounds, µs per call)")
         for k, pairs in res.items():
             xa, xb = [p[0] for p in pairs], [p[1] for p in pairs]

@@ -120,11 +120,18 @@ impl Policy {
 }
 
 impl RadixTree {
+    /// Whether `id` belongs in the evictable set: an unlocked childless
+    /// live non-root node. O(1).
+    fn wants_evictable(&self, id: NodeId) -> bool {
+        let n = &self.nodes[id.idx()];
+        id != NodeId::ROOT && n.live && n.lock_ref == 0 && !n.has_children()
+    }
+
     /// Puts `id` in the evictable set iff it is an unlocked childless
     /// non-root node, and takes it out otherwise. O(log L).
     pub(super) fn update_leaf_status(&mut self, id: NodeId) {
+        let want = self.wants_evictable(id);
         let n = &self.nodes[id.idx()];
-        let want = id != NodeId::ROOT && n.live && n.lock_ref == 0 && !n.has_children();
         match (want, n.evict_key) {
             (true, None) => {
                 let k = self.policy.key(n);
@@ -216,70 +223,111 @@ impl RadixTree {
     /// `freed` (the caller releases them) and returns the tokens freed.
     /// Never touches a locked node or an ancestor of one; never leaves an
     /// unreachable node. O(log L + pages) per removed node.
+    ///
+    /// The cascade parent is held aside rather than filed: it is evicted
+    /// next, without entering the set, when its key is below the set's
+    /// smallest (a request's leaf that a window split or a later branch
+    /// divided goes in one pass), and filed otherwise (or when the call
+    /// ends). The order is the one filing it first would give (keys are
+    /// unique: they end in the creation sequence number).
     pub fn evict(&mut self, num_tokens: usize, freed: &mut Vec<PageId>) -> usize {
         let mut done = 0;
+        let mut held: Option<(EvictKey, NodeId)> = None;
         while done < num_tokens {
-            let Some((_, x)) = self.evictable.pop_first() else { break };
-            done += self.delete_leaf(x, freed);
+            let next = match held.take() {
+                Some(h) if self.evictable.first().is_none_or(|f| h < *f) => h,
+                Some(h) => {
+                    self.file_evictable(h);
+                    match self.evictable.pop_first() {
+                        Some(f) => f,
+                        None => break,
+                    }
+                }
+                None => match self.evictable.pop_first() {
+                    Some(f) => f,
+                    None => break,
+                },
+            };
+            let x = next.1;
+            self.nodes[x.idx()].evict_key = None;
+            let (n, parent) = self.delete_leaf(x, freed);
+            done += n;
+            if self.wants_evictable(parent) && self.nodes[parent.idx()].evict_key.is_none() {
+                held = Some((self.policy.key(&self.nodes[parent.idx()]), parent));
+            }
+        }
+        if let Some(h) = held {
+            self.file_evictable(h);
         }
         done
+    }
+
+    /// Files `id` in the evictable set under `k` (its current key; it is an
+    /// unlocked leaf not in the set). O(log L).
+    fn file_evictable(&mut self, (k, id): (EvictKey, NodeId)) {
+        debug_assert!(
+            self.nodes[id.idx()].evict_key.is_none() && k == self.policy.key(&self.nodes[id.idx()])
+        );
+        self.nodes[id.idx()].evict_key = Some(k);
+        self.evictable.insert((k, id));
     }
 
     /// Deletes the evictable leaf `x` (with its components): its values go
     /// to `freed`, a `BlockRemoved` is recorded, the parent may become an
     /// evictable leaf. Returns its tokens. O(log L + pages).
     pub(super) fn remove_leaf(&mut self, x: NodeId, freed: &mut Vec<PageId>) -> usize {
-        let k = self.nodes[x.idx()].evict_key.expect("an evictable leaf");
+        let k = self.nodes[x.idx()].evict_key.take().expect("an evictable leaf");
         self.evictable.remove(&(k, x));
-        self.delete_leaf(x, freed)
+        let (n, parent) = self.delete_leaf(x, freed);
+        self.update_leaf_status(parent);
+        n
     }
 
-    /// [`Self::remove_leaf`] of a leaf already taken out of the evictable set.
-    fn delete_leaf(&mut self, x: NodeId, freed: &mut Vec<PageId>) -> usize {
-        {
-            if self.hy.is_some() {
-                self.hy_remove(x);
-            }
-            let node = std::mem::replace(&mut self.nodes[x.idx()], Node::empty(0));
-            let n_tokens = node.key.len();
-            freed.extend_from_slice(&node.value);
-            super::unmark_all(&mut self.in_tree, &node.value);
-            self.events.record(|| KvEvent::BlockRemoved { block_hashes: node.hashes });
-            let parent = node.parent;
-            if self.nodes[parent.idx()].only == x {
-                self.nodes[parent.idx()].only = NodeId::ROOT;
-            } else {
-                let ck = child_key(node.ns, &node.key[..self.page_size]);
-                let kids = &mut self.nodes[parent.idx()].children;
-                let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
-                    Kids::One(c) => {
-                        assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
-                        true
-                    }
-                    Kids::Many(v) => {
-                        let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
-                        v.remove(pos);
-                        if v.len() == 1 {
-                            let last = v[0];
-                            kids.insert(ck, Kids::One(last));
-                        }
-                        false
-                    }
-                };
-                if remove_entry {
-                    kids.remove(&ck);
-                }
-            }
-            if parent == NodeId::ROOT {
-                self.ns.remove_root_child(node.ns);
-            }
-            self.evictable_size -= node.key.len();
-            // Restore the generation so release_node bumps it.
-            self.nodes[x.idx()].generation = node.generation;
-            self.nodes[x.idx()].live = true;
-            self.release_node(x);
-            self.update_leaf_status(parent);
-            n_tokens
+    /// Deletes the leaf `x`, already out of the evictable set (its
+    /// `evict_key` cleared), with its components: its values go to `freed`,
+    /// a `BlockRemoved` is recorded. The caller files the parent if it
+    /// became an evictable leaf. Returns its tokens and its parent.
+    /// O(pages).
+    fn delete_leaf(&mut self, x: NodeId, freed: &mut Vec<PageId>) -> (usize, NodeId) {
+        if self.hy.is_some() {
+            self.hy_remove(x);
         }
+        let n = &mut self.nodes[x.idx()];
+        let (key, value, hashes) =
+            (std::mem::take(&mut n.key), std::mem::take(&mut n.value), std::mem::take(&mut n.hashes));
+        let (parent, ns) = (n.parent, n.ns);
+        freed.extend_from_slice(&value);
+        super::unmark_all(&mut self.in_tree, &value);
+        self.events.record(|| KvEvent::BlockRemoved { block_hashes: hashes });
+        if self.nodes[parent.idx()].only == x {
+            self.nodes[parent.idx()].only = NodeId::ROOT;
+        } else {
+            let ck = child_key(ns, &key[..self.page_size]);
+            let kids = &mut self.nodes[parent.idx()].children;
+            let remove_entry = match kids.get_mut(&ck).expect("evicted leaf is filed under its key") {
+                Kids::One(c) => {
+                    assert_eq!(*c, x, "parent files another node under the evicted leaf's key");
+                    true
+                }
+                Kids::Many(v) => {
+                    let pos = v.iter().position(|&c| c == x).expect("evicted leaf listed under its key");
+                    v.remove(pos);
+                    if v.len() == 1 {
+                        let last = v[0];
+                        kids.insert(ck, Kids::One(last));
+                    }
+                    false
+                }
+            };
+            if remove_entry {
+                kids.remove(&ck);
+            }
+        }
+        if parent == NodeId::ROOT {
+            self.ns.remove_root_child(ns);
+        }
+        self.evictable_size -= key.len();
+        self.release_node(x);
+        (key.len(), parent)
     }
 }

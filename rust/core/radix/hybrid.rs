@@ -295,6 +295,12 @@ impl Lru {
         self.push_mru(x);
     }
 
+    /// Moves `x` (a member other than `a`) to just older than `a`.
+    fn move_older_than(&mut self, a: NodeId, x: NodeId) {
+        self.remove(x);
+        self.insert_older_than(a, x);
+    }
+
     /// The least recent member for which `skip` is false.
     fn oldest_where(&self, mut skip: impl FnMut(NodeId) -> bool) -> Option<NodeId> {
         let mut cur = self.lru;
@@ -569,19 +575,22 @@ impl RadixTree {
         }
         if h.swa() {
             // The node and its live ancestors within window + page tokens,
-            // the node most recent.
-            let mut chain = Vec::new();
+            // the node most recent, each ancestor just older than the live
+            // node below it (the order touching them root side first gives,
+            // without collecting the chain).
+            let mut newer = None;
             let mut cur = node;
             let mut acc = 0usize;
             while cur != NodeId::ROOT && acc < h.window + ps {
                 if h.comps[cur.idx()].swa_live {
-                    chain.push(cur);
+                    match newer {
+                        None => h.swa_lru.touch(cur),
+                        Some(a) => h.swa_lru.move_older_than(a, cur),
+                    }
+                    newer = Some(cur);
                 }
                 acc += self.nodes[cur.idx()].key.len();
                 cur = self.nodes[cur.idx()].parent;
-            }
-            for &x in chain.iter().rev() {
-                h.swa_lru.touch(x);
             }
         }
         if mamba_too && h.comps[node.idx()].mamba.is_some() {

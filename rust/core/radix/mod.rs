@@ -20,6 +20,7 @@
 //! | `walk` | match and insert (walks, splits, new leaves) |
 //! | `event_hash` | chained page hashes, `BlockStored` of new leaves, the hash listing |
 //! | `evict` | the evictable set and eviction policies |
+//! | `hybrid` | the SWA / Mamba components (tombstones, window locks, cascade eviction) |
 //! | `dump` | debug dump and cached sequences |
 //! | `check` | `check_invariants` |
 //!
@@ -106,7 +107,8 @@
 //! # Costs
 //! `n` = query tokens, `d` = depth of the walk, `L` = evictable leaves.
 //! `match_prefix`: O(n) token compares (galloping memcmp), O(d) hash lookups
-//! plus O(hit pages) to copy values; a split moves O(edge) tokens.
+//! plus O(hit pages) to copy values; a split copies the shorter half of the
+//! edge (the longer keeps its buffer).
 //! `insert`: the same walk, O(new pages) and O(prefix pages) to find
 //! duplicates. `extend_locked`: O(new tokens), whatever the depth.
 //! `lock`/`unlock`: O(d + log L). `evict`: O(log L) per removed

@@ -898,6 +898,15 @@ proptest! {
             (0u32..300, 1usize..130).prop_map(|(b, n)| (b..b + u32::try_from(n).expect("small")).collect::<Vec<u32>>()),
             (0u32..300, 1usize..130).prop_map(|(b, n)| (b..b + u32::try_from(n).expect("small")).rev().collect::<Vec<u32>>()),
             proptest::collection::vec(0u32..400, 0..90),
+            // short runs back to back: chunks that span the end of a run
+            proptest::collection::vec((0u32..300, 1u32..40, proptest::bool::ANY), 1..6).prop_map(|rs| {
+                rs.into_iter()
+                    .flat_map(|(b, n, down)| {
+                        let run: Vec<u32> = (b..b + n).collect();
+                        if down { run.into_iter().rev().collect::<Vec<u32>>() } else { run }
+                    })
+                    .collect::<Vec<u32>>()
+            }),
         ], 1..6)) {
         let mut bits = vec![0u64; 8];
         let mut set = std::collections::BTreeSet::new();

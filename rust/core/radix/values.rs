@@ -16,6 +16,29 @@ use super::RadixTree;
 use crate::core::error::{KvError, KvResult};
 use crate::core::ids::PageId;
 
+/// When `chunk` (at most 64 values) is a run of consecutive values,
+/// ascending or descending (allocators hand slots out in runs; stack-based
+/// ones in descending order), its bits `[lo, lo + len)` as at most two word
+/// masks `(w0, m0, w1, m1)` (`m1 == 0` when `w1 == w0`). One branch-free
+/// pass over the chunk.
+#[inline]
+fn run_masks(chunk: &[PageId]) -> Option<(usize, u64, usize, u64)> {
+    let base = chunk[0].0;
+    let (up, down) = chunk.iter().zip(0u32..).fold((0u32, 0u32), |(u, d), (v, k)| {
+        (u | (v.0 ^ base.wrapping_add(k)), d | (v.0 ^ base.wrapping_sub(k)))
+    });
+    let lo =
+        if up == 0 { Some(base) } else { (down == 0).then(|| base.wrapping_sub(chunk.len() as u32 - 1)) };
+    let (Some(lo), true) = (lo, chunk.len() > 1 && (up == 0 || base as usize + 1 >= chunk.len())) else {
+        return None;
+    };
+    let (lo, hi) = (lo as usize, lo as usize + chunk.len());
+    let (w0, w1) = (lo / 64, (hi - 1) / 64);
+    let m0 = range_mask(lo % 64, if w0 == w1 { (hi - 1) % 64 + 1 } else { 64 });
+    let m1 = if w0 == w1 { 0 } else { range_mask(0, (hi - 1) % 64 + 1) };
+    Some((w0, m0, w1, m1))
+}
+
 /// Sets the bits of `vals` in `bits` (sized for them), 64 values at a time:
 /// a chunk of consecutive values, ascending or descending (the usual case:
 /// slots are handed out in runs), becomes one or two word masks; other chunks collect consecutive
@@ -25,20 +48,7 @@ use crate::core::ids::PageId;
 pub(super) fn mark_all(bits: &mut [u64], vals: &[PageId]) -> Result<(), usize> {
     for (c, chunk) in vals.chunks(64).enumerate() {
         let start = c * 64;
-        let base = chunk[0].0;
-        let (up, down) = chunk.iter().zip(0u32..).fold((0u32, 0u32), |(u, d), (v, k)| {
-            (u | (v.0 ^ base.wrapping_add(k)), d | (v.0 ^ base.wrapping_sub(k)))
-        });
-        // An ascending or descending run of consecutive values (allocators
-        // hand slots out in runs; stack-based ones in descending order).
-        let lo =
-            if up == 0 { Some(base) } else { (down == 0).then(|| base.wrapping_sub(chunk.len() as u32 - 1)) };
-        if let (Some(lo), true) = (lo, chunk.len() > 1 && (up == 0 || base as usize + 1 >= chunk.len())) {
-            // bits [lo, lo + len): at most two words
-            let (lo, hi) = (lo as usize, lo as usize + chunk.len());
-            let (w0, w1) = (lo / 64, (hi - 1) / 64);
-            let m0 = range_mask(lo % 64, if w0 == w1 { (hi - 1) % 64 + 1 } else { 64 });
-            let m1 = if w0 == w1 { 0 } else { range_mask(0, (hi - 1) % 64 + 1) };
+        if let Some((w0, m0, w1, m1)) = run_masks(chunk) {
             if bits[w0] & m0 != 0 || (w1 != w0 && bits[w1] & m1 != 0) {
                 return Err(start);
             }
@@ -83,9 +93,25 @@ pub(super) fn range_mask(lo: usize, hi: usize) -> u64 {
     upper & !((1u64 << lo) - 1)
 }
 
-/// Clears the bits of `vals` (word-run batched like [`mark_all`]). Values
-/// beyond the bitmap are ignored.
+/// Clears the bits of `vals` (like [`mark_all`]: a chunk of 64 consecutive
+/// values, ascending or descending, is one or two word masks; other chunks
+/// are word-run batched). Values beyond the bitmap are ignored.
 pub(super) fn unmark_all(bits: &mut [u64], vals: &[PageId]) {
+    for chunk in vals.chunks(64) {
+        if let Some((w0, m0, w1, m1)) = run_masks(chunk) {
+            for (w, m) in [(w0, m0), (w1, m1)] {
+                if let Some(x) = bits.get_mut(w) {
+                    *x &= !m;
+                }
+            }
+            continue;
+        }
+        unmark_each(bits, chunk);
+    }
+}
+
+/// Clears `vals` one word-run at a time.
+fn unmark_each(bits: &mut [u64], vals: &[PageId]) {
     let mut cur = usize::MAX;
     let mut mask = 0u64;
     for v in vals {

@@ -14,7 +14,8 @@
 //! # Costs
 //! `n` = query tokens, `d` = depth of the walk. A walk: O(n) token compares
 //! (galloping memcmp) and O(d) child-map probes. `match_prefix`: the walk
-//! plus O(hit pages) to copy values; a split moves O(edge) tokens.
+//! plus O(hit pages) to copy values; a split copies the shorter half of the
+//! edge (the longer keeps its buffer).
 //! `insert`: the walk, O(prefix pages) to find duplicates and O(new pages).
 
 use std::collections::hash_map::Entry;
@@ -57,6 +58,25 @@ pub fn common_prefix(a: &[i32], b: &[i32]) -> usize {
         return i;
     }
     n
+}
+
+/// Splits `v` after its first `at` items (`0 < at < len`): returns the
+/// front, `v` keeps the back. The longer part keeps the buffer and only the
+/// shorter one is copied (a front longer than the back takes `v`'s buffer,
+/// cut to its length and shrunk in place), so a split costs O(shorter part)
+/// copies rather than O(len), and neither buffer is more than twice its
+/// contents (the back may keep the front's room).
+fn split_front<T: Copy>(v: &mut Vec<T>, at: usize) -> Vec<T> {
+    debug_assert!(at > 0 && at < v.len());
+    if at > v.len() - at {
+        let back = v[at..].to_vec();
+        let mut front = std::mem::replace(v, back);
+        front.truncate(at);
+        front.shrink_to_fit();
+        front
+    } else {
+        v.drain(..at).collect()
+    }
 }
 
 /// [`common_prefix`] of a key and a query of any token type, without a copy:
@@ -230,16 +250,17 @@ impl RadixTree {
     /// len`): a new upper node takes `key[..l]` and sits between `c`'s parent
     /// and `c`, with `c`'s lock count, hit count and priority; `c` keeps its
     /// id (so handles and locks stay valid) and the rest of its edge.
-    /// O(edge length).
+    /// O(shorter half) copied ([`split_front`]): the window cap of a hybrid
+    /// insert splits a long new leaf just above its last window, and moves
+    /// only that window's tokens.
     pub(super) fn split(&mut self, c: NodeId, l: usize, tick: u64) -> NodeId {
         let ps = self.page_size;
         let cn = &mut self.nodes[c.idx()];
         debug_assert!(l > 0 && l < cn.key.len() && l.is_multiple_of(ps));
         let lp = l / ps;
-        let upper_key: Vec<i32> = cn.key.drain(..l).collect();
-        let upper_value: Vec<PageId> = cn.value.drain(..lp).collect();
-        let upper_hashes: Vec<u64> =
-            if cn.hashes.is_empty() { Vec::new() } else { cn.hashes.drain(..lp).collect() };
+        let upper_key = split_front(&mut cn.key, l);
+        let upper_value = split_front(&mut cn.value, lp);
+        let upper_hashes = if cn.hashes.is_empty() { Vec::new() } else { split_front(&mut cn.hashes, lp) };
         let (parent, ns, lock_ref, hit_count, priority) =
             (cn.parent, cn.ns, cn.lock_ref, cn.hit_count, cn.priority);
         let u = self.alloc_node();
