@@ -9,6 +9,11 @@ Rust ``_VllmManager``'s (``kvindex._core``), over the same block pool as
 ``HashChainCache``, keyed on the hashes vLLM computed for each request
 (``request.block_hashes``), so hits and events agree with vLLM's bit for bit.
 
+The calls the scheduler makes on every running request every step (``allocate_slots``,
+``cache_blocks``, ``estimate_cached_tokens``) are native methods installed on each
+instance (``kvindex._core._VllmFront``): a running request's plain step is answered in
+Rust without a Python frame; every other call reaches the Python methods below.
+
 Scope: one full-attention (or MLA) KV cache group here; a config with several groups (or
 one sliding-window / chunked-local group) is served by
 :class:`~kvindex.integrations.vllm.hybrid.HybridKVCacheManager`, which constructing this
