@@ -14,9 +14,11 @@ Needs vLLM 0.33 (the vLLM test environment); skipped where vLLM is not installed
 
 from __future__ import annotations
 
+import gc
 import random
 import sys
 import warnings
+import weakref
 from types import FrameType
 from typing import Any
 
@@ -238,3 +240,14 @@ def test_front_agrees_with_the_python_methods_and_vllm(seed: int) -> None:
         events = [m.take_events() for m in ms]
         assert events[1:] == events[:-1], f"step {step}"
         ms[1]._core.check_invariants()
+
+
+def test_a_dropped_manager_is_collected() -> None:
+    """The front and the manager refer to each other (its bound methods, block list and
+    tables); the cycle is visible to the garbage collector, so nothing leaks."""
+    m = KVCacheManager(config(32, 4), max_model_len=512, scheduler_block_size=4, hash_block_size=4)
+    running(m, "a", list(range(10)), 4)
+    gone = weakref.ref(m)
+    del m
+    gc.collect()
+    assert gone() is None
