@@ -319,7 +319,7 @@ impl VllmManager {
         let ng = self.layout.len();
         let hbs = self.layout.hash_block_size();
         let sets = self.layout.spec_sets();
-        let scratch = RefCell::new((Vec::new(), Vec::with_capacity(hashes.len())));
+        let scratch = RefCell::new((Vec::new(), Vec::new()));
         let anchor = self.anchor_run(hashes, max_tokens);
         let mut looks: Vec<PoolLookup<'_>> = sets
             .iter()
@@ -361,12 +361,13 @@ impl VllmManager {
     }
 
     /// The anchor group's first copies of the request hashes a lookup of
-    /// `max_tokens` can ask for (one block past them: an EAGLE peek), up to
-    /// the first uncached one; empty without sibling rows.
+    /// `max_tokens` can ask for (and one block past them under EAGLE: its
+    /// peek), up to the first uncached one; empty without sibling rows.
     fn anchor_run(&self, hashes: &[BlockHash], max_tokens: usize) -> Vec<BlockId> {
         let mut out = Vec::new();
         let Some(a) = self.siblings.anchor() else { return out };
-        let hs = &hashes[..(max_tokens / self.layout.hash_block_size() + 1).min(hashes.len())];
+        let peek = usize::from(self.layout.use_eagle());
+        let hs = &hashes[..(max_tokens / self.layout.hash_block_size() + peek).min(hashes.len())];
         out.reserve(hs.len());
         if a == 0 {
             self.pool.lookup_run(hs, &mut out);
