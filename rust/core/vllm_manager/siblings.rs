@@ -129,11 +129,12 @@ impl Siblings {
 
     /// Notes the hashed blocks among the first `n` of `pool`'s free queue
     /// (what an allocation of `n` evicts); `owner`: the manager's owner words.
+    #[inline]
     pub(crate) fn note_victims(&mut self, pool: &BlockPool, owner: &[u32], n: usize) {
-        self.victims.clear();
         if self.anchor.is_none() {
             return;
         }
+        self.victims.clear();
         for b in pool.free_queue().take(n) {
             if let Some(k) = pool.block_hash(b) {
                 self.victims.push((k, owner[b.idx()], b));
@@ -142,7 +143,11 @@ impl Siblings {
     }
 
     /// After the allocation [`Self::note_victims`] was called for.
+    #[inline]
     pub(crate) fn sync_victims(&mut self, pool: &BlockPool) {
+        if self.victims.is_empty() {
+            return;
+        }
         let victims = std::mem::take(&mut self.victims);
         for (k, w, b) in &victims {
             self.dropped(pool, k, *w, *b);
