@@ -43,6 +43,7 @@ use crate::core::ids::{BlockHash, BlockId};
 pub mod groups;
 mod loose;
 mod mamba;
+mod pool_lookup;
 pub mod retention;
 mod siblings;
 mod zeroing;
