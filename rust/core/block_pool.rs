@@ -270,8 +270,9 @@ impl BlockPool {
     }
 
     /// Caches block `b` (in use, unhashed) under `h`, after any existing copies.
+    /// Returns whether `b` is the first copy (what lookups of `h` now return).
     /// O(1) amortised. The caller emits the `BlockStored` event for the run.
-    pub fn cache_block(&mut self, b: BlockId, h: BlockHash) {
+    pub fn cache_block(&mut self, b: BlockId, h: BlockHash) -> bool {
         assert!(self.meta[b.idx()].hash.is_none(), "block {} already hashed", b.0);
         let meta = &self.meta;
         let first = self.index.find(h.key64(), |&x| meta[x.idx()].hash == Some(h)).is_some();
@@ -281,6 +282,7 @@ impl BlockPool {
             self.index.insert_unique(h.key64(), b, |&x| key_of(meta, x));
         }
         self.meta[b.idx()].hash = Some(h);
+        !first
     }
 
     /// Releases one reference on each block of `ordered` (already in release

@@ -184,6 +184,8 @@ impl PyVllmManager {
         if let (Some(h), Some(n)) = (hashes, cache_tokens) {
             self.cache_into(request_id, h, n, reprefillable)?;
         }
+        // No group took a block: one empty array per group.
+        let new = if new.is_empty() { vec![Vec::new(); self.inner.num_groups()] } else { new };
         Ok(Some(group_arrays(py, &new)?))
     }
 

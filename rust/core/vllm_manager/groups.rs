@@ -4,10 +4,13 @@
 //! [`GroupRule`].
 //!
 //! - hits: [`coordinator::longest_hit`] over the pool, one lookup per spec
-//!   set, each block looked up under its group's key;
+//!   set; the anchor group's run is probed once, and the blocks of every
+//!   group under the hashes it covers are read from its blocks' sibling rows
+//!   ([`super::siblings`]); other blocks are probed under their group's key;
 //! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
 //!   hits touched for every group before any group takes external blocks
-//!   (two phases, as vLLM), then new blocks group by group;
+//!   (two phases, as vLLM), then new blocks group by group (a decode step
+//!   that frees and takes nothing reads the request's tables once);
 //! - caching: each group's cacheable tokens (rounded to the scheduler block
 //!   on hybrids), its full blocks from its cached count, less null blocks and
 //!   the blocks its rule never serves (sliding-window segment heads).
@@ -16,20 +19,24 @@
 //! - the pool's invariants hold;
 //! - a block in a request's tables is in the tables of one group only and
 //!   is referenced at most its ref count times;
-//! - a cached block's recorded group is the group its key belongs to.
+//! - a cached block's recorded group is the group its key belongs to;
+//! - the sibling rows agree with the pool ([`super::siblings`]).
 //!
-//! Costs: a hit is O(blocks looked up) per spec set and round of the fixed
+//! Costs: a hit is one probe per block of the anchor's run plus O(blocks
+//! looked up) row reads or probes per spec set and round of the fixed
 //! point; allocation and caching O(blocks touched) per group.
 
 use std::cell::RefCell;
 
 use rustc_hash::FxHashMap;
 
+use super::pool_lookup::PoolLookup;
 use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
+use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
-use crate::core::groups::rule::{BlockLookup, GroupRule};
-use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
+use crate::core::groups::rule::GroupRule;
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, MambaMode};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
@@ -89,87 +96,15 @@ pub struct CachedRun {
     pub stored: Vec<usize>,
 }
 
-/// A spec set's view of the pool: block `i` at the set's block size,
-/// cached under every member group's key. A set of one group answers its
-/// block id itself; a set of several answers an offset into `side`, where
-/// the members' block ids of that block follow in member order.
-///
-/// Runs ([`BlockLookup::get_run`], full attention and chunked local) are
-/// looked up in one [`BlockPool::lookup_run`] batch per member, whose
-/// cache misses overlap.
-///
-/// [`BlockPool::lookup_run`]: crate::core::block_pool::BlockPool::lookup_run
-struct PoolLookup<'a> {
-    m: &'a VllmManager,
-    hashes: &'a [BlockHash],
-    scale: usize,
-    groups: &'a [usize],
-    side: Vec<BlockId>,
-    /// Scratch of [`BlockLookup::get_run`], shared by a call's sets: one
-    /// member's keys and hits.
-    scratch: &'a RefCell<(Vec<BlockHash>, Vec<BlockId>)>,
-}
-
-impl BlockLookup for PoolLookup<'_> {
-    type Block = u32;
-    fn get(&mut self, i: usize) -> Option<u32> {
-        let h = self.hashes.get(coarse_hash_index(i, self.scale))?;
-        if let [g] = *self.groups {
-            return self.m.pool.get_cached(&group_key(h, g)).map(|b| b.0);
-        }
-        let off = self.side.len();
-        for &g in self.groups {
-            match self.m.pool.get_cached(&group_key(h, g)) {
-                Some(b) => self.side.push(b),
-                None => {
-                    self.side.truncate(off);
-                    return None;
-                }
-            }
-        }
-        #[allow(clippy::cast_possible_truncation)]
-        Some(off as u32)
-    }
-
-    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<u32>>) -> usize {
-        let hi = hi.min(self.hashes.len() / self.scale);
-        if lo >= hi {
-            return 0;
-        }
-        let pool = &self.m.pool;
-        let mut n = hi - lo;
-        let base = self.side.len();
-        let mut scratch = self.scratch.borrow_mut();
-        let (keys, ids) = &mut *scratch;
-        for (j, &g) in self.groups.iter().enumerate() {
-            ids.clear();
-            if g == 0 && self.scale == 1 {
-                pool.lookup_run(&self.hashes[lo..lo + n], ids);
-            } else {
-                keys.clear();
-                let (hs, sc) = (self.hashes, self.scale);
-                keys.extend((lo..lo + n).map(|i| group_key(&hs[coarse_hash_index(i, sc)], g)));
-                pool.lookup_run(keys, ids);
-            }
-            n = ids.len();
-            if self.groups.len() == 1 {
-                out.extend(ids.iter().map(|b| Some(b.0)));
-                return n;
-            }
-            // Interleave: member j's block of block k goes to side[base + k * members + j].
-            let members = self.groups.len();
-            if j == 0 {
-                self.side.resize(base + n * members, BlockId::NULL);
-            }
-            self.side.truncate(base + n * members);
-            for (k, &b) in ids.iter().enumerate() {
-                self.side[base + k * members + j] = b;
-            }
-        }
-        let members = self.groups.len();
-        #[allow(clippy::cast_possible_truncation)]
-        out.extend((0..n).map(|k| Some((base + k * members) as u32)));
-        n
+/// vLLM's `remove_skipped_blocks` on one table: the real blocks that end at
+/// block `n` (at most the table's length) are freed, last first, stopping at
+/// a null, and become nulls.
+fn null_skipped(pool: &mut BlockPool, scratch: &mut Vec<BlockId>, blocks: &mut [BlockId], n: usize) {
+    let n = n.min(blocks.len());
+    let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
+    if lo < n {
+        pool.free(blocks[lo..n].iter().rev().copied(), scratch);
+        blocks[lo..n].fill(BlockId::NULL);
     }
 }
 
@@ -233,7 +168,8 @@ impl VllmManager {
         let ng = self.layout.len();
         let hbs = self.layout.hash_block_size();
         let sets = self.layout.spec_sets();
-        let scratch = RefCell::new((Vec::new(), Vec::with_capacity(hashes.len())));
+        let scratch = RefCell::new((Vec::new(), Vec::new()));
+        let anchor = self.anchor_run(hashes, max_tokens);
         let mut looks: Vec<PoolLookup<'_>> = sets
             .iter()
             .map(|s| {
@@ -243,7 +179,15 @@ impl VllmManager {
                 } else {
                     Vec::new()
                 };
-                PoolLookup { m: self, hashes, scale, groups: &s.group_ids, side, scratch: &scratch }
+                PoolLookup {
+                    m: self,
+                    hashes,
+                    scale,
+                    groups: &s.group_ids,
+                    side,
+                    scratch: &scratch,
+                    anchor: &anchor,
+                }
             })
             .collect();
         let mut outs: Vec<Vec<Option<u32>>> =
@@ -263,6 +207,24 @@ impl VllmManager {
             }
         }
         GroupHit { hit, blocks }
+    }
+
+    /// The anchor group's first copies of the request hashes a lookup of
+    /// `max_tokens` can ask for (and one block past them under EAGLE: its
+    /// peek), up to the first uncached one; empty without sibling rows.
+    pub(super) fn anchor_run(&self, hashes: &[BlockHash], max_tokens: usize) -> Vec<BlockId> {
+        let mut out = Vec::new();
+        let Some(a) = self.siblings.anchor() else { return out };
+        let peek = usize::from(self.layout.use_eagle());
+        let hs = &hashes[..(max_tokens / self.layout.hash_block_size() + peek).min(hashes.len())];
+        out.reserve(hs.len());
+        if a == 0 {
+            self.pool.lookup_run(hs, &mut out);
+        } else {
+            let keys: Vec<BlockHash> = hs.iter().map(|h| group_key(h, a)).collect();
+            self.pool.lookup_run(&keys, &mut out);
+        }
+        out
     }
 
     /// vLLM's single-type `get_num_blocks_to_allocate` for group `g`.
@@ -346,7 +308,30 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> isize {
-        let req = self.reqs.get(rid);
+        self.blocks_needed(
+            self.reqs.get(rid),
+            rid,
+            num_tokens,
+            main_tokens,
+            new_computed,
+            total_computed,
+            apply_cap,
+        )
+    }
+
+    /// [`Self::num_blocks_to_allocate_signed`] for the request's tables `req`
+    /// (`None`: it has none), looked up by the caller.
+    #[allow(clippy::too_many_arguments)]
+    fn blocks_needed(
+        &self,
+        req: Option<&Req>,
+        rid: &str,
+        num_tokens: usize,
+        main_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> isize {
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
@@ -392,8 +377,9 @@ impl VllmManager {
     /// including) caching: the full-sequence gate, `remove_skipped_blocks`
     /// (`s.processed_tokens`), the free-block check, adopting every group's
     /// hit and then external tokens, then new blocks up to
-    /// `num_tokens_need_slot`. Returns each group's new blocks, or `None`
-    /// (as in vLLM, skipped blocks may have been freed before a refusal).
+    /// `num_tokens_need_slot`. Returns each group's new blocks (in group
+    /// order; an empty list, with no allocation, when no group took a block),
+    /// or `None` (as in vLLM, skipped blocks may have been freed before a refusal).
     ///
     /// # Errors
     /// `InvalidArgument` for hit lists that are not this manager's hits, or a
@@ -406,7 +392,8 @@ impl VllmManager {
     ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
         self.check_hits(new_computed)?;
         let any_hit = new_computed.iter().any(|v| !v.is_empty());
-        let running = self.reqs.get(rid).is_some_and(Req::running);
+        let req = self.reqs.get(rid);
+        let (running, all_running) = req.map_or((false, false), |r| (r.running(), r.all_running()));
         if running && any_hit {
             return Err(KvError::invalid(format!(
                 "request {rid:?} is running: it cannot adopt new prefix-cache hits"
@@ -425,12 +412,21 @@ impl VllmManager {
                 return Ok(None);
             }
         }
-        if let Some(p) = s.processed_tokens {
-            self.remove_skipped_blocks(rid, p);
-        }
         let main = s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot);
-        let need =
-            self.num_blocks_to_allocate_signed(rid, s.num_tokens_need_slot, main, new_computed, total, false);
+        let (need_slot, hits) = (s.num_tokens_need_slot, new_computed);
+        // Most decode steps: `remove_skipped_blocks` has nothing to free, and the
+        // count reads the tables already looked up.
+        let need = match (s.processed_tokens, req) {
+            (Some(p), Some(r)) if !self.skipped_noop(r, p) => {
+                self.remove_skipped_blocks(rid, p);
+                self.num_blocks_to_allocate_signed(rid, need_slot, main, hits, total, false)
+            }
+            (Some(p), None) => {
+                self.remove_skipped_blocks(rid, p);
+                self.num_blocks_to_allocate_signed(rid, need_slot, main, hits, total, false)
+            }
+            _ => self.blocks_needed(req, rid, need_slot, main, hits, total, false),
+        };
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
@@ -447,15 +443,36 @@ impl VllmManager {
                 }
             }
         }
-        let mut out = Vec::with_capacity(ng);
+        // Bit `g`: group `g` already holds the blocks it needs (most decode steps);
+        // it takes none. When every group has a cached count and none is Mamba, the
+        // count is `needed - held` per group: a count of 0 needs no lookup for that.
+        let want = |spec: GroupSpec| cdiv(s.num_tokens_need_slot, spec.block_size);
+        let all_held = all_running && need == 0 && !self.mamba.any();
+        let enough = if all_held {
+            u64::MAX
+        } else {
+            self.reqs.get(rid).map_or(0u64, |r| {
+                let groups = self.layout.groups().iter().enumerate();
+                groups
+                    .filter(|&(g, &spec)| !self.mamba.is_align(g) && r.g(g).blocks.len() >= want(spec))
+                    .fold(0, |m, (g, _)| m | 1 << g)
+            })
+        };
+        // Allocated when a group takes a block (not on most decode steps).
+        let mut out = Vec::new();
         for g in 0..ng {
-            if self.mamba.is_align(g) {
-                out.push(self.mamba_allocate(rid, g, main));
+            let new = if enough & (1 << g) != 0 {
                 continue;
+            } else if self.mamba.is_align(g) {
+                self.mamba_allocate(rid, g, main)
+            } else {
+                let record = self.records_new(g);
+                self.take_upto(rid, g, want(self.layout.groups()[g]), record)
+            };
+            if !new.is_empty() {
+                out.resize(ng, Vec::new());
+                out[g] = new;
             }
-            let bs = self.layout.groups()[g].block_size;
-            let record = self.records_new(g);
-            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), record));
         }
         Ok(Some(out))
     }
@@ -487,30 +504,53 @@ impl VllmManager {
         self.take_new(rid, g, n, record);
     }
 
+    /// Whether `remove_skipped_blocks(processed)` would change nothing for the
+    /// request's tables `r` (it exists; no Mamba group): in each group the
+    /// last block before the window is a null (or there is none).
+    fn skipped_noop(&self, r: &Req, processed: usize) -> bool {
+        !self.mamba.any()
+            && self.layout.groups().iter().enumerate().all(|(g, spec)| {
+                let blocks = &r.g(g).blocks;
+                let n = (spec.skipped_tokens(processed) / spec.block_size).min(blocks.len());
+                n == 0 || blocks[n - 1] == BlockId::NULL
+            })
+    }
+
     /// vLLM's `remove_skipped_blocks`: in each group, the blocks wholly before
     /// the attention window of the token after `processed` are freed (last
     /// first, stopping at a null) and replaced by nulls.
     pub fn remove_skipped_blocks(&mut self, rid: &str, processed: usize) {
         let ng = self.layout.len();
+        let skipped = |spec: GroupSpec| spec.skipped_tokens(processed);
+        if !self.mamba.any() {
+            // One request lookup for all groups (vLLM's defaultdict makes the entry
+            // for the first group with skipped tokens; a group without any frees nothing).
+            if self.layout.groups().iter().all(|&spec| skipped(spec) == 0) {
+                return;
+            }
+            let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+            for (g, &spec) in self.layout.groups().iter().enumerate() {
+                let n = skipped(spec) / spec.block_size;
+                null_skipped(&mut self.pool, &mut self.scratch, &mut req.g_mut(g).blocks, n);
+            }
+            return;
+        }
         for g in 0..ng {
             if self.mamba.is_align(g) {
                 self.mamba_remove_skipped(rid, g, processed);
                 continue;
             }
             let spec = self.layout.groups()[g];
-            let skipped = spec.skipped_tokens(processed);
-            if skipped == 0 {
+            if skipped(spec) == 0 {
                 continue;
             }
             let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
-            let blocks = &mut req.g_mut(g).blocks;
-            let n = (skipped / spec.block_size).min(blocks.len());
-            // The real blocks that end at `n`, freed last first.
-            let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
-            if lo < n {
-                self.pool.free(blocks[lo..n].iter().rev().copied(), &mut self.scratch);
-                blocks[lo..n].fill(BlockId::NULL);
-            }
+            null_skipped(
+                &mut self.pool,
+                &mut self.scratch,
+                &mut req.g_mut(g).blocks,
+                skipped(spec) / spec.block_size,
+            );
         }
     }
 
@@ -607,11 +647,12 @@ impl VllmManager {
                     continue;
                 }
                 let h = hashes[coarse_hash_index(i, scale) - first];
-                self.pool.cache_block(b, group_key(&h, g));
+                let first = self.pool.cache_block(b, group_key(&h, g));
                 #[allow(clippy::cast_possible_truncation)]
                 let t = ((i + 1) * spec.block_size).min(u32::MAX as usize) as u32;
                 self.hash_tokens[b.idx()] = t;
                 self.owner[b.idx()] = owner_word(g, h.as_bytes().len());
+                self.siblings.cached(&self.pool, &h, g, b, first);
                 stored.push(i);
             }
             let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
@@ -664,70 +705,7 @@ impl VllmManager {
                 ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
             }
         }
+        self.siblings.check(&self.pool, &self.owner)?;
         self.check_mamba_invariants()
-    }
-}
-
-#[cfg(test)]
-mod lookup_tests {
-    use super::*;
-    use crate::core::groups::spec::{GroupSpec, LayoutOptions};
-    use crate::core::vllm_manager::SlotRequest;
-
-    /// A set's answers as member block ids.
-    fn ids(l: &PoolLookup<'_>, a: &[Option<u32>]) -> Vec<Option<Vec<BlockId>>> {
-        let n = l.groups.len();
-        a.iter()
-            .map(|o| {
-                o.map(|x| if n == 1 { vec![BlockId(x)] } else { l.side[x as usize..x as usize + n].to_vec() })
-            })
-            .collect()
-    }
-
-    /// The batched run lookup answers as the block-by-block one, on tables with holes,
-    /// for sets of one and of two groups, block sizes of one and two hash blocks.
-    #[test]
-    fn batched_runs_match_block_by_block_lookups() {
-        let swa = |window, block_size| GroupSpec { kind: GroupKind::SlidingWindow { window }, block_size };
-        let groups = vec![GroupSpec::full(4), swa(9, 4), GroupSpec::full(4), swa(6, 8)];
-        let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
-        let layout = GroupLayout::new(groups, opt).expect("layout");
-        let mut m = VllmManager::with_layout(400, layout, false, false, None).expect("manager");
-        let hs: Vec<BlockHash> = (0..24u8).map(|i| BlockHash::from_digest(&[i; 16])).collect();
-        let s = SlotRequest { num_tokens_need_slot: 96, adopt: true, ..SlotRequest::default() };
-        m.allocate_slots_groups("a", &[], &s).expect("valid").expect("fits");
-        let plan = m.cache_plan("a", 96, hs.len(), 0);
-        m.cache_apply("a", &plan, 0, &hs).expect("fits");
-        // Holes: every group loses a different block.
-        let holes: Vec<i64> = (0..4).map(|g| i64::from(m.group_blocks("a", g)[3 + 2 * g % 5].0)).collect();
-        m.evict_blocks(&holes).expect("in range");
-        for (si, set) in m.layout().spec_sets().iter().enumerate() {
-            let scale = set.spec.block_size / m.layout().hash_block_size();
-            for lo in 0..14 {
-                for hi in lo..26 {
-                    let scratch = RefCell::new((Vec::new(), Vec::new()));
-                    let mk = || PoolLookup {
-                        m: &m,
-                        hashes: &hs,
-                        scale,
-                        groups: &set.group_ids,
-                        side: Vec::new(),
-                        scratch: &scratch,
-                    };
-                    let (mut a, mut b) = (mk(), mk());
-                    let mut ra = vec![None];
-                    let n = a.get_run(lo, hi, &mut ra);
-                    let mut rb = vec![None];
-                    for i in lo..hi {
-                        match b.get(i) {
-                            Some(x) => rb.push(Some(x)),
-                            None => break,
-                        }
-                    }
-                    assert_eq!(n, rb.len() - 1, "set {si} {lo}..{hi}");
-                    assert_eq!(ids(&a, &ra), ids(&b, &rb), "set {si} {lo}..{hi}");
-                }
-            }
-        }
     }
 }

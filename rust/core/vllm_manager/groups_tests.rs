@@ -175,3 +175,27 @@ fn group_keys_invert_and_stay_apart() {
     assert_ne!(group_key(&a, 1), group_key(&b, 0));
     assert_ne!(group_key(&a, 1), group_key(&b, 2));
 }
+
+/// A decode step that takes no block returns no table (no allocation); one that
+/// takes a block in some group returns every group's list. The window's blocks
+/// freed by the step's `remove_skipped_blocks` become nulls either way.
+#[test]
+fn steps_without_new_blocks_return_no_tables() {
+    let mut m = manager(vec![GroupSpec::full(4), swa(8, 4)], 40);
+    prefill(&mut m, "a", &hashes(4), 16);
+    let step = |total: usize| SlotRequest {
+        num_tokens_need_slot: total + 1,
+        num_local_computed: total,
+        processed_tokens: Some(total),
+        ..SlotRequest::default()
+    };
+    let new = m.allocate_slots_groups("a", &[], &step(16)).expect("ok").expect("fits");
+    assert_eq!(new.len(), 2);
+    assert_eq!((new[0].len(), new[1].len()), (1, 1));
+    let new = m.allocate_slots_groups("a", &[], &step(17)).expect("ok").expect("fits");
+    assert!(new.is_empty());
+    // skipped_tokens(17) = 17 - 8 + 1 = 10: the window's first two blocks are nulls.
+    assert_eq!(&m.group_blocks("a", 1)[..3], &[BlockId::NULL, BlockId::NULL, m.group_blocks("a", 1)[2]]);
+    assert_ne!(m.group_blocks("a", 1)[2], BlockId::NULL);
+    m.check_invariants().expect("invariants");
+}

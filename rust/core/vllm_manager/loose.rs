@@ -35,8 +35,10 @@ impl VllmManager {
                 }
             }
         }
+        self.siblings.note_victims(&self.pool, &self.owner, n);
         let mut out = Vec::with_capacity(n);
         self.pool.allocate(n, &mut out);
+        self.siblings.sync_victims(&self.pool);
         for &b in &out {
             self.hash_tokens[b.idx()] = 0;
         }
@@ -93,11 +95,12 @@ impl VllmManager {
                 continue;
             }
             let h = hashes[coarse_hash_index(i, scale) - first];
-            self.pool.cache_block(b, group_key(&h, g));
+            let first = self.pool.cache_block(b, group_key(&h, g));
             #[allow(clippy::cast_possible_truncation)]
             let t = ((i + 1) * bs).min(u32::MAX as usize) as u32;
             self.hash_tokens[b.idx()] = t;
             self.owner[b.idx()] = owner_word(g, h.as_bytes().len());
+            self.siblings.cached(&self.pool, &h, g, b, first);
             stored.push(i);
         }
         Ok(stored)

@@ -79,6 +79,12 @@ impl MambaState {
         }
     }
 
+    /// Whether the layout has an align-mode Mamba group.
+    #[inline]
+    pub(crate) fn any(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
     /// Whether group `g` is an align-mode Mamba group.
     #[inline]
     pub(crate) fn is_align(&self, g: usize) -> bool {

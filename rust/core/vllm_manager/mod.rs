@@ -29,7 +29,9 @@
 //!
 //! # Costs
 //! Per block O(1) as in the pool; per request one table per group (the
-//! first inline, no allocation for the others on one group).
+//! first inline, no allocation for the others on one group). Two groups or
+//! more keep sibling rows (4 bytes per block and group, [`siblings`]), so a
+//! lookup probes the pool once per block, not once per group and block.
 
 use rustc_hash::FxHashMap;
 
@@ -41,7 +43,9 @@ use crate::core::ids::{BlockHash, BlockId};
 pub mod groups;
 mod loose;
 mod mamba;
+mod pool_lookup;
 pub mod retention;
+mod siblings;
 mod zeroing;
 
 /// One group's table of one request.
@@ -83,6 +87,11 @@ impl Req {
     /// Whether any group has a cached count (vLLM: the request is running).
     pub(crate) fn running(&self) -> bool {
         self.first.num_cached.is_some() || self.rest.iter().any(|g| g.num_cached.is_some())
+    }
+
+    /// Whether every group has a cached count.
+    pub(crate) fn all_running(&self) -> bool {
+        self.first.num_cached.is_some() && self.rest.iter().all(|g| g.num_cached.is_some())
     }
 
     pub(crate) fn into_groups(self) -> impl Iterator<Item = GroupReq> {
@@ -150,6 +159,8 @@ pub struct VllmManager {
     /// Sparse caching of sliding-window groups ([`retention`]).
     retention: retention::Retention,
     scratch: Vec<BlockId>,
+    /// Every group's block per anchor block, on two groups or more ([`siblings`]).
+    siblings: siblings::Siblings,
     /// Align-mode Mamba groups' bookkeeping.
     mamba: mamba::MambaState,
 }
@@ -302,6 +313,7 @@ impl VllmManager {
         let hash_tokens = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let mamba = mamba::MambaState::new(&layout);
+        let siblings = siblings::Siblings::new(&layout, num_blocks)?;
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -318,6 +330,7 @@ impl VllmManager {
             zero_mask: u64::MAX,
             retention: retention::Retention::default(),
             scratch: Vec::new(),
+            siblings,
             mamba,
         })
     }
@@ -529,8 +542,10 @@ impl VllmManager {
                 }
             }
         }
+        self.siblings.note_victims(&self.pool, &self.owner, n);
         let mut out = Vec::with_capacity(n);
         self.pool.allocate(n, &mut out);
+        self.siblings.sync_victims(&self.pool);
         for &b in &out {
             self.hash_tokens[b.idx()] = 0;
         }
@@ -585,12 +600,17 @@ impl VllmManager {
             if b == BlockId::NULL || self.pool.block_hash(b).is_some() {
                 continue;
             }
-            self.pool.cache_block(b, *h);
+            let first = self.pool.cache_block(b, *h);
             #[allow(clippy::cast_possible_truncation)]
             let t = ((start + i + 1) * self.block_size).min(u32::MAX as usize) as u32;
-            // The owner word is not written: on the one-group calls the group is 0,
-            // whatever a stale word holds (group bits 0, its length unread for group 0).
             self.hash_tokens[b.idx()] = t;
+            // The owner word is written only for the sibling rows (two groups or
+            // more): on one group the group is 0, whatever a stale word holds
+            // (group bits 0, its length unread for group 0).
+            if self.siblings.anchor().is_some() {
+                self.owner[b.idx()] = owner_word(0, h.as_bytes().len());
+                self.siblings.cached(&self.pool, h, 0, b, first);
+            }
         }
         req.num_cached = Some(end.max(req.num_cached.unwrap_or(0)));
         Ok(())
@@ -685,6 +705,7 @@ impl VllmManager {
                     self.removed.push((h, self.owner[b.idx()]));
                 }
                 self.pool.drop_hash(b);
+                self.siblings.dropped(&self.pool, &h, self.owner[b.idx()], b);
                 self.hash_tokens[b.idx()] = 0;
                 n += 1;
             }
