@@ -38,10 +38,7 @@ from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     KVCacheBlockCopy,
-    generate_block_hash_extra_keys,
-    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
-    to_event_extra_keys,
 )
 from vllm.v1.kv_cache_interface import (
     ChunkedLocalAttentionSpec,
@@ -573,42 +570,15 @@ class HybridKVCacheManager(ManagerCalls):
     def _emit_stored(
         self, request: Request, group: int, start: int, end: int, stored: Sequence[int]
     ) -> None:
-        bs = self._group_sizes[group]
         hashes = request.block_hashes
-        extra: list[tuple[Any, ...] | None] = []
-        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-        mm_idx = 0
-        tokens = request.all_token_ids
-        for i in stored:
-            b0, b1 = i * bs, (i + 1) * bs
-            if self.num_hash_lookahead_tokens:
-                keys, mm_idx = generate_lookahead_block_hash_extra_keys(
-                    request, b0, b1, b1 + self.num_hash_lookahead_tokens, mm_idx
-                )
-                assert lookahead is not None
-                lookahead.append(list(tokens[b1 : b1 + self.num_hash_lookahead_tokens]))
-            else:
-                keys, mm_idx = generate_block_hash_extra_keys(request, b0, b1, mm_idx)
-            extra.append(keys)
-        lora = request.lora_request
-        self._events.append(
-            BlockStored(
-                block_hashes=[
-                    maybe_convert_block_hash(self._group_hash(hashes, group, i)) for i in stored
-                ],
-                parent_block_hash=None
-                if start == 0
-                else maybe_convert_block_hash(self._group_hash(hashes, group, start - 1)),
-                token_ids=tokens[start * bs : end * bs],
-                block_size=bs,
-                lora_id=lora.adapter_id if lora else None,
-                medium=MEDIUM_GPU,
-                lora_name=lora.name if lora else None,
-                extra_keys=to_event_extra_keys(extra),
-                group_idx=group,
-                session_id=request.session_id,
-                lookahead_token_ids=lookahead,
-            )
+        self._append_stored(
+            request,
+            group,
+            self._group_sizes[group],
+            start,
+            end,
+            stored,
+            lambda i: self._group_hash(hashes, group, i),
         )
 
     def take_events(self) -> list[KVCacheEvent]:

@@ -42,10 +42,7 @@ from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     KVCacheBlockCopy,
-    generate_block_hash_extra_keys,
-    generate_lookahead_block_hash_extra_keys,
     maybe_convert_block_hash,
-    to_event_extra_keys,
 )
 from vllm.v1.kv_cache_interface import (
     FullAttentionSpec,
@@ -627,40 +624,9 @@ class KVCacheManager(ManagerCalls):
             )
 
     def _emit_stored(self, request: Request, start: int, end: int) -> None:
-        bs = self.block_size
         hashes = request.block_hashes
-        extra: list[tuple[Any, ...] | None] = []
-        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
-        mm_idx = 0
-        tokens = request.all_token_ids
-        for i in range(start, end):
-            b0, b1 = i * bs, (i + 1) * bs
-            if self.num_hash_lookahead_tokens:
-                keys, mm_idx = generate_lookahead_block_hash_extra_keys(
-                    request, b0, b1, b1 + self.num_hash_lookahead_tokens, mm_idx
-                )
-                assert lookahead is not None
-                lookahead.append(list(tokens[b1 : b1 + self.num_hash_lookahead_tokens]))
-            else:
-                keys, mm_idx = generate_block_hash_extra_keys(request, b0, b1, mm_idx)
-            extra.append(keys)
-        lora = request.lora_request
-        self._events.append(
-            BlockStored(
-                block_hashes=[maybe_convert_block_hash(hashes[i]) for i in range(start, end)],
-                parent_block_hash=None
-                if start == 0
-                else maybe_convert_block_hash(hashes[start - 1]),
-                token_ids=tokens[start * bs : end * bs],
-                block_size=bs,
-                lora_id=lora.adapter_id if lora else None,
-                medium=MEDIUM_GPU,
-                lora_name=lora.name if lora else None,
-                extra_keys=to_event_extra_keys(extra),
-                group_idx=0,
-                session_id=request.session_id,
-                lookahead_token_ids=lookahead,
-            )
+        self._append_stored(
+            request, 0, self.block_size, start, end, range(start, end), hashes.__getitem__
         )
 
     def take_events(self) -> list[KVCacheEvent]:

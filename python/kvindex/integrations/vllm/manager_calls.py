@@ -10,10 +10,19 @@ pool).
 
 from __future__ import annotations
 
-from vllm.distributed.kv_events import AllBlocksCleared, KVCacheEvent
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from vllm.distributed.kv_events import MEDIUM_GPU, AllBlocksCleared, BlockStored, KVCacheEvent
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
-from vllm.v1.core.kv_cache_utils import KVCacheBlock
+from vllm.v1.core.kv_cache_utils import (
+    KVCacheBlock,
+    generate_block_hash_extra_keys,
+    generate_lookahead_block_hash_extra_keys,
+    maybe_convert_block_hash,
+    to_event_extra_keys,
+)
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request
 
@@ -33,6 +42,7 @@ class ManagerCalls:
     metrics_collector: KVCacheMetricsCollector | None
     prefix_cache_stats: PrefixCacheStats | None
     empty_kv_cache_blocks: KVCacheBlocks
+    num_hash_lookahead_tokens: int
 
     @property
     def usage(self) -> float:
@@ -78,6 +88,54 @@ class ManagerCalls:
             assert self.prefix_cache_stats is not None
             self.prefix_cache_stats.reset = True
         return True
+
+    def _append_stored(
+        self,
+        request: Request,
+        group: int,
+        block_size: int,
+        start: int,
+        end: int,
+        stored: Iterable[int],
+        hash_at: Callable[[int], bytes],
+    ) -> None:
+        """Buffer vLLM's ``BlockStored`` for the request's blocks ``stored`` (block indices
+        of ``group``, ``block_size`` tokens each, the run ``start..end``; ``hash_at(i)`` is
+        block ``i``'s hash), with the extra keys and lookahead tokens vLLM records."""
+        bs = block_size
+        blocks = list(stored)
+        extra: list[tuple[Any, ...] | None] = []
+        lookahead: list[list[int]] | None = [] if self.num_hash_lookahead_tokens else None
+        mm_idx = 0
+        tokens = request.all_token_ids
+        for i in blocks:
+            b0, b1 = i * bs, (i + 1) * bs
+            if lookahead is not None:
+                keys, mm_idx = generate_lookahead_block_hash_extra_keys(
+                    request, b0, b1, b1 + self.num_hash_lookahead_tokens, mm_idx
+                )
+                lookahead.append(list(tokens[b1 : b1 + self.num_hash_lookahead_tokens]))
+            else:
+                keys, mm_idx = generate_block_hash_extra_keys(request, b0, b1, mm_idx)
+            extra.append(keys)
+        lora = request.lora_request
+        self._events.append(
+            BlockStored(
+                block_hashes=[maybe_convert_block_hash(hash_at(i)) for i in blocks],
+                parent_block_hash=None
+                if start == 0
+                else maybe_convert_block_hash(hash_at(start - 1)),
+                token_ids=tokens[start * bs : end * bs],
+                block_size=bs,
+                lora_id=lora.adapter_id if lora else None,
+                medium=MEDIUM_GPU,
+                lora_name=lora.name if lora else None,
+                extra_keys=to_event_extra_keys(extra),
+                group_idx=group,
+                session_id=request.session_id,
+                lookahead_token_ids=lookahead,
+            )
+        )
 
     def _take_raw_events(self) -> list[KVCacheEvent]:
         events = self._events
