@@ -1073,6 +1073,7 @@ class _VllmManager:
         max_in_flight_tokens: int | None = None,
         max_model_len: int | None = None,
         allow_partial_hash_hits: bool = False,
+        eagle_groups: Sequence[bool] | None = None,
     ) -> Self: ...
     @property
     def num_groups(self) -> int:
@@ -1086,6 +1087,10 @@ class _VllmManager:
     @property
     def group_block_sizes(self) -> list[int]:
         """Each group's block size, in group order."""
+    @property
+    def group_eagle_flags(self) -> list[bool]:
+        """Per group, whether its hits and caching drop the EAGLE block (vLLM's
+        single-type ``use_eagle``: its spec set's flag), in group order."""
     @property
     def last_cached_runs(self) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
         """The runs the last ``allocate_slots_groups`` / ``cache_groups`` call cached."""

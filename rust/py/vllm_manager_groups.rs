@@ -72,6 +72,14 @@ impl PyVllmManager {
         self.inner.layout().groups().iter().map(|g| g.block_size).collect()
     }
 
+    /// Per group, whether its hits and caching drop the EAGLE block (vLLM's
+    /// single-type ``use_eagle``: its spec set's flag), in group order.
+    #[getter]
+    fn group_eagle_flags(&self) -> Vec<bool> {
+        let l = self.inner.layout();
+        (0..l.len()).map(|g| l.group_eagle(g)).collect()
+    }
+
     /// vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
     /// common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
     /// ``block_hashes`` (at :attr:`hash_block_size`).

@@ -8,15 +8,20 @@
 //! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
 //!   hits touched for every group before any group takes external blocks
 //!   (two phases, as vLLM), then new blocks group by group;
-//! - caching: each group's cacheable tokens (rounded to the scheduler block
-//!   on hybrids), its full blocks from its cached count, less null blocks and
-//!   the blocks its rule never serves (sliding-window segment heads).
+//! - caching: each prefix-cacheable group's cacheable tokens (rounded to the
+//!   scheduler block on hybrids, one block more where the group drops the
+//!   EAGLE block), its full blocks from its cached count, less null blocks
+//!   and the blocks its rule never serves (sliding-window segment heads); a
+//!   group that is not prefix-cacheable (bounded-replay sliding-window MLA)
+//!   never hits and is never cached, its cached count left where adopting
+//!   its (empty) hit set it.
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
 //! - the pool's invariants hold;
 //! - a block in a request's tables is in the tables of one group only and
 //!   is referenced at most its ref count times;
-//! - a cached block's recorded group is the group its key belongs to.
+//! - a cached block's recorded group is the group its key belongs to, a
+//!   prefix-cacheable group.
 //!
 //! Costs: a hit is O(blocks looked up) per spec set and round of the fixed
 //! point; allocation and caching O(blocks touched) per group.
@@ -532,7 +537,10 @@ impl VllmManager {
         let Some(req) = self.reqs.get(rid) else { return out };
         let hashed = num_hashes.saturating_mul(self.layout.hash_block_size());
         for (g, spec) in self.layout.groups().iter().enumerate() {
-            let nt = coordinator::cacheable_tokens(&self.layout, spec.block_size, num_tokens, reprefillable);
+            if !spec.kind.prefix_cacheable() {
+                continue;
+            }
+            let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
             let gr = req.g(g);
             let start = gr.num_cached.unwrap_or(0);
             let full = (nt.min(hashed) / spec.block_size).min(gr.blocks.len());
@@ -550,9 +558,11 @@ impl VllmManager {
         let mut lo = usize::MAX;
         let mut hi = 0;
         for &(g, start, end) in plan {
-            let scale = self.layout.groups()[g].block_size / hbs;
+            // A group that is not prefix-cacheable may have a block size under the hash
+            // block size: its runs are refused by `cache_apply`, not read here.
+            let scale = (self.layout.groups().get(g).map_or(hbs, |s| s.block_size) / hbs).max(1);
             lo = lo.min(coarse_hash_index(start, scale));
-            hi = hi.max(coarse_hash_index(end - 1, scale) + 1);
+            hi = hi.max(coarse_hash_index(end.saturating_sub(1), scale) + 1);
         }
         if lo == usize::MAX {
             (0, 0)
@@ -580,7 +590,7 @@ impl VllmManager {
         };
         let (lo, hi) = self.plan_hash_range(plan);
         for &(g, start, end) in plan {
-            if g >= self.layout.len() || start >= end || end > req.g(g).blocks.len() {
+            if !self.layout.prefix_cacheable(g) || start >= end || end > req.g(g).blocks.len() {
                 return Err(KvError::invalid(format!(
                     "cache run ({g}, {start}, {end}) does not fit the request"
                 )));
@@ -591,10 +601,10 @@ impl VllmManager {
         }
         let hbs = self.layout.hash_block_size();
         let alignment = self.layout.scheduler_block_size();
-        let eagle = self.layout.use_eagle();
         let mut runs = Vec::with_capacity(plan.len());
         for &(g, start, end) in plan {
             let spec = self.layout.groups()[g];
+            let eagle = self.layout.group_eagle(g);
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
             let blocks = &self.reqs.get(rid).expect("checked above").g(g).blocks;
@@ -661,6 +671,10 @@ impl VllmManager {
             if let Some(k) = self.pool.block_hash(b) {
                 let g = self.block_group(b);
                 ensure_inv!(g < self.layout.len(), "block {i} cached for unknown group {g}");
+                ensure_inv!(
+                    self.layout.prefix_cacheable(g),
+                    "block {i} cached for group {g}, not prefix-cacheable"
+                );
                 ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
             }
         }

@@ -2,8 +2,10 @@
 (its ``HybridKVCacheCoordinator``) vs kvindex's drop-in, op by op (needs vLLM).
 
 Synthetic multi-group ``KVCacheConfig``s mix full attention, sliding window (windows below,
-equal to and above a block), chunked local attention and Mamba state (``align`` mode), with
-block sizes whose lcm exceeds their gcd. Both managers get the same random operations, as
+equal to and above a block), sliding-window MLA (prefix-cacheable, or with bounded replay:
+never hit, never cached), chunked local attention and Mamba state (``align`` mode), with
+block sizes whose lcm exceeds their gcd; some run under EAGLE, on every group or on the
+groups flagged ``is_eagle_group`` only. Both managers get the same random operations, as
 vLLM's scheduler issues them: admissions (lookup, then ``allocate_slots`` adopting the hit,
 chunked), prefill chunks and decode steps (sampled tokens appended), preemption when a pool
 too small for the load refuses an allocation, finishes, and prefix-cache resets; a new
@@ -50,6 +52,7 @@ with warnings.catch_warnings():
         KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
+        SlidingWindowMLASpec,
         SlidingWindowSpec,
     )
     from vllm.v1.request import Request, RequestStatus
@@ -70,6 +73,17 @@ def full(bs: int) -> Any:
 def swa(bs: int, window: int) -> Any:
     return SlidingWindowSpec(
         block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32, sliding_window=window
+    )
+
+
+def swa_mla(bs: int, window: int, bounded_replay: bool = False) -> Any:
+    return SlidingWindowMLASpec(
+        block_size=bs,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=window,
+        bounded_replay=bounded_replay,
     )
 
 
@@ -98,6 +112,9 @@ class Mix:
     retention: int | None = None
     #: A mixed-precision cache (groups after the first in float16), which vLLM zeroes.
     zeroing: bool = False
+    #: EAGLE on (``use_eagle``), and the groups flagged ``is_eagle_group`` (none: all drop).
+    eagle: bool = False
+    eagle_groups: tuple[int, ...] = ()
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
@@ -133,6 +150,37 @@ MIXES: dict[str, Mix] = {
         18,
         zeroing=True,
     ),
+    # Sliding-window MLA: its own spec set beside a plain window of the same size, and a
+    # bounded-replay group that takes no part in hits or caching.
+    "full+swamla": Mix((lambda: full(8), lambda: swa_mla(8, 12)), 60, 19),
+    "full+swa+swamla": Mix((lambda: full(4), lambda: swa(4, 9), lambda: swa_mla(4, 9)), 90, 20),
+    "full+swamla-replay": Mix((lambda: full(8), lambda: swa_mla(8, 16, True)), 60, 21),
+    "full+swa+swamla-replay-zero": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: swa_mla(4, 8, True)), 90, 22, zeroing=True
+    ),
+    # EAGLE on every group, and on flagged groups only (a spec set drops when any member
+    # is flagged; the replay boundaries of sparse retention move when any group drops).
+    "full+swa-eagle": Mix((lambda: full(8), lambda: swa(8, 16)), 60, 23, eagle=True),
+    "full+swa-eagle-swa": Mix(
+        (lambda: full(8), lambda: swa(8, 16)), 60, 24, eagle=True, eagle_groups=(1,)
+    ),
+    "full+swa-eagle-full-ret0": Mix(
+        (lambda: full(4), lambda: swa(4, 9)), 60, 25, retention=0, eagle=True, eagle_groups=(0,)
+    ),
+    "2full+2swa-eagle-mixed": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)),
+        120,
+        26,
+        eagle=True,
+        eagle_groups=(2, 3),
+    ),
+    "full+swamla-replay-eagle": Mix(
+        (lambda: full(8), lambda: swa_mla(8, 16, True), lambda: swa(8, 12)),
+        90,
+        27,
+        eagle=True,
+        eagle_groups=(2,),
+    ),
 }
 
 _COARSE_FULL = (
@@ -154,7 +202,10 @@ def config(mix: Mix) -> tuple[Any, int, int]:
     kv = KVCacheConfig(
         num_blocks=mix.num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer{i}"], s, is_eagle_group=i in mix.eagle_groups)
+            for i, s in enumerate(specs)
+        ],
         prefix_cache_retention_interval=mix.retention,
     )
     assert kv.needs_kv_cache_zeroing or not mix.zeroing
@@ -169,6 +220,7 @@ def make(cls: Any, mix: Mix) -> Any:
         scheduler_block_size=sched_bs,
         hash_block_size=hash_bs,
         enable_caching=True,
+        use_eagle=mix.eagle,
         enable_kv_cache_events=True,
         log_stats=True,
     )
