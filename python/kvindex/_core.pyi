@@ -1108,10 +1108,12 @@ class _VllmManager:
         total_computed: int,
         apply_admission_cap: bool = False,
         num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> int:
         """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
         ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
-        groups count; the sum may be negative, as in vLLM."""
+        groups count, ``num_encoder_tokens`` what cross-attention groups count; the
+        sum may be negative, as in vLLM."""
     def new_step_starts(self) -> None:
         """vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
         step that ended."""
@@ -1133,11 +1135,13 @@ class _VllmManager:
         cache_tokens: int | None = None,
         reprefillable: int = 0,
         num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> list[npt.NDArray[np.int32]] | None:
         """vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
         None. ``full_sequence_computed`` is the gate's (capped) computed count,
         ``processed_tokens`` the position ``remove_skipped_blocks`` runs at first,
-        ``skip_zeroing`` the groups whose external blocks are not logged as new.
+        ``skip_zeroing`` the groups whose external blocks are not logged as new,
+        ``num_encoder_tokens`` the slots cross-attention groups hold.
         With ``hashes`` and ``cache_tokens`` the caching step follows (as
         :meth:`cache_groups`; runs in :attr:`last_cached_runs`)."""
     def cache_groups(

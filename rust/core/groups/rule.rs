@@ -8,7 +8,8 @@
 //! no nulls, a sliding window (plain or MLA, one rule) nulls what lies before
 //! its last `ceil((W-1)/B)` blocks,
 //! chunked local nulls the chunks before the current one, Mamba keeps only
-//! its latest state block.
+//! its latest state block; cross-attention never hits (its blocks hold one
+//! request's encoder states).
 //!
 //! # Invariants
 //! - a rule never asks its lookup for a block at or past `max_tokens / B`;
@@ -267,12 +268,16 @@ impl GroupRule for GroupSpec {
             }
             GroupKind::ChunkedLocal { chunk } => chunked_hit(chunk, bs, lookup, q, out),
             GroupKind::Mamba { .. } => mamba_hit(bs, lookup, q, out),
+            GroupKind::CrossAttention => {
+                out.clear();
+                0
+            }
         }
     }
 
     fn skipped_tokens(&self, n: usize) -> usize {
         match self.kind {
-            GroupKind::FullAttention | GroupKind::Mla => 0,
+            GroupKind::FullAttention | GroupKind::Mla | GroupKind::CrossAttention => 0,
             GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
                 (n + 1).saturating_sub(window)
             }

@@ -4,7 +4,7 @@
 //!
 //! A *group* is a set of layers that share one block table per request: its
 //! [`GroupKind`] (full attention, MLA, sliding window, sliding-window MLA,
-//! chunked local, Mamba) and its block size. A [`GroupLayout`] is the ordered list of a
+//! chunked local, Mamba, cross-attention) and its block size. A [`GroupLayout`] is the ordered list of a
 //! cache's groups (the index of a group is vLLM's `kv_cache_group_id`, the
 //! `group_idx` of its KV events) with the two derived sizes:
 //! - `hash_block_size`: the granularity of a request's block hashes, the gcd
@@ -15,8 +15,10 @@
 //! Groups with the same spec (kind and block size) form one *spec set*,
 //! looked up jointly (vLLM's `SpecGroup`); full-attention sets come first.
 //! A group that is not prefix-cacheable (sliding-window MLA with bounded
-//! replay) is in no spec set: it never hits and is never cached, and its
-//! block size takes no part in the hash block size. Each set carries its
+//! replay, cross-attention) is in no spec set: it never hits and is never
+//! cached, and its block size takes no part in the hash block size. A
+//! cross-attention group needs prefix caching off (vLLM's
+//! `CrossAttentionManager` neither looks up nor caches). Each set carries its
 //! EAGLE drop flag: set when any member group drops the EAGLE block (vLLM's
 //! `drop_eagle_group_ids`: the groups flagged `is_eagle_group`, or all of
 //! them when EAGLE is on and none is flagged).
@@ -100,6 +102,10 @@ pub enum GroupKind {
         /// vLLM's `mamba_cache_mode`.
         mode: MambaMode,
     },
+    /// Cross-attention of an encoder-decoder model (`CrossAttentionSpec`):
+    /// blocks for the request's encoder tokens, allocated when its encoder
+    /// inputs are scheduled; never a hit, never cached, nothing skipped.
+    CrossAttention,
 }
 
 impl GroupKind {
@@ -113,6 +119,7 @@ impl GroupKind {
             GroupKind::SlidingWindowMla { .. } => "sliding_window_mla",
             GroupKind::ChunkedLocal { .. } => "chunked_local_attention",
             GroupKind::Mamba { .. } => "mamba",
+            GroupKind::CrossAttention => "cross_attention",
         }
     }
 
@@ -126,11 +133,12 @@ impl GroupKind {
         }
     }
 
-    /// vLLM's `prefix_cacheable`: whether the group's blocks are looked up and
-    /// cached (false for sliding-window MLA with bounded replay).
+    /// Whether the group's blocks are looked up and cached: false for
+    /// sliding-window MLA with bounded replay (vLLM's `prefix_cacheable`) and
+    /// for cross-attention (vLLM's `CrossAttentionManager` does neither).
     #[must_use]
     pub fn prefix_cacheable(self) -> bool {
-        !matches!(self, GroupKind::SlidingWindowMla { bounded_replay: true, .. })
+        !matches!(self, GroupKind::SlidingWindowMla { bounded_replay: true, .. } | GroupKind::CrossAttention)
     }
 
     /// Whether the kind is a `FullAttentionSpec` in vLLM (full or MLA): it
@@ -174,7 +182,8 @@ impl GroupKind {
             }
             "chunked_local_attention" => GroupKind::ChunkedLocal { chunk: size },
             "mamba" => GroupKind::Mamba { mode: MambaMode::parse(mode)? },
-            "sink_full_attention" | "encoder_only_attention" | "cross_attention" => {
+            "cross_attention" => GroupKind::CrossAttention,
+            "sink_full_attention" | "encoder_only_attention" => {
                 return Err(KvError::invalid(format!(
                     "KV cache group kind {kind:?} is not supported by kvindex"
                 )));
@@ -297,7 +306,13 @@ impl GroupLayout {
         if !groups.iter().any(|s| s.kind.prefix_cacheable()) {
             return Err(KvError::invalid(
                 "a KV cache needs at least one prefix-cacheable group (every group here is a \
-                 sliding-window MLA group with bounded replay)",
+                 sliding-window MLA group with bounded replay or cross-attention)",
+            ));
+        }
+        if opt.enable_caching && groups.iter().any(|s| s.kind == GroupKind::CrossAttention) {
+            return Err(KvError::invalid(
+                "a cross-attention group needs prefix caching off (vLLM's CrossAttentionManager \
+                 neither looks up nor caches blocks)",
             ));
         }
         let mut l = 1usize;
@@ -560,7 +575,14 @@ mod tests {
         let bad_hash = LayoutOptions { hash_block_size: Some(3), ..on() };
         assert!(GroupLayout::new(vec![GroupSpec::full(16), GroupSpec::full(32)], bad_hash).is_err());
         assert!(GroupKind::parse("sliding_window", 0, "").is_err());
-        assert!(GroupKind::parse("cross_attention", 0, "").is_err());
+        assert!(GroupKind::parse("encoder_only_attention", 0, "").is_err());
+        // Cross-attention: beside full attention with prefix caching off only.
+        let cross =
+            GroupSpec { kind: GroupKind::parse("cross_attention", 0, "").expect("ok"), block_size: 16 };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), cross], on()).is_err());
+        let l = GroupLayout::new(vec![GroupSpec::full(16), cross], LayoutOptions::default()).expect("off");
+        assert!(!l.prefix_cacheable(1) && l.spec_sets().len() == 1);
+        assert!(GroupLayout::new(vec![cross], LayoutOptions::default()).is_err());
         assert_eq!(
             GroupKind::parse("mamba", 0, "align").expect("ok"),
             GroupKind::Mamba { mode: MambaMode::Align }

@@ -139,6 +139,9 @@ impl Components {
                 GroupKind::SlidingWindowMla { .. } => {
                     return Err(refuse("sliding-window MLA has no radix component"));
                 }
+                GroupKind::CrossAttention => {
+                    return Err(refuse("cross-attention is never cached (encoder states of one request)"));
+                }
             }
         }
         if comps.swa_window == Some(0) {

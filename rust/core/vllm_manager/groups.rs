@@ -7,7 +7,10 @@
 //!   set, each block looked up under its group's key;
 //! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
 //!   hits touched for every group before any group takes external blocks
-//!   (two phases, as vLLM), then new blocks group by group;
+//!   (two phases, as vLLM), then new blocks group by group; a cross-attention
+//!   group counts and takes blocks for the encoder tokens only, adopts no hit
+//!   and no external tokens and keeps no cached count (vLLM's
+//!   `CrossAttentionManager`);
 //! - caching: each prefix-cacheable group's cacheable tokens (rounded to the
 //!   scheduler block on hybrids, one block more where the group drops the
 //!   EAGLE block), its full blocks from its cached count, less null blocks
@@ -270,7 +273,8 @@ impl VllmManager {
         GroupHit { hit, blocks }
     }
 
-    /// vLLM's single-type `get_num_blocks_to_allocate` for group `g`.
+    /// vLLM's single-type `get_num_blocks_to_allocate` for group `g` (a
+    /// cross-attention group: `num_tokens` are encoder tokens).
     #[must_use]
     pub fn num_blocks_to_allocate_group(
         &self,
@@ -282,6 +286,11 @@ impl VllmManager {
         apply_cap: bool,
     ) -> usize {
         self.blocks_to_allocate(self.reqs.get(rid), g, num_tokens, new_computed, total_computed, apply_cap)
+    }
+
+    /// Whether group `g` is a cross-attention group.
+    fn is_cross(&self, g: usize) -> bool {
+        self.layout.groups().get(g).is_some_and(|s| s.kind == GroupKind::CrossAttention)
     }
 
     /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
@@ -351,12 +360,42 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> isize {
+        self.num_blocks_to_allocate_encoder(
+            rid,
+            num_tokens,
+            main_tokens,
+            0,
+            new_computed,
+            total_computed,
+            apply_cap,
+        )
+    }
+
+    /// [`Self::num_blocks_to_allocate_signed`] with vLLM's
+    /// `num_encoder_tokens`, what cross-attention groups count (no hit, no
+    /// computed tokens).
+    #[must_use]
+    #[allow(clippy::too_many_arguments)]
+    pub fn num_blocks_to_allocate_encoder(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        main_tokens: usize,
+        encoder_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> isize {
         let req = self.reqs.get(rid);
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 if self.mamba.is_align(g) {
                     return self.mamba_blocks_needed(rid, g, main_tokens, nc);
+                }
+                if self.is_cross(g) {
+                    let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, apply_cap);
+                    return isize::try_from(n).unwrap_or(isize::MAX);
                 }
                 let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, apply_cap);
                 isize::try_from(n).unwrap_or(isize::MAX)
@@ -375,6 +414,12 @@ impl VllmManager {
             )));
         }
         for (g, blocks) in new_computed.iter().enumerate() {
+            if !self.layout.prefix_cacheable(g) && !blocks.is_empty() {
+                return Err(KvError::invalid(format!(
+                    "group {g} is not prefix-cacheable: its hit list must be empty, got {} blocks",
+                    blocks.len()
+                )));
+            }
             for &b in blocks {
                 if b == BlockId::NULL {
                     continue;
@@ -425,7 +470,8 @@ impl VllmManager {
         let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         if let Some(full) = s.full_sequence_tokens {
             let gate_total = s.full_sequence_computed.unwrap_or(total);
-            let n = self.num_blocks_to_allocate_signed(rid, full, full, new_computed, gate_total, true);
+            let enc = s.num_encoder_tokens;
+            let n = self.num_blocks_to_allocate_encoder(rid, full, full, enc, new_computed, gate_total, true);
             if n.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) {
                 return Ok(None);
             }
@@ -434,19 +480,21 @@ impl VllmManager {
             self.remove_skipped_blocks(rid, p);
         }
         let main = s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot);
-        let need =
-            self.num_blocks_to_allocate_signed(rid, s.num_tokens_need_slot, main, new_computed, total, false);
+        let (slot, enc) = (s.num_tokens_need_slot, s.num_encoder_tokens);
+        let need = self.num_blocks_to_allocate_encoder(rid, slot, main, enc, new_computed, total, false);
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
         let ng = self.layout.len();
         if s.adopt && !running {
-            for g in 0..ng {
+            // Cross-attention groups adopt neither hits nor external tokens.
+            let adopting: Vec<usize> = (0..ng).filter(|&g| !self.is_cross(g)).collect();
+            for &g in &adopting {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 self.add_local_computed(rid, g, nc, total);
             }
             if s.num_external_computed > 0 {
-                for g in 0..ng {
+                for &g in &adopting {
                     let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
@@ -460,7 +508,8 @@ impl VllmManager {
             }
             let bs = self.layout.groups()[g].block_size;
             let record = self.records_new(g);
-            out.push(self.take_upto(rid, g, cdiv(s.num_tokens_need_slot, bs), record));
+            let tokens = if self.is_cross(g) { s.num_encoder_tokens } else { s.num_tokens_need_slot };
+            out.push(self.take_upto(rid, g, cdiv(tokens, bs), record));
         }
         Ok(Some(out))
     }

@@ -222,3 +222,37 @@ fn eagle_groups_cache_their_own_tails() {
     assert_eq!(plan([true, false]), vec![(0, 0, 3), (1, 0, 1)]);
     assert_eq!(plan([false, true]), vec![(0, 0, 2), (1, 0, 1)]);
 }
+
+/// vLLM's `CrossAttentionManager` beside full attention (prefix caching off): the
+/// cross-attention group holds `ceil(encoder tokens / B)` blocks, allocated on the step
+/// that schedules the encoder inputs, never more on later steps, and adopts nothing.
+#[test]
+fn cross_attention_holds_blocks_for_the_encoder_tokens() {
+    let cross = GroupSpec { kind: GroupKind::CrossAttention, block_size: 16 };
+    let l =
+        GroupLayout::new(vec![GroupSpec::full(16), cross], LayoutOptions::default()).expect("caching off");
+    let mut m = VllmManager::with_layout(60, l, false, true, None).expect("manager");
+    assert_eq!(m.num_blocks_to_allocate_encoder("a", 100, 100, 200, &[], 0, false), 7 + 13);
+    let s = SlotRequest {
+        num_tokens_need_slot: 100,
+        num_encoder_tokens: 200,
+        adopt: true,
+        ..SlotRequest::default()
+    };
+    let new = m.allocate_slots_groups("a", &[], &s).expect("ok").expect("fits");
+    assert_eq!((new[0].len(), new[1].len()), (7, 13));
+    assert_eq!(m.group_num_cached("a", 1), None, "cross-attention keeps no cached count");
+    // A later step schedules no encoder input: the cross-attention table stays.
+    let s = SlotRequest { num_tokens_need_slot: 101, num_local_computed: 100, ..SlotRequest::default() };
+    let new = m.allocate_slots_groups("a", &[], &s).expect("ok").expect("fits");
+    assert_eq!((new[0].len(), new[1].len()), (0, 0));
+    assert_eq!(m.group_blocks("a", 1).len(), 13);
+    // No hit list for it, and a request without encoder input holds none.
+    assert!(m.allocate_slots_groups("b", &[vec![], vec![BlockId::NULL]], &slots(16, 0)).is_err());
+    m.allocate_slots_groups("b", &[], &slots(16, 0)).expect("ok").expect("fits");
+    assert!(m.group_blocks("b", 1).is_empty());
+    m.check_invariants().expect("invariants");
+    m.free("a");
+    m.free("b");
+    assert_eq!(m.pool().num_free(), 59);
+}

@@ -60,7 +60,6 @@ _MAMBA = _HYBRID + (
     "state retention, hash lookahead, per-group connector hits"
 )
 _MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix with partial-block state hits"
-_CROSS = _HYBRID + "a cross-attention (encoder-decoder) group beside full attention"
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _PARTIAL_ENTRY = _HYBRID + (
     "a full-attention block larger than the hash block beside another group (vLLM registers "
@@ -219,12 +218,6 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
             "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs",
             "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy",
             "test_hybrid_per_group_hit_divergence_with_connector",
-        ],
-        _CROSS: [
-            "test_cross_attn_blocks_not_over_allocated",
-            "test_cross_attn_blocks_not_under_allocated",
-            "test_cross_attn_zero_blocks_without_encoder_inputs",
-            "test_variable_length_cross_attn_block_allocation",
         ],
         _HISPARSE: [
             "test_pending_hisparse_reclamation_defers_preemption",

@@ -13,13 +13,15 @@ and builds vLLM's event objects.
 groups (or one that is not full attention / MLA) to this class; it is not constructed
 directly. Supported group kinds: full attention, MLA, sliding window, sliding-window MLA
 (with or without bounded replay: a bounded-replay group is not prefix-cacheable, so it never
-hits and is never cached, and the scheduler replays the hit's last window), chunked local
-attention, Mamba state in ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout
-accepts them, with EAGLE on every group or on the groups flagged ``is_eagle_group``, KV cache
-zeroing, retention intervals (not beside Mamba) and blocks held by no request as
+hits and is never cached, and the scheduler replays the hit's last window), cross-attention
+beside the decoder's groups with prefix caching off (blocks for the encoder tokens
+scheduled, as vLLM's ``CrossAttentionManager``), chunked local attention, Mamba state in
+``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout accepts them, with EAGLE
+on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, retention
+intervals (not beside Mamba) and blocks held by no request as
 :mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else (partial hash hits
-and partial-block prefix entries, cross-attention, HiSparse roles, context parallelism, the KV
-cache metrics collector) raises
+and partial-block prefix entries, cross-attention with prefix caching on, HiSparse roles,
+context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -47,7 +49,10 @@ from vllm.v1.core.kv_cache_utils import (
     to_event_extra_keys,
 )
 from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
@@ -66,6 +71,7 @@ from kvindex.exceptions import InvalidArgumentError, KvIndexError
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
 from .hybrid_extra import (
+    CrossAttentionManagerView,
     cache_loose,
     check_retention_interval,
     eagle_group_flags,
@@ -91,6 +97,7 @@ _KINDS: dict[type, str] = {
     SlidingWindowSpec: "sliding_window",
     SlidingWindowMLASpec: "sliding_window_mla",
     ChunkedLocalAttentionSpec: "chunked_local_attention",
+    CrossAttentionSpec: "cross_attention",
 }
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -117,8 +124,8 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
             continue
         if kind is None:
             raise _unsupported(
-                "full attention, MLA, sliding window (plain or MLA), chunked local and Mamba KV "
-                "cache groups, not "
+                "full attention, MLA, sliding window (plain or MLA), chunked local, Mamba and "
+                "cross-attention KV cache groups, not "
                 f"{type(spec).__name__} (groups: "
                 + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
                 + ")"
@@ -161,7 +168,12 @@ class _HybridCoordinatorView:
             manager.kv_cache_config, "prefix_cache_retention_interval", None
         )
         self.single_type_managers = tuple(
-            GroupManagerView(manager, core, spec, group=g) for g, spec in enumerate(specs)
+            (
+                CrossAttentionManagerView
+                if isinstance(spec, CrossAttentionSpec)
+                else GroupManagerView
+            )(manager, core, spec, group=g)
+            for g, spec in enumerate(specs)
         )
         for view, eagle in zip(self.single_type_managers, core.group_eagle_flags, strict=True):
             view.use_eagle = eagle
@@ -189,6 +201,7 @@ class _HybridCoordinatorView:
             total_computed_tokens,
             apply_admission_cap,
             num_tokens_main_model,
+            num_encoder_tokens,
         )
 
     def find_longest_cache_hit(
@@ -380,7 +393,7 @@ class HybridKVCacheManager(ManagerCalls):
         blocks for."""
         cached: int | None = None
         for table, spec in zip(self._tables(request.request_id), self._specs, strict=True):
-            if not spec.prefix_cacheable:
+            if not spec.prefix_cacheable or isinstance(spec, CrossAttentionSpec):
                 continue
             n = max((b.block_hash_num_tokens or 0 for b in table), default=0)
             cached = n if cached is None else min(cached, n)
@@ -449,6 +462,7 @@ class HybridKVCacheManager(ManagerCalls):
             cache_tokens,
             self._num_reprefillable,
             main,
+            num_encoder_tokens,
         )
         if self.enable_kv_cache_events:
             self._drain_removed()
@@ -663,10 +677,16 @@ class HybridKVCacheManager(ManagerCalls):
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int
     ) -> tuple[list[int], ...]:
-        """Each group's block ids covering the request's first ``num_computed_tokens``."""
+        """Each attention group's block ids covering the request's first
+        ``num_computed_tokens``; the other groups' (Mamba state, cross-attention) whole."""
         return tuple(
             ids[: _cdiv(num_computed_tokens, bs)]
-            for ids, bs in zip(self.get_block_ids(request_id), self._group_sizes, strict=True)
+            if isinstance(spec, AttentionSpec)
+            and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+            else ids
+            for ids, bs, spec in zip(
+                self.get_block_ids(request_id), self._group_sizes, self._specs, strict=True
+            )
         )
 
     def truncate_computed_blocks(

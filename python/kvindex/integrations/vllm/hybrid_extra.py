@@ -12,6 +12,8 @@ the Rust manager's zeroing logs, sparse sliding-window caching and loose blocks.
   for no request, and a caller's block list cached for one group with its ``BlockStored``
   event.
 - EAGLE groups (``is_eagle_group``): the per-group flags the Rust layout applies.
+- Cross-attention groups: their single-type manager view, registered as vLLM's
+  ``CrossAttentionManager`` (the scheduler and tests tell it by class).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     CircularBufferSpec,
@@ -30,7 +33,10 @@ from vllm.v1.kv_cache_interface import (
 from kvindex._core import _VllmManager
 from kvindex.exceptions import InvalidArgumentError
 
+from .blocks import GroupManagerView
+
 __all__ = [
+    "CrossAttentionManagerView",
     "cache_loose",
     "check_retention_interval",
     "eagle_group_flags",
@@ -121,3 +127,11 @@ def cache_loose(
             if not keep and num_cached_blocks + i < len(ids):
                 ids[num_cached_blocks + i] = 0
     return core.cache_loose(ids, group, num_cached_blocks, num_full_blocks, block_hashes)
+
+
+class CrossAttentionManagerView(GroupManagerView):
+    """A cross-attention group's view: its table holds blocks for the encoder tokens
+    scheduled (the Rust manager decides); registered as vLLM's ``CrossAttentionManager``."""
+
+
+CrossAttentionManager.register(CrossAttentionManagerView)
