@@ -370,6 +370,8 @@ class HybridKVCacheManager(ManagerCalls):
             and getattr(request, "kv_cache_report_mode", "incremental") == "full"
         ):
             for g, blocks in enumerate(groups):
+                if not blocks:  # vLLM reports the groups that hit only
+                    continue
                 end = len(blocks)
                 stored = [i for i in range(end) if blocks[i].block_id != 0]
                 self._emit_stored(request, g, 0, end, stored)

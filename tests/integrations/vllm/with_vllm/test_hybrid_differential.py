@@ -190,6 +190,16 @@ MIXES: dict[str, Mix] = {
         eagle=True,
         eagle_groups=(2,),
     ),
+    "full+mamba-eagle-full": Mix(
+        (lambda: full(8), lambda: mamba(8)), 60, 30, eagle=True, eagle_groups=(0,)
+    ),
+    "full+swa+mamba-eagle-attn": Mix(
+        (lambda: full(8), lambda: swa(8, 16), lambda: mamba(8)),
+        90,
+        31,
+        eagle=True,
+        eagle_groups=(0, 1),
+    ),
     # Encoder-decoder: cross-attention beside the decoder's groups, prefix caching off.
     "full+cross": Mix((lambda: full(8), lambda: cross(8)), 80, 28, caching=False),
     "full+swa+cross-zero": Mix(
