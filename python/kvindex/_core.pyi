@@ -1088,6 +1088,11 @@ class _VllmManager:
     def group_block_sizes(self) -> list[int]:
         """Each group's block size, in group order."""
     @property
+    def spec_sets(self) -> list[tuple[list[int], bool]]:
+        """The spec sets the hit lookup walks (vLLM's coordinator ``attention_groups``),
+        full attention first: ``(member group ids, drops the EAGLE block)`` each; groups
+        that are not prefix-cacheable are in none."""
+    @property
     def group_eagle_flags(self) -> list[bool]:
         """Per group, whether its hits and caching drop the EAGLE block (vLLM's
         single-type ``use_eagle``: its spec set's flag), in group order."""

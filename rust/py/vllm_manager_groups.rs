@@ -80,6 +80,14 @@ impl PyVllmManager {
         (0..l.len()).map(|g| l.group_eagle(g)).collect()
     }
 
+    /// The spec sets the hit lookup walks (vLLM's coordinator ``attention_groups``),
+    /// full attention first: ``(member group ids, drops the EAGLE block)`` each; groups
+    /// that are not prefix-cacheable are in none.
+    #[getter]
+    fn spec_sets(&self) -> Vec<(Vec<usize>, bool)> {
+        self.inner.layout().spec_sets().iter().map(|s| (s.group_ids.clone(), s.use_eagle)).collect()
+    }
+
     /// vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
     /// common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
     /// ``block_hashes`` (at :attr:`hash_block_size`).

@@ -37,7 +37,7 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
 )
 from vllm.v1.core import kv_cache_manager as _vllm_manager_module
-from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, SpecGroup
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
@@ -62,6 +62,7 @@ from vllm.v1.kv_cache_interface import (
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -177,6 +178,16 @@ class _HybridCoordinatorView:
         )
         for view, eagle in zip(self.single_type_managers, core.group_eagle_flags, strict=True):
             view.use_eagle = eagle
+        # The spec sets the Rust lookup walks, as vLLM's ``SpecGroup``s.
+        self.attention_groups = [
+            SpecGroup(
+                specs[ids[0]],
+                list(ids),
+                KVCacheSpecRegistry.get_manager_class(specs[ids[0]]),
+                use_eagle,
+            )
+            for ids, use_eagle in core.spec_sets
+        ]
         self.group_block_sizes = tuple(core.group_block_sizes)
         full = [g for g, s in enumerate(specs) if isinstance(s, FullAttentionSpec)]
         self.full_attention_group_id: int | None = full[0] if full else None

@@ -462,6 +462,22 @@ def test_hybrid_differential(name: str) -> None:
             make(KvManager, mix)
         other = VllmManager  # the harness on its own: vLLM against vLLM
     d = Driver(mix, other, OPS)
+    stock, ours = (m.coordinator for m in d.sides)
+    # The hybrid coordinator's decisions at construction: EAGLE groups, per-group drops,
+    # the spec sets the lookup walks (none without prefix caching). Not with mixed
+    # precisions: vLLM's spec sets also split groups of one kind and block size by dtype,
+    # kvindex's do not (their joint lookup answers the same without EAGLE).
+    if len(mix.groups) > 1:
+        for attr in ("eagle_group_ids", "drop_eagle_group_ids"):
+            assert getattr(stock, attr) == getattr(ours, attr), attr
+        flags = [[m.use_eagle for m in c.single_type_managers] for c in (stock, ours)]
+        assert flags[0] == flags[1], flags
+    if len(mix.groups) > 1 and mix.caching and not mix.zeroing:
+        sets = [
+            [(type(g.spec), g.group_ids, g.manager_cls, g.use_eagle) for g in c.attention_groups]
+            for c in (stock, ours)
+        ]
+        assert sets[0] == sets[1], sets
     d.run()
     # The workload did what it is for: finishes, hits (Mamba states too, once the step
     # that cached them is over) and preemption under the small pool; windowed groups
