@@ -1073,6 +1073,7 @@ class _VllmManager:
         max_in_flight_tokens: int | None = None,
         max_model_len: int | None = None,
         allow_partial_hash_hits: bool = False,
+        eagle_groups: Sequence[bool] | None = None,
     ) -> Self: ...
     @property
     def num_groups(self) -> int:
@@ -1086,6 +1087,15 @@ class _VllmManager:
     @property
     def group_block_sizes(self) -> list[int]:
         """Each group's block size, in group order."""
+    @property
+    def spec_sets(self) -> list[tuple[list[int], bool]]:
+        """The spec sets the hit lookup walks (vLLM's coordinator ``attention_groups``),
+        full attention first: ``(member group ids, drops the EAGLE block)`` each; groups
+        that are not prefix-cacheable are in none."""
+    @property
+    def group_eagle_flags(self) -> list[bool]:
+        """Per group, whether its hits and caching drop the EAGLE block (vLLM's
+        single-type ``use_eagle``: its spec set's flag), in group order."""
     @property
     def last_cached_runs(self) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
         """The runs the last ``allocate_slots_groups`` / ``cache_groups`` call cached."""
@@ -1103,10 +1113,12 @@ class _VllmManager:
         total_computed: int,
         apply_admission_cap: bool = False,
         num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> int:
         """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
         ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
-        groups count; the sum may be negative, as in vLLM."""
+        groups count, ``num_encoder_tokens`` what cross-attention groups count; the
+        sum may be negative, as in vLLM."""
     def new_step_starts(self) -> None:
         """vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
         step that ended."""
@@ -1128,11 +1140,13 @@ class _VllmManager:
         cache_tokens: int | None = None,
         reprefillable: int = 0,
         num_tokens_main_model: int | None = None,
+        num_encoder_tokens: int = 0,
     ) -> list[npt.NDArray[np.int32]] | None:
         """vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
         None. ``full_sequence_computed`` is the gate's (capped) computed count,
         ``processed_tokens`` the position ``remove_skipped_blocks`` runs at first,
-        ``skip_zeroing`` the groups whose external blocks are not logged as new.
+        ``skip_zeroing`` the groups whose external blocks are not logged as new,
+        ``num_encoder_tokens`` the slots cross-attention groups hold.
         With ``hashes`` and ``cache_tokens`` the caching step follows (as
         :meth:`cache_groups`; runs in :attr:`last_cached_runs`)."""
     def cache_groups(

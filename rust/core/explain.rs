@@ -35,7 +35,7 @@ use std::collections::HashSet;
 
 use crate::core::groups::coordinator::{cacheable_tokens, coarse_hash_index, longest_hit};
 use crate::core::groups::rule::{GroupRule, HitQuery};
-use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, MambaMode};
+use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode, SpecSet};
 
 /// The second request's hit for a repeated prompt.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -54,9 +54,11 @@ pub struct RepeatedPrompt {
 }
 
 /// Which blocks of `spec` the first request left cached (see the module header).
-fn cached_blocks(layout: &GroupLayout, spec: GroupSpec, n: usize, chunk: usize) -> Vec<bool> {
+fn cached_blocks(layout: &GroupLayout, set: &SpecSet, n: usize, chunk: usize) -> Vec<bool> {
+    let spec = set.spec;
+    let g = set.group_ids[0];
     let bs = spec.block_size;
-    let cacheable = cacheable_tokens(layout, bs, n, 0);
+    let cacheable = cacheable_tokens(layout, g, n, 0);
     let blocks = cacheable / bs;
     let alignment = layout.alignment();
     match spec.kind {
@@ -66,14 +68,14 @@ fn cached_blocks(layout: &GroupLayout, spec: GroupSpec, n: usize, chunk: usize) 
             let mut end = 0usize;
             while end < n {
                 end = (end + chunk.max(1)).min(n);
-                let at = cacheable_tokens(layout, bs, end, 0) / bs;
+                let at = cacheable_tokens(layout, g, end, 0) / bs;
                 if at > 0 {
                     v[at - 1] = true;
                 }
             }
             v
         }
-        _ => (0..blocks).map(|i| spec.caches_block(i, alignment, layout.use_eagle())).collect(),
+        _ => (0..blocks).map(|i| spec.caches_block(i, alignment, set.use_eagle)).collect(),
     }
 }
 
@@ -83,7 +85,7 @@ fn cached_blocks(layout: &GroupLayout, spec: GroupSpec, n: usize, chunk: usize) 
 pub fn repeated_prompt(layout: &GroupLayout, n: usize, chunk: Option<usize>) -> RepeatedPrompt {
     let sets = layout.spec_sets();
     let chunk = chunk.unwrap_or(n).max(1);
-    let cached: Vec<Vec<bool>> = sets.iter().map(|s| cached_blocks(layout, s.spec, n, chunk)).collect();
+    let cached: Vec<Vec<bool>> = sets.iter().map(|s| cached_blocks(layout, s, n, chunk)).collect();
     let mut looks: Vec<_> =
         cached.iter().map(|c| move |i: usize| c.get(i).copied().unwrap_or(false).then_some(())).collect();
     let mut outs = vec![Vec::new(); sets.len()];
@@ -93,7 +95,10 @@ pub fn repeated_prompt(layout: &GroupLayout, n: usize, chunk: Option<usize>) -> 
     let q = HitQuery { max_tokens: max, alignment: layout.alignment(), drop_eagle: layout.use_eagle() };
     let mut scratch = Vec::new();
     let set_hits = if layout.enable_caching() {
-        sets.iter().zip(looks.iter_mut()).map(|(s, l)| s.spec.longest_hit(l, &q, &mut scratch)).collect()
+        sets.iter()
+            .zip(looks.iter_mut())
+            .map(|(s, l)| s.spec.longest_hit(l, &HitQuery { drop_eagle: s.use_eagle, ..q }, &mut scratch))
+            .collect()
     } else {
         vec![0; sets.len()]
     };
@@ -195,7 +200,10 @@ impl Replay {
         };
         let mut scratch = Vec::new();
         let set_hits = if self.layout.enable_caching() {
-            sets.iter().zip(looks.iter_mut()).map(|(s, l)| s.spec.longest_hit(l, &q, &mut scratch)).collect()
+            sets.iter()
+                .zip(looks.iter_mut())
+                .map(|(s, l)| s.spec.longest_hit(l, &HitQuery { drop_eagle: s.use_eagle, ..q }, &mut scratch))
+                .collect()
         } else {
             vec![0; sets.len()]
         };
@@ -203,26 +211,27 @@ impl Replay {
         let chunk = chunk.unwrap_or(n).max(1);
         for (k, s) in sets.iter().enumerate() {
             let bs = s.spec.block_size;
+            let g = s.group_ids[0];
             let keep = match s.spec.kind {
                 GroupKind::Mamba { mode: MambaMode::Align } => {
                     let mut v = Vec::new();
                     let mut end = h.tokens;
                     while end < n {
                         end = (end + chunk).min(n);
-                        let at = cacheable_tokens(&self.layout, bs, end, 0) / bs;
+                        let at = cacheable_tokens(&self.layout, g, end, 0) / bs;
                         if at > 0 {
                             v.push(at - 1);
                         }
                     }
-                    let first = cacheable_tokens(&self.layout, bs, n, 0) / bs;
-                    v.extend(first..cacheable_tokens(&self.layout, bs, total, 0) / bs);
+                    let first = cacheable_tokens(&self.layout, g, n, 0) / bs;
+                    v.extend(first..cacheable_tokens(&self.layout, g, total, 0) / bs);
                     v
                 }
                 GroupKind::Mamba { mode: MambaMode::None } => Vec::new(),
                 _ => {
-                    let blocks = cacheable_tokens(&self.layout, bs, total, 0) / bs;
+                    let blocks = cacheable_tokens(&self.layout, g, total, 0) / bs;
                     (0..blocks)
-                        .filter(|&i| s.spec.caches_block(i, self.layout.alignment(), self.layout.use_eagle()))
+                        .filter(|&i| s.spec.caches_block(i, self.layout.alignment(), s.use_eagle))
                         .collect()
                 }
             };

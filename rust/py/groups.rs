@@ -4,7 +4,8 @@
 //! A layout argument is a sequence of `(kind, block_size, size, mamba_mode)`
 //! tuples in group order: `kind` as vLLM's `kv_cache_spec_kind` spells it,
 //! `size` the sliding window or the attention chunk (0 otherwise),
-//! `mamba_mode` `"none"` / `"align"` for Mamba (`""` otherwise).
+//! `mamba_mode` `"none"` / `"align"` for Mamba, `"bounded_replay"` /
+//! `"none"` for sliding-window MLA (`""` otherwise).
 
 use std::sync::Mutex;
 
@@ -117,7 +118,7 @@ pub fn explain_layout<'py>(
         e.set_item("kind", s.spec.kind.kind_name())?;
         e.set_item("block_size", s.spec.block_size)?;
         e.set_item("group_ids", s.group_ids.clone())?;
-        if let GroupKind::SlidingWindow { window } = s.spec.kind {
+        if let Some(window) = s.spec.kind.sliding_window() {
             e.set_item("window_blocks", window_blocks(window, s.spec.block_size, eagle))?;
         }
         e.set_item("hit", r.set_hits[k])?;

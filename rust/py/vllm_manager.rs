@@ -121,7 +121,7 @@ impl PyVllmManager {
 #[pymethods]
 impl PyVllmManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false, groups = None, hash_block_size = None, use_eagle = false, max_in_flight_tokens = None, max_model_len = None, allow_partial_hash_hits = false))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false, groups = None, hash_block_size = None, use_eagle = false, max_in_flight_tokens = None, max_model_len = None, allow_partial_hash_hits = false, eagle_groups = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
@@ -135,6 +135,7 @@ impl PyVllmManager {
         max_in_flight_tokens: Option<i64>,
         max_model_len: Option<i64>,
         allow_partial_hash_hits: bool,
+        eagle_groups: Option<Vec<bool>>,
     ) -> PyResult<Self> {
         let num_blocks = count(num_blocks, "num_blocks")?;
         let block_size = count(block_size, "block_size")?;
@@ -143,9 +144,10 @@ impl PyVllmManager {
                 || use_eagle
                 || max_in_flight_tokens.is_some()
                 || max_model_len.is_some()
+                || eagle_groups.is_some()
             {
                 return Err(invalid(
-                    "hash_block_size, use_eagle and the admission sizes need groups".to_owned(),
+                    "hash_block_size, use_eagle, eagle_groups and the admission sizes need groups".to_owned(),
                 ));
             }
             let inner =
@@ -160,7 +162,10 @@ impl PyVllmManager {
             use_eagle,
             allow_partial_hash_hits,
         };
-        let layout = GroupLayout::new(specs, opt).py()?;
+        let mut layout = GroupLayout::new(specs, opt).py()?;
+        if let Some(flags) = eagle_groups {
+            layout = layout.with_eagle_groups(&flags).py()?;
+        }
         let admission = match (max_in_flight_tokens, max_model_len) {
             (Some(f), Some(m)) => Some((count(f, "max_in_flight_tokens")?, count(m, "max_model_len")?)),
             (None, None) => None,

@@ -72,6 +72,22 @@ impl PyVllmManager {
         self.inner.layout().groups().iter().map(|g| g.block_size).collect()
     }
 
+    /// Per group, whether its hits and caching drop the EAGLE block (vLLM's
+    /// single-type ``use_eagle``: its spec set's flag), in group order.
+    #[getter]
+    fn group_eagle_flags(&self) -> Vec<bool> {
+        let l = self.inner.layout();
+        (0..l.len()).map(|g| l.group_eagle(g)).collect()
+    }
+
+    /// The spec sets the hit lookup walks (vLLM's coordinator ``attention_groups``),
+    /// full attention first: ``(member group ids, drops the EAGLE block)`` each; groups
+    /// that are not prefix-cacheable are in none.
+    #[getter]
+    fn spec_sets(&self) -> Vec<(Vec<usize>, bool)> {
+        self.inner.layout().spec_sets().iter().map(|s| (s.group_ids.clone(), s.use_eagle)).collect()
+    }
+
     /// vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
     /// common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
     /// ``block_hashes`` (at :attr:`hash_block_size`).
@@ -95,8 +111,10 @@ impl PyVllmManager {
 
     /// vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
     /// ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
-    /// groups count; the sum may be negative, as in vLLM.
-    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false, num_tokens_main_model = None))]
+    /// groups count, ``num_encoder_tokens`` what cross-attention groups count; the
+    /// sum may be negative, as in vLLM.
+    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false, num_tokens_main_model = None, num_encoder_tokens = 0))]
+    #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate_groups(
         &self,
         request_id: &str,
@@ -105,14 +123,16 @@ impl PyVllmManager {
         total_computed: i64,
         apply_admission_cap: bool,
         num_tokens_main_model: Option<i64>,
+        num_encoder_tokens: i64,
     ) -> PyResult<isize> {
         let hits = self.hit_lists(new_computed)?;
         let n = count(num_tokens, "num_tokens")?;
         let main = num_tokens_main_model.map(|m| count(m, "num_tokens_main_model")).transpose()?.unwrap_or(n);
-        Ok(self.inner.num_blocks_to_allocate_signed(
+        Ok(self.inner.num_blocks_to_allocate_encoder(
             request_id,
             n,
             main,
+            count(num_encoder_tokens, "num_encoder_tokens")?,
             &hits,
             count(total_computed, "total_computed")?,
             apply_admission_cap,
@@ -128,10 +148,11 @@ impl PyVllmManager {
     /// vLLM's ``allocate_slots`` over all groups: each group's new block ids, or
     /// None. ``full_sequence_computed`` is the gate's (capped) computed count,
     /// ``processed_tokens`` the position ``remove_skipped_blocks`` runs at first,
-    /// ``skip_zeroing`` the groups whose external blocks are not logged as new.
+    /// ``skip_zeroing`` the groups whose external blocks are not logged as new,
+    /// ``num_encoder_tokens`` the slots cross-attention groups hold.
     /// With ``hashes`` and ``cache_tokens`` the caching step follows (as
     /// :meth:`cache_groups`; runs in :attr:`last_cached_runs`).
-    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, full_sequence_computed, processed_tokens, reserved_blocks, watermark_blocks, adopt, skip_zeroing = Vec::new(), hashes = None, cache_tokens = None, reprefillable = 0, num_tokens_main_model = None))]
+    #[pyo3(signature = (request_id, new_computed, num_tokens_need_slot, num_local_computed, num_external_computed, full_sequence_tokens, full_sequence_computed, processed_tokens, reserved_blocks, watermark_blocks, adopt, skip_zeroing = Vec::new(), hashes = None, cache_tokens = None, reprefillable = 0, num_tokens_main_model = None, num_encoder_tokens = 0))]
     #[allow(clippy::too_many_arguments)]
     fn allocate_slots_groups<'py>(
         &mut self,
@@ -152,6 +173,7 @@ impl PyVllmManager {
         cache_tokens: Option<i64>,
         reprefillable: i64,
         num_tokens_main_model: Option<i64>,
+        num_encoder_tokens: i64,
     ) -> PyResult<Option<Arrays<'py>>> {
         let hits = self.hit_lists(new_computed)?;
         let mut mask = 0u64;
@@ -174,6 +196,7 @@ impl PyVllmManager {
             processed_tokens: opt(processed_tokens, "processed_tokens")?,
             skip_zeroing: mask,
             num_tokens_main_model: opt(num_tokens_main_model, "num_tokens_main_model")?,
+            num_encoder_tokens: count(num_encoder_tokens, "num_encoder_tokens")?,
         };
         let cache_tokens = opt(cache_tokens, "cache_tokens")?;
         let reprefillable = count(reprefillable, "reprefillable")?;

@@ -1,7 +1,8 @@
 //! Property test: random KV cache group layouts (full attention, MLA, sliding windows,
-//! chunked local, align-mode Mamba state, block sizes whose lcm exceeds their gcd) and
-//! random scheduler call
-//! sequences on the multi-group vLLM manager. After every call:
+//! sliding-window MLA with and without bounded replay, chunked local, align-mode Mamba
+//! state, block sizes whose lcm exceeds their gcd; EAGLE off, on every group or on random
+//! groups) and random scheduler call sequences on the multi-group vLLM manager. After
+//! every call:
 //! - `check_invariants()` passes (pool invariants, no block in two groups' tables, cached
 //!   blocks keyed for their group);
 //! - blocks are conserved: every held block's ref count equals its references in the live
@@ -10,7 +11,8 @@
 //!   allocation they keep no real block before their rule's window;
 //! - right after an allocation an align-mode Mamba table holds at most two real blocks
 //!   (the state it resumes from and the new one);
-//! - a refused call (caller error) changes nothing: tables, cached counts and free queue.
+//! - a refused call (caller error) changes nothing: tables, cached counts and free queue;
+//! - a group that is not prefix-cacheable hits nothing and caches nothing.
 //!
 //! A second property runs one full-attention group through the multi-group calls and the
 //! one-group fast calls side by side: every answer and the free queue must agree. The exact
@@ -48,11 +50,11 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// A layout: hash block `h`; each group full (block `h`), MLA, a sliding window
-/// (block `h` or `2h`), chunked local (only when every block is `h`) or align-mode
-/// Mamba (block `h`).
+/// A layout: hash block `h`; each group full (block `h`), MLA, a sliding window, plain
+/// or MLA (block `h` or `2h`; an MLA one possibly with bounded replay), chunked local
+/// (only when every block is `h`) or align-mode Mamba (block `h`).
 fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
-    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..5, 1usize..20, any::<bool>()), 1..5))
+    (prop_oneof![Just(2usize), Just(4)], prop::collection::vec((0u8..7, 1usize..20, any::<bool>()), 1..5))
         .prop_map(|(h, gs)| {
             let mut out = vec![GroupSpec::full(h)];
             for (k, size, wide) in gs {
@@ -65,6 +67,10 @@ fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
                     0 => GroupSpec::full(h),
                     1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
                     2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
+                    5 | 6 => GroupSpec {
+                        kind: GroupKind::SlidingWindowMla { window: size, bounded_replay: k == 6 },
+                        block_size: bs,
+                    },
                     _ => {
                         GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size * h / 2 + 1 }, block_size: h }
                     }
@@ -147,9 +153,20 @@ fn check_windows(m: &VllmManager, rid: &str, total: Option<usize>) -> Result<(),
     Ok(())
 }
 
-fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
-    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+/// `eagle`: None, EAGLE off; a mask, EAGLE on with the groups of its bits flagged
+/// `is_eagle_group` (none: every group drops).
+fn run(groups: Vec<GroupSpec>, eagle: Option<u8>, ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let opt = LayoutOptions { enable_caching: true, use_eagle: eagle.is_some(), ..LayoutOptions::default() };
+    let flags: Vec<bool> = (0..groups.len()).map(|g| eagle.is_some_and(|m| m >> g & 1 == 1)).collect();
     let Ok(layout) = GroupLayout::new(groups, opt) else { return Ok(()) };
+    let layout = layout.with_eagle_groups(&flags).expect("one flag per group");
+    for (g, _) in layout.groups().iter().enumerate() {
+        let set = layout.spec_sets().iter().find(|s| s.group_ids.contains(&g));
+        prop_assert_eq!(set.is_some(), layout.prefix_cacheable(g));
+        prop_assert_eq!(layout.group_eagle(g), set.is_some_and(|s| s.use_eagle));
+        let mine = eagle.is_some() && (flags[g] || !flags.iter().any(|&f| f));
+        prop_assert!(!mine || !layout.prefix_cacheable(g) || layout.group_eagle(g));
+    }
     let h = layout.hash_block_size();
     let Ok(mut m) = VllmManager::with_layout(60, layout, true, true, None) else { return Ok(()) };
     let mut live: Vec<Option<Live>> = (0..6).map(|_| None).collect();
@@ -166,6 +183,9 @@ fn run(groups: Vec<GroupSpec>, ops: Vec<Op>) -> Result<(), TestCaseError> {
                 let hit = m.find_hit_groups(&hashes, len - 1);
                 let tokens = hit.hit.tokens;
                 prop_assert!(tokens < len && tokens % m.layout().alignment() == 0);
+                for (g, b) in hit.blocks.iter().enumerate() {
+                    prop_assert!(m.layout().prefix_cacheable(g) || b.is_empty(), "group {} hit {:?}", g, b);
+                }
                 let n = chunk.min(len - tokens).max(1);
                 let adopt = hit.blocks.iter().any(|b| !b.is_empty());
                 let s = SlotRequest {
@@ -321,8 +341,12 @@ proptest! {
     #![proptest_config(config())]
 
     #[test]
-    fn groups_keep_their_rules_and_conserve_blocks(groups in layout(), ops in prop::collection::vec(op(), 1..60)) {
-        run(groups, ops)?;
+    fn groups_keep_their_rules_and_conserve_blocks(
+        groups in layout(),
+        eagle in prop::option::of(any::<u8>()),
+        ops in prop::collection::vec(op(), 1..60),
+    ) {
+        run(groups, eagle, ops)?;
     }
 
     #[test]

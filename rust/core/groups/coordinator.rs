@@ -16,7 +16,10 @@
 //!   its block size) and no larger than `max_tokens`;
 //! - every spec set's hit is consistent with that length: full attention
 //!   holds exactly `ceil(len / B)` blocks; other kinds hold what their rule
-//!   returned at the final candidate length.
+//!   returned at the final candidate length;
+//! - only a set flagged EAGLE drops the EAGLE block, at most once per
+//!   candidate length (vLLM's `eagle_verified`); groups in no spec set (not
+//!   prefix-cacheable) take no part and hit nothing.
 //!
 //! Costs: one lookup pass per spec set per round, none when a set meets the
 //! query it already answered; a round repeats only when some set shortened
@@ -64,10 +67,9 @@ pub fn longest_hit<L: BlockLookup>(
     if !layout.enable_caching() {
         return HybridHit::default();
     }
-    let eagle = layout.use_eagle();
     if layout.len() == 1 {
         let spec = sets[0].spec;
-        let q = HitQuery { max_tokens, alignment: spec.block_size, drop_eagle: eagle };
+        let q = HitQuery { max_tokens, alignment: spec.block_size, drop_eagle: sets[0].use_eagle };
         let tokens = spec.longest_hit(&mut lookups[0], &q, &mut out[0]);
         return HybridHit { tokens, uncached_common_prefix: 0 };
     }
@@ -93,7 +95,7 @@ pub fn longest_hit<L: BlockLookup>(
                 curr = curr.min(st[idx].len);
                 continue;
             }
-            let drop = eagle && !st[idx].verified;
+            let drop = set.use_eagle && !st[idx].verified;
             let mut max_len = curr;
             if drop && !matches!(spec.kind, GroupKind::Mamba { .. }) {
                 max_len = (curr + spec.block_size).min(num_hashes.saturating_mul(hash_bs));
@@ -133,23 +135,18 @@ pub fn longest_hit<L: BlockLookup>(
     HybridHit { tokens: hit_length, uncached_common_prefix: longest - hit_length }
 }
 
-/// vLLM's `get_num_cacheable_tokens` for a group of `block_size`:
-/// `num_computed` less the re-prefillable tail, rounded down to the
-/// scheduler block size on hybrid layouts (an EAGLE group keeps one block
-/// more).
+/// vLLM's `get_num_cacheable_tokens` for group `g`: `num_computed` less
+/// the re-prefillable tail, rounded down to the scheduler block size on
+/// hybrid layouts (a group that drops the EAGLE block keeps one block more).
 #[must_use]
-pub fn cacheable_tokens(
-    layout: &GroupLayout,
-    block_size: usize,
-    num_computed: usize,
-    reprefillable: usize,
-) -> usize {
+pub fn cacheable_tokens(layout: &GroupLayout, g: usize, num_computed: usize, reprefillable: usize) -> usize {
     if layout.len() == 1 {
         return num_computed.saturating_sub(reprefillable);
     }
+    let block_size = layout.groups().get(g).map_or(1, |s| s.block_size);
     let sb = layout.scheduler_block_size();
     let cached = num_computed / sb * sb;
-    if layout.use_eagle() && cached > 0 {
+    if layout.group_eagle(g) && cached > 0 {
         let finalized = num_computed.saturating_sub(reprefillable);
         return finalized.min(finalized / sb * sb + block_size);
     }
@@ -207,10 +204,48 @@ mod tests {
         assert!(out[0].is_empty());
     }
 
+    /// EAGLE on the sliding-window set only: full attention keeps its last block, the
+    /// window looks one block past the candidate and drops it.
+    #[test]
+    fn eagle_drops_only_in_flagged_sets() {
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 8 }, block_size: 4 };
+        let hit = |flags: Option<[bool; 2]>| {
+            let mut l = layout(vec![GroupSpec::full(4), swa], flags.is_some());
+            if let Some(f) = flags {
+                l = l.with_eagle_groups(&f).expect("two flags");
+            }
+            let mut look = vec![set((0..5).collect()), set((0..10).collect())];
+            let mut out = vec![Vec::new(), Vec::new()];
+            longest_hit(&l, &mut look, 100, 25, &mut out).tokens
+        };
+        assert_eq!(hit(None), 20);
+        assert_eq!(hit(Some([false, false])), 16, "no group flagged: every group drops");
+        assert_eq!(hit(Some([true, true])), 16);
+        assert_eq!(hit(Some([false, true])), 20, "full attention does not drop");
+        assert_eq!(hit(Some([true, false])), 16, "full attention drops");
+        let l = layout(vec![GroupSpec::full(4), swa], true).with_eagle_groups(&[false, true]).expect("ok");
+        assert_eq!(cacheable_tokens(&l, 0, 13, 0), 12);
+        assert_eq!(cacheable_tokens(&l, 1, 13, 0), 13);
+    }
+
+    /// A group that is not prefix-cacheable takes no part: its output stays empty.
+    #[test]
+    fn bounded_replay_group_takes_no_part() {
+        let mla = GroupSpec {
+            kind: GroupKind::SlidingWindowMla { window: 8, bounded_replay: true },
+            block_size: 4,
+        };
+        let l = layout(vec![GroupSpec::full(4), mla], false);
+        assert_eq!(l.spec_sets().len(), 1);
+        let mut look = vec![set((0..5).collect())];
+        let mut out = vec![Vec::new()];
+        assert_eq!(longest_hit(&l, &mut look, 100, 25, &mut out).tokens, 20);
+    }
+
     #[test]
     fn cacheable_tokens_round_to_the_scheduler_block() {
         let l = layout(vec![GroupSpec::full(4), GroupSpec::full(8)], false);
-        assert_eq!(cacheable_tokens(&l, 4, 13, 0), 8);
+        assert_eq!(cacheable_tokens(&l, 0, 13, 0), 8);
         assert_eq!(coarse_hash_index(1, 2), 3);
     }
 }

@@ -4,10 +4,12 @@
 //! answer with the same rules and their own notion of "cached".
 //!
 //! A hit of one group is always `first_real` null blocks followed by real
-//! (cached) blocks up to the hit's block count: full attention has no nulls,
-//! a sliding window nulls what lies before its last `ceil((W-1)/B)` blocks,
+//! (cached) blocks up to the hit's block count: full attention (and MLA) has
+//! no nulls, a sliding window (plain or MLA, one rule) nulls what lies before
+//! its last `ceil((W-1)/B)` blocks,
 //! chunked local nulls the chunks before the current one, Mamba keeps only
-//! its latest state block.
+//! its latest state block; cross-attention never hits (its blocks hold one
+//! request's encoder states).
 //!
 //! # Invariants
 //! - a rule never asks its lookup for a block at or past `max_tokens / B`;
@@ -261,23 +263,31 @@ impl GroupRule for GroupSpec {
         let bs = self.block_size;
         match self.kind {
             GroupKind::FullAttention | GroupKind::Mla => full_hit(bs, lookup, q, out),
-            GroupKind::SlidingWindow { window } => window_hit(window, bs, lookup, q, out),
+            GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
+                window_hit(window, bs, lookup, q, out)
+            }
             GroupKind::ChunkedLocal { chunk } => chunked_hit(chunk, bs, lookup, q, out),
             GroupKind::Mamba { .. } => mamba_hit(bs, lookup, q, out),
+            GroupKind::CrossAttention => {
+                out.clear();
+                0
+            }
         }
     }
 
     fn skipped_tokens(&self, n: usize) -> usize {
         match self.kind {
-            GroupKind::FullAttention | GroupKind::Mla => 0,
-            GroupKind::SlidingWindow { window } => (n + 1).saturating_sub(window),
+            GroupKind::FullAttention | GroupKind::Mla | GroupKind::CrossAttention => 0,
+            GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
+                (n + 1).saturating_sub(window)
+            }
             GroupKind::ChunkedLocal { chunk } => n / chunk * chunk,
             GroupKind::Mamba { .. } => n.saturating_sub(1),
         }
     }
 
     fn caches_block(&self, i: usize, alignment: usize, use_eagle: bool) -> bool {
-        let GroupKind::SlidingWindow { window } = self.kind else { return true };
+        let Some(window) = self.kind.sliding_window() else { return true };
         let bs = self.block_size;
         if !alignment.is_multiple_of(bs) {
             return true;
@@ -293,7 +303,7 @@ impl GroupRule for GroupSpec {
 
     fn admission_cap(&self, max_in_flight_tokens: usize, max_model_len: usize) -> Option<usize> {
         match self.kind {
-            GroupKind::SlidingWindow { window } => {
+            GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
                 let n = (window - 1).saturating_add(max_in_flight_tokens).min(max_model_len);
                 Some(cdiv(n, self.block_size) + 1)
             }

@@ -3,9 +3,9 @@
 //! checks define them.
 //!
 //! A *group* is a set of layers that share one block table per request: its
-//! [`GroupKind`] (full attention, MLA, sliding window, chunked local,
-//! Mamba) and its block size. A [`GroupLayout`] is the ordered list of a
-//! cache's groups (the index of a group is vLLM's `kv_cache_group_id`, the
+//! [`GroupKind`] (full attention, MLA, sliding window, sliding-window MLA,
+//! chunked local, Mamba, cross-attention; see [`super::kind`]) and its block
+//! size. A [`GroupLayout`] is the ordered list of a cache's groups (the index of a group is vLLM's `kv_cache_group_id`, the
 //! `group_idx` of its KV events) with the two derived sizes:
 //! - `hash_block_size`: the granularity of a request's block hashes, the gcd
 //!   of the group block sizes (the scheduler block size when caching is off
@@ -14,143 +14,29 @@
 //!
 //! Groups with the same spec (kind and block size) form one *spec set*,
 //! looked up jointly (vLLM's `SpecGroup`); full-attention sets come first.
+//! A group that is not prefix-cacheable (sliding-window MLA with bounded
+//! replay, cross-attention) is in no spec set: it never hits and is never
+//! cached, and its block size takes no part in the hash block size. A
+//! cross-attention group needs prefix caching off (vLLM's
+//! `CrossAttentionManager` neither looks up nor caches). Each set carries its
+//! EAGLE drop flag: set when any member group drops the EAGLE block (vLLM's
+//! `drop_eagle_group_ids`: the groups flagged `is_eagle_group`, or all of
+//! them when EAGLE is on and none is flagged).
 //!
-//! # Invariants (established by [`GroupLayout::new`], never changed)
-//! - at least one group; every block size > 0 and a multiple of
+//! # Invariants (established by [`GroupLayout::new`], the EAGLE flags by
+//! [`GroupLayout::with_eagle_groups`]; never changed after)
+//! - at least one group, at least one of them prefix-cacheable; every block
+//!   size > 0; every prefix-cacheable group's a multiple of
 //!   `hash_block_size`; `scheduler_block_size` a multiple of each;
+//! - the per-group EAGLE flags are their spec set's flag (false outside
+//!   the sets), all false when EAGLE is off;
 //! - what vLLM 0.33 rejects on a hybrid config is rejected here, and what
 //!   kvindex does not implement is rejected with an error naming it.
 //!
 //! Costs: construction O(groups²); every accessor O(1).
 
 use crate::core::error::{KvError, KvResult};
-
-/// vLLM's `mamba_cache_mode`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum MambaMode {
-    /// `"none"`: no prefix caching of Mamba state.
-    None,
-    /// `"align"`: the state at each scheduler-block boundary is cacheable.
-    Align,
-}
-
-impl MambaMode {
-    /// vLLM's spelling.
-    #[must_use]
-    pub fn name(self) -> &'static str {
-        match self {
-            MambaMode::None => "none",
-            MambaMode::Align => "align",
-        }
-    }
-
-    /// Parses vLLM's spelling.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for any other string.
-    pub fn parse(s: &str) -> KvResult<Self> {
-        match s {
-            "none" => Ok(MambaMode::None),
-            "align" => Ok(MambaMode::Align),
-            _ => Err(KvError::invalid(format!("mamba_cache_mode must be 'none' or 'align', got {s:?}"))),
-        }
-    }
-}
-
-/// The attention (or state) type of a group: which single-type rule it follows.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum GroupKind {
-    /// Full attention (`FullAttentionSpec`): every block is needed.
-    FullAttention,
-    /// Multi-head latent attention (`MLAAttentionSpec`): full-attention rules,
-    /// its own spec set and event kind.
-    Mla,
-    /// Sliding window of `window` tokens (`SlidingWindowSpec`).
-    SlidingWindow {
-        /// Tokens each query attends to, itself included.
-        window: usize,
-    },
-    /// Chunked local attention with chunks of `chunk` tokens
-    /// (`ChunkedLocalAttentionSpec`).
-    ChunkedLocal {
-        /// Tokens per attention chunk.
-        chunk: usize,
-    },
-    /// Mamba / linear-attention state (`MambaSpec`).
-    Mamba {
-        /// vLLM's `mamba_cache_mode`.
-        mode: MambaMode,
-    },
-}
-
-impl GroupKind {
-    /// vLLM's `KVCacheSpecKind` value, as KV events carry it.
-    #[must_use]
-    pub fn kind_name(self) -> &'static str {
-        match self {
-            GroupKind::FullAttention => "full_attention",
-            GroupKind::Mla => "mla_attention",
-            GroupKind::SlidingWindow { .. } => "sliding_window",
-            GroupKind::ChunkedLocal { .. } => "chunked_local_attention",
-            GroupKind::Mamba { .. } => "mamba",
-        }
-    }
-
-    /// The window KV events carry (`kv_cache_spec_sliding_window`).
-    #[must_use]
-    pub fn sliding_window(self) -> Option<usize> {
-        match self {
-            GroupKind::SlidingWindow { window } => Some(window),
-            _ => None,
-        }
-    }
-
-    /// Whether the kind is a `FullAttentionSpec` in vLLM (full or MLA): it
-    /// bounds the hybrid fixed point and is looked up first.
-    #[must_use]
-    pub fn is_full(self) -> bool {
-        matches!(self, GroupKind::FullAttention | GroupKind::Mla)
-    }
-
-    /// Whether vLLM's manager for the kind supports fine-grained (sub-block)
-    /// hash lookups (`supports_fine_grained_hash_lookup`).
-    #[must_use]
-    pub fn fine_grained_lookup(self) -> bool {
-        matches!(self, GroupKind::FullAttention | GroupKind::Mla | GroupKind::Mamba { .. })
-    }
-
-    /// Parses a kind from vLLM's `KVCacheSpecKind` value and its parameter:
-    /// the window (sliding window), the chunk (chunked local); `mamba_mode`
-    /// for Mamba.
-    ///
-    /// # Errors
-    /// `InvalidArgument` for an unknown kind, a zero window or chunk, or a
-    /// kind kvindex does not implement (named in the message).
-    pub fn parse(kind: &str, size: usize, mamba_mode: &str) -> KvResult<Self> {
-        let k = match kind {
-            "full_attention" => GroupKind::FullAttention,
-            "mla_attention" => GroupKind::Mla,
-            "sliding_window" => GroupKind::SlidingWindow { window: size },
-            "chunked_local_attention" => GroupKind::ChunkedLocal { chunk: size },
-            "mamba" => GroupKind::Mamba { mode: MambaMode::parse(mamba_mode)? },
-            "sliding_window_mla" | "sink_full_attention" | "encoder_only_attention" | "cross_attention" => {
-                return Err(KvError::invalid(format!(
-                    "KV cache group kind {kind:?} is not supported by kvindex"
-                )));
-            }
-            _ => return Err(KvError::invalid(format!("unknown KV cache group kind {kind:?}"))),
-        };
-        match k {
-            GroupKind::SlidingWindow { window: 0 } => {
-                Err(KvError::invalid("sliding_window must be positive"))
-            }
-            GroupKind::ChunkedLocal { chunk: 0 } => {
-                Err(KvError::invalid("attention_chunk_size must be positive"))
-            }
-            _ => Ok(k),
-        }
-    }
-}
+pub use crate::core::groups::kind::{GroupKind, MambaMode};
 
 /// One group: its kind and block size (tokens per block).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -193,6 +79,8 @@ pub struct SpecSet {
     pub spec: GroupSpec,
     /// Member group indices, ascending.
     pub group_ids: Vec<usize>,
+    /// Whether the set's hits drop the EAGLE block (some member does).
+    pub use_eagle: bool,
 }
 
 /// A cache's groups and their derived sizes (module header, invariants).
@@ -203,7 +91,10 @@ pub struct GroupLayout {
     scheduler_block_size: usize,
     enable_caching: bool,
     use_eagle: bool,
-    /// Spec sets, full attention first, then first-seen order.
+    /// Per group: whether its hits and caching drop the EAGLE block.
+    eagle: Vec<bool>,
+    /// Spec sets of the prefix-cacheable groups, full attention first, then
+    /// first-seen order.
     sets: Vec<SpecSet>,
 }
 
@@ -248,6 +139,18 @@ impl GroupLayout {
         if groups.len() > u32::MAX as usize {
             return Err(KvError::invalid("too many KV cache groups"));
         }
+        if !groups.iter().any(|s| s.kind.prefix_cacheable()) {
+            return Err(KvError::invalid(
+                "a KV cache needs at least one prefix-cacheable group (every group here is a \
+                 sliding-window MLA group with bounded replay or cross-attention)",
+            ));
+        }
+        if opt.enable_caching && groups.iter().any(|s| s.kind == GroupKind::CrossAttention) {
+            return Err(KvError::invalid(
+                "a cross-attention group needs prefix caching off (vLLM's CrossAttentionManager \
+                 neither looks up nor caches blocks)",
+            ));
+        }
         let mut l = 1usize;
         let mut g = 0usize;
         for (i, s) in groups.iter().enumerate() {
@@ -259,8 +162,12 @@ impl GroupLayout {
             }
             l = lcm(l, s.block_size)
                 .ok_or_else(|| KvError::invalid("the groups' block sizes overflow their lcm"))?;
-            g = gcd(g, s.block_size);
+            if s.kind.prefix_cacheable() {
+                g = gcd(g, s.block_size);
+            }
         }
+        // Only the prefix-cacheable groups are hashed (vLLM's `hashing_sizes`).
+        let hashed = || groups.iter().filter(|s| s.kind.prefix_cacheable());
         let scheduler = match opt.scheduler_block_size {
             Some(sb) => {
                 if sb == 0 || groups.iter().any(|s| sb % s.block_size != 0) {
@@ -284,10 +191,10 @@ impl GroupLayout {
         } else {
             opt.hash_block_size.unwrap_or(g)
         };
-        if hash == 0 || groups.iter().any(|s| s.block_size % hash != 0) || scheduler % hash != 0 {
+        if hash == 0 || hashed().any(|s| s.block_size % hash != 0) || scheduler % hash != 0 {
             return Err(KvError::invalid(format!(
-                "hash_block_size {hash} must divide every group's block size ({:?})",
-                groups.iter().map(|s| s.block_size).collect::<Vec<_>>()
+                "hash_block_size {hash} must divide every prefix-cacheable group's block size ({:?})",
+                hashed().map(|s| s.block_size).collect::<Vec<_>>()
             )));
         }
         if opt.enable_caching && groups.len() > 1 {
@@ -318,20 +225,61 @@ impl GroupLayout {
         }
         let mut sets: Vec<SpecSet> = Vec::new();
         for (i, s) in groups.iter().enumerate() {
+            if !s.kind.prefix_cacheable() {
+                continue;
+            }
             match sets.iter_mut().find(|x| x.spec == *s) {
                 Some(x) => x.group_ids.push(i),
-                None => sets.push(SpecSet { spec: *s, group_ids: vec![i] }),
+                None => sets.push(SpecSet { spec: *s, group_ids: vec![i], use_eagle: opt.use_eagle }),
             }
         }
         sets.sort_by_key(|x| !x.spec.kind.is_full());
-        Ok(GroupLayout {
+        let mut layout = GroupLayout {
+            eagle: vec![false; groups.len()],
             groups,
             hash_block_size: hash,
             scheduler_block_size: scheduler,
             enable_caching: opt.enable_caching,
             use_eagle: opt.use_eagle,
             sets,
-        })
+        };
+        layout.spread_eagle();
+        Ok(layout)
+    }
+
+    /// Sets each group's EAGLE flag from its spec set's (false outside the sets).
+    fn spread_eagle(&mut self) {
+        self.eagle.iter_mut().for_each(|e| *e = false);
+        for set in &self.sets {
+            for &g in &set.group_ids {
+                self.eagle[g] = set.use_eagle;
+            }
+        }
+    }
+
+    /// The layout with vLLM's per-group EAGLE flags (`is_eagle_group`, one
+    /// per group): with EAGLE on, the flagged groups drop the EAGLE block, or
+    /// every group when none is flagged; a spec set drops it when any member
+    /// does, and so do all its members. With EAGLE off nothing drops.
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `flagged` does not have one entry per group.
+    pub fn with_eagle_groups(mut self, flagged: &[bool]) -> KvResult<Self> {
+        if flagged.len() != self.groups.len() {
+            return Err(KvError::invalid(format!(
+                "{} EAGLE group flags for {} KV cache groups",
+                flagged.len(),
+                self.groups.len()
+            )));
+        }
+        let none = !flagged.iter().any(|&f| f);
+        let drops = |g: usize| self.use_eagle && (none || flagged[g]);
+        let per_set: Vec<bool> = self.sets.iter().map(|s| s.group_ids.iter().any(|&g| drops(g))).collect();
+        for (set, e) in self.sets.iter_mut().zip(per_set) {
+            set.use_eagle = e;
+        }
+        self.spread_eagle();
+        Ok(self)
     }
 
     /// The groups, in `kv_cache_group_id` order.
@@ -381,10 +329,18 @@ impl GroupLayout {
         self.enable_caching
     }
 
-    /// Whether hits drop the EAGLE block.
+    /// Whether EAGLE is on (vLLM's `drop_eagle_group_ids` is not empty): the
+    /// replay boundaries of sparse retention move one block down.
     #[must_use]
     pub fn use_eagle(&self) -> bool {
         self.use_eagle
+    }
+
+    /// Whether group `g`'s hits and caching drop the EAGLE block (its spec
+    /// set's flag; false for a group out of range or in no set).
+    #[must_use]
+    pub fn group_eagle(&self, g: usize) -> bool {
+        self.eagle.get(g).copied().unwrap_or(false)
     }
 
     /// The spec sets, full attention first (vLLM's `attention_groups`).
@@ -398,6 +354,12 @@ impl GroupLayout {
     #[must_use]
     pub fn is_simple_hybrid(&self) -> bool {
         self.sets.len() == 2 && self.sets[0].spec.kind.is_full()
+    }
+
+    /// Whether group `g` is looked up and cached (false out of range).
+    #[must_use]
+    pub fn prefix_cacheable(&self, g: usize) -> bool {
+        self.groups.get(g).is_some_and(|s| s.kind.prefix_cacheable())
     }
 
     /// Whether the layout is one full-attention (or MLA) group.
@@ -449,10 +411,69 @@ mod tests {
         let bad_hash = LayoutOptions { hash_block_size: Some(3), ..on() };
         assert!(GroupLayout::new(vec![GroupSpec::full(16), GroupSpec::full(32)], bad_hash).is_err());
         assert!(GroupKind::parse("sliding_window", 0, "").is_err());
-        assert!(GroupKind::parse("cross_attention", 0, "").is_err());
+        assert!(GroupKind::parse("encoder_only_attention", 0, "").is_err());
+        // Cross-attention: beside full attention with prefix caching off only.
+        let cross =
+            GroupSpec { kind: GroupKind::parse("cross_attention", 0, "").expect("ok"), block_size: 16 };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), cross], on()).is_err());
+        let l = GroupLayout::new(vec![GroupSpec::full(16), cross], LayoutOptions::default()).expect("off");
+        assert!(!l.prefix_cacheable(1) && l.spec_sets().len() == 1);
+        assert!(GroupLayout::new(vec![cross], LayoutOptions::default()).is_err());
         assert_eq!(
             GroupKind::parse("mamba", 0, "align").expect("ok"),
             GroupKind::Mamba { mode: MambaMode::Align }
         );
+    }
+
+    fn swa_mla(window: usize, bounded_replay: bool, block_size: usize) -> GroupSpec {
+        GroupSpec { kind: GroupKind::SlidingWindowMla { window, bounded_replay }, block_size }
+    }
+
+    #[test]
+    fn sliding_window_mla_parses_and_bounded_replay_is_not_cacheable() {
+        let k = GroupKind::parse("sliding_window_mla", 32, "bounded_replay").expect("ok");
+        assert_eq!(k, GroupKind::SlidingWindowMla { window: 32, bounded_replay: true });
+        assert_eq!(
+            (k.kind_name(), k.sliding_window(), k.prefix_cacheable()),
+            ("sliding_window_mla", Some(32), false)
+        );
+        let plain = GroupKind::parse("sliding_window_mla", 32, "none").expect("ok");
+        assert!(plain.prefix_cacheable() && !plain.is_full() && !plain.fine_grained_lookup());
+        assert!(GroupKind::parse("sliding_window_mla", 0, "none").is_err());
+        assert!(GroupKind::parse("sliding_window_mla", 8, "align").is_err());
+        // The replayed group is in no spec set and takes no part in the hash block size.
+        let l = GroupLayout::new(vec![GroupSpec::full(16), swa_mla(32, true, 8)], on()).expect("valid");
+        assert_eq!((l.hash_block_size(), l.scheduler_block_size()), (16, 16));
+        assert_eq!(l.spec_sets().len(), 1);
+        assert!(l.prefix_cacheable(0) && !l.prefix_cacheable(1) && !l.prefix_cacheable(2));
+        assert!(!l.is_simple_hybrid());
+        // A plain sliding-window MLA group is its own spec set beside a plain window.
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 32 }, block_size: 16 };
+        let l = GroupLayout::new(vec![GroupSpec::full(16), swa, swa_mla(32, false, 16)], on()).expect("ok");
+        assert_eq!(l.spec_sets().len(), 3);
+        // Nothing left to look up: refused, cached or not.
+        assert!(GroupLayout::new(vec![swa_mla(32, true, 16)], on()).is_err());
+        assert!(GroupLayout::new(vec![swa_mla(32, true, 16)], LayoutOptions::default()).is_err());
+    }
+
+    #[test]
+    fn eagle_flags_apply_per_spec_set() {
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 32 }, block_size: 16 };
+        let groups = vec![GroupSpec::full(16), swa, swa, swa_mla(32, true, 16)];
+        let eagle = LayoutOptions { use_eagle: true, ..on() };
+        // Group 1 flagged: its set (groups 1 and 2) drops, full attention does not.
+        let l = GroupLayout::new(groups.clone(), eagle).expect("ok");
+        let l = l.with_eagle_groups(&[false, true, false, false]).expect("ok");
+        assert_eq!((0..4).map(|g| l.group_eagle(g)).collect::<Vec<_>>(), vec![false, true, true, false]);
+        assert!(l.use_eagle() && !l.spec_sets()[0].use_eagle && l.spec_sets()[1].use_eagle);
+        // None flagged: every set drops.
+        let l =
+            GroupLayout::new(groups.clone(), eagle).expect("ok").with_eagle_groups(&[false; 4]).expect("ok");
+        assert!(l.spec_sets().iter().all(|s| s.use_eagle) && !l.group_eagle(3) && !l.group_eagle(9));
+        // EAGLE off: flags drop nothing.
+        let l =
+            GroupLayout::new(groups.clone(), on()).expect("ok").with_eagle_groups(&[true; 4]).expect("ok");
+        assert!((0..4).all(|g| !l.group_eagle(g)) && !l.use_eagle());
+        assert!(GroupLayout::new(groups, eagle).expect("ok").with_eagle_groups(&[true]).is_err());
     }
 }

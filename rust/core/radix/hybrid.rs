@@ -136,6 +136,12 @@ impl Components {
                     return Err(refuse("chunked local attention has no radix component (SGLang has none)"));
                 }
                 GroupKind::Mamba { .. } => comps.mamba = true,
+                GroupKind::SlidingWindowMla { .. } => {
+                    return Err(refuse("sliding-window MLA has no radix component"));
+                }
+                GroupKind::CrossAttention => {
+                    return Err(refuse("cross-attention is never cached (encoder states of one request)"));
+                }
             }
         }
         if comps.swa_window == Some(0) {
@@ -151,7 +157,8 @@ impl Components {
             .groups()
             .iter()
             .map(|g| match g.kind {
-                crate::core::groups::spec::GroupKind::SlidingWindow { window } => {
+                crate::core::groups::spec::GroupKind::SlidingWindow { window }
+                | crate::core::groups::spec::GroupKind::SlidingWindowMla { window, .. } => {
                     format!("{}(window={window}, block_size={})", g.kind.kind_name(), g.block_size)
                 }
                 crate::core::groups::spec::GroupKind::ChunkedLocal { chunk } => {

@@ -10,16 +10,24 @@
 //! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
 //!   hits touched for every group before any group takes external blocks
 //!   (two phases, as vLLM), then new blocks group by group (a decode step
-//!   that frees and takes nothing reads the request's tables once);
-//! - caching: each group's cacheable tokens (rounded to the scheduler block
-//!   on hybrids), its full blocks from its cached count, less null blocks and
-//!   the blocks its rule never serves (sliding-window segment heads).
+//!   that frees and takes nothing reads the request's tables once); a
+//!   cross-attention group counts and takes blocks for the encoder tokens
+//!   only, adopts no hit and no external tokens and keeps no cached count
+//!   (vLLM's `CrossAttentionManager`);
+//! - caching: each prefix-cacheable group's cacheable tokens (rounded to the
+//!   scheduler block on hybrids, one block more where the group drops the
+//!   EAGLE block), its full blocks from its cached count, less null blocks
+//!   and the blocks its rule never serves (sliding-window segment heads); a
+//!   group that is not prefix-cacheable (bounded-replay sliding-window MLA)
+//!   never hits and is never cached, its cached count left where adopting
+//!   its (empty) hit set it.
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
 //! - the pool's invariants hold;
 //! - a block in a request's tables is in the tables of one group only and
 //!   is referenced at most its ref count times;
-//! - a cached block's recorded group is the group its key belongs to;
+//! - a cached block's recorded group is the group its key belongs to, a
+//!   prefix-cacheable group;
 //! - the sibling rows agree with the pool ([`super::siblings`]).
 //!
 //! Costs: a hit is one probe per block of the anchor's run plus O(blocks
@@ -227,7 +235,8 @@ impl VllmManager {
         out
     }
 
-    /// vLLM's single-type `get_num_blocks_to_allocate` for group `g`.
+    /// vLLM's single-type `get_num_blocks_to_allocate` for group `g` (a
+    /// cross-attention group: `num_tokens` are encoder tokens).
     #[must_use]
     pub fn num_blocks_to_allocate_group(
         &self,
@@ -239,6 +248,11 @@ impl VllmManager {
         apply_cap: bool,
     ) -> usize {
         self.blocks_to_allocate(self.reqs.get(rid), g, num_tokens, new_computed, total_computed, apply_cap)
+    }
+
+    /// Whether group `g` is a cross-attention group.
+    fn is_cross(&self, g: usize) -> bool {
+        self.layout.groups().get(g).is_some_and(|s| s.kind == GroupKind::CrossAttention)
     }
 
     /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
@@ -313,14 +327,42 @@ impl VllmManager {
             rid,
             num_tokens,
             main_tokens,
+            0,
             new_computed,
             total_computed,
             apply_cap,
         )
     }
 
-    /// [`Self::num_blocks_to_allocate_signed`] for the request's tables `req`
-    /// (`None`: it has none), looked up by the caller.
+    /// [`Self::num_blocks_to_allocate_signed`] with vLLM's
+    /// `num_encoder_tokens`, what cross-attention groups count (no hit, no
+    /// computed tokens).
+    #[must_use]
+    #[allow(clippy::too_many_arguments)]
+    pub fn num_blocks_to_allocate_encoder(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        main_tokens: usize,
+        encoder_tokens: usize,
+        new_computed: &[Vec<BlockId>],
+        total_computed: usize,
+        apply_cap: bool,
+    ) -> isize {
+        self.blocks_needed(
+            self.reqs.get(rid),
+            rid,
+            num_tokens,
+            main_tokens,
+            encoder_tokens,
+            new_computed,
+            total_computed,
+            apply_cap,
+        )
+    }
+
+    /// [`Self::num_blocks_to_allocate_encoder`] for the request's tables
+    /// `req` (`None`: it has none), looked up by the caller.
     #[allow(clippy::too_many_arguments)]
     fn blocks_needed(
         &self,
@@ -328,6 +370,7 @@ impl VllmManager {
         rid: &str,
         num_tokens: usize,
         main_tokens: usize,
+        encoder_tokens: usize,
         new_computed: &[Vec<BlockId>],
         total_computed: usize,
         apply_cap: bool,
@@ -337,6 +380,10 @@ impl VllmManager {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 if self.mamba.is_align(g) {
                     return self.mamba_blocks_needed(rid, g, main_tokens, nc);
+                }
+                if self.is_cross(g) {
+                    let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, apply_cap);
+                    return isize::try_from(n).unwrap_or(isize::MAX);
                 }
                 let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, apply_cap);
                 isize::try_from(n).unwrap_or(isize::MAX)
@@ -355,6 +402,12 @@ impl VllmManager {
             )));
         }
         for (g, blocks) in new_computed.iter().enumerate() {
+            if !self.layout.prefix_cacheable(g) && !blocks.is_empty() {
+                return Err(KvError::invalid(format!(
+                    "group {g} is not prefix-cacheable: its hit list must be empty, got {} blocks",
+                    blocks.len()
+                )));
+            }
             for &b in blocks {
                 if b == BlockId::NULL {
                     continue;
@@ -407,37 +460,40 @@ impl VllmManager {
         let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         if let Some(full) = s.full_sequence_tokens {
             let gate_total = s.full_sequence_computed.unwrap_or(total);
-            let n = self.num_blocks_to_allocate_signed(rid, full, full, new_computed, gate_total, true);
+            let enc = s.num_encoder_tokens;
+            let n = self.num_blocks_to_allocate_encoder(rid, full, full, enc, new_computed, gate_total, true);
             if n.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) {
                 return Ok(None);
             }
         }
         let main = s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot);
-        let (need_slot, hits) = (s.num_tokens_need_slot, new_computed);
+        let (need_slot, enc, hits) = (s.num_tokens_need_slot, s.num_encoder_tokens, new_computed);
         // Most decode steps: `remove_skipped_blocks` has nothing to free, and the
         // count reads the tables already looked up.
         let need = match (s.processed_tokens, req) {
             (Some(p), Some(r)) if !self.skipped_noop(r, p) => {
                 self.remove_skipped_blocks(rid, p);
-                self.num_blocks_to_allocate_signed(rid, need_slot, main, hits, total, false)
+                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, total, false)
             }
             (Some(p), None) => {
                 self.remove_skipped_blocks(rid, p);
-                self.num_blocks_to_allocate_signed(rid, need_slot, main, hits, total, false)
+                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, total, false)
             }
-            _ => self.blocks_needed(req, rid, need_slot, main, hits, total, false),
+            _ => self.blocks_needed(req, rid, need_slot, main, enc, hits, total, false),
         };
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
         let ng = self.layout.len();
         if s.adopt && !running {
-            for g in 0..ng {
+            // Cross-attention groups adopt neither hits nor external tokens.
+            let adopting: Vec<usize> = (0..ng).filter(|&g| !self.is_cross(g)).collect();
+            for &g in &adopting {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 self.add_local_computed(rid, g, nc, total);
             }
             if s.num_external_computed > 0 {
-                for g in 0..ng {
+                for &g in &adopting {
                     let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
@@ -446,7 +502,7 @@ impl VllmManager {
         // Bit `g`: group `g` already holds the blocks it needs (most decode steps);
         // it takes none. When every group has a cached count and none is Mamba, the
         // count is `needed - held` per group: a count of 0 needs no lookup for that.
-        let want = |spec: GroupSpec| cdiv(s.num_tokens_need_slot, spec.block_size);
+        let want = |g: usize, spec: GroupSpec| cdiv(self.slot_tokens(g, s), spec.block_size);
         let all_held = all_running && need == 0 && !self.mamba.any();
         let enough = if all_held {
             u64::MAX
@@ -454,7 +510,7 @@ impl VllmManager {
             self.reqs.get(rid).map_or(0u64, |r| {
                 let groups = self.layout.groups().iter().enumerate();
                 groups
-                    .filter(|&(g, &spec)| !self.mamba.is_align(g) && r.g(g).blocks.len() >= want(spec))
+                    .filter(|&(g, &spec)| !self.mamba.is_align(g) && r.g(g).blocks.len() >= want(g, spec))
                     .fold(0, |m, (g, _)| m | 1 << g)
             })
         };
@@ -467,7 +523,8 @@ impl VllmManager {
                 self.mamba_allocate(rid, g, main)
             } else {
                 let record = self.records_new(g);
-                self.take_upto(rid, g, want(self.layout.groups()[g]), record)
+                let n = cdiv(self.slot_tokens(g, s), self.layout.groups()[g].block_size);
+                self.take_upto(rid, g, n, record)
             };
             if !new.is_empty() {
                 out.resize(ng, Vec::new());
@@ -475,6 +532,16 @@ impl VllmManager {
             }
         }
         Ok(Some(out))
+    }
+
+    /// The tokens group `g` holds slots for after an allocation: the encoder
+    /// tokens for a cross-attention group, `num_tokens_need_slot` otherwise.
+    fn slot_tokens(&self, g: usize, s: &SlotRequest) -> usize {
+        if self.is_cross(g) {
+            s.num_encoder_tokens
+        } else {
+            s.num_tokens_need_slot
+        }
     }
 
     /// vLLM's `add_local_computed_blocks` for group `g`: skipped blocks
@@ -572,7 +639,10 @@ impl VllmManager {
         let Some(req) = self.reqs.get(rid) else { return out };
         let hashed = num_hashes.saturating_mul(self.layout.hash_block_size());
         for (g, spec) in self.layout.groups().iter().enumerate() {
-            let nt = coordinator::cacheable_tokens(&self.layout, spec.block_size, num_tokens, reprefillable);
+            if !spec.kind.prefix_cacheable() {
+                continue;
+            }
+            let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
             let gr = req.g(g);
             let start = gr.num_cached.unwrap_or(0);
             let full = (nt.min(hashed) / spec.block_size).min(gr.blocks.len());
@@ -590,9 +660,11 @@ impl VllmManager {
         let mut lo = usize::MAX;
         let mut hi = 0;
         for &(g, start, end) in plan {
-            let scale = self.layout.groups()[g].block_size / hbs;
+            // A group that is not prefix-cacheable may have a block size under the hash
+            // block size: its runs are refused by `cache_apply`, not read here.
+            let scale = (self.layout.groups().get(g).map_or(hbs, |s| s.block_size) / hbs).max(1);
             lo = lo.min(coarse_hash_index(start, scale));
-            hi = hi.max(coarse_hash_index(end - 1, scale) + 1);
+            hi = hi.max(coarse_hash_index(end.saturating_sub(1), scale) + 1);
         }
         if lo == usize::MAX {
             (0, 0)
@@ -620,7 +692,7 @@ impl VllmManager {
         };
         let (lo, hi) = self.plan_hash_range(plan);
         for &(g, start, end) in plan {
-            if g >= self.layout.len() || start >= end || end > req.g(g).blocks.len() {
+            if !self.layout.prefix_cacheable(g) || start >= end || end > req.g(g).blocks.len() {
                 return Err(KvError::invalid(format!(
                     "cache run ({g}, {start}, {end}) does not fit the request"
                 )));
@@ -631,10 +703,10 @@ impl VllmManager {
         }
         let hbs = self.layout.hash_block_size();
         let alignment = self.layout.scheduler_block_size();
-        let eagle = self.layout.use_eagle();
         let mut runs = Vec::with_capacity(plan.len());
         for &(g, start, end) in plan {
             let spec = self.layout.groups()[g];
+            let eagle = self.layout.group_eagle(g);
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
             let blocks = &self.reqs.get(rid).expect("checked above").g(g).blocks;
@@ -702,6 +774,10 @@ impl VllmManager {
             if let Some(k) = self.pool.block_hash(b) {
                 let g = self.block_group(b);
                 ensure_inv!(g < self.layout.len(), "block {i} cached for unknown group {g}");
+                ensure_inv!(
+                    self.layout.prefix_cacheable(g),
+                    "block {i} cached for group {g}, not prefix-cacheable"
+                );
                 ensure_inv!(self.pool.get_cached(&k).is_some(), "block {i}'s key is not in the index");
             }
         }

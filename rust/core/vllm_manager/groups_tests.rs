@@ -199,3 +199,84 @@ fn steps_without_new_blocks_return_no_tables() {
     assert_ne!(m.group_blocks("a", 1)[2], BlockId::NULL);
     m.check_invariants().expect("invariants");
 }
+
+/// vLLM's bounded-replay example (`test_prefix_replay.py`): block 16, window 32, a
+/// 100-token prompt seen twice. The full-attention hit (96 tokens) is shared; the
+/// replayed sliding-window MLA group never hits: its blocks below the window of the
+/// hit's next token are nulls, the rest are new, and none is ever cached.
+#[test]
+fn bounded_replay_group_never_hits_nor_caches() {
+    let mla =
+        GroupSpec { kind: GroupKind::SlidingWindowMla { window: 32, bounded_replay: true }, block_size: 16 };
+    let mut m = manager(vec![GroupSpec::full(16), mla], 40);
+    let hs = hashes(6);
+    prefill(&mut m, "a", &hs, 100);
+    assert_eq!(m.group_num_cached("a", 1), Some(0), "adopted an empty hit, never cached");
+    assert!(m.cache_plan("a", 100, hs.len(), 0).is_empty());
+    assert!(m.cache_apply("a", &[(1, 0, 1)], 0, &hs).is_err());
+    assert!(m.cache_loose(&[BlockId(1)], 1, 0, 1, 0, &hs).is_err());
+    let hit = m.find_hit_groups(&hs, 99);
+    assert_eq!(hit.hit.tokens, 96);
+    assert_eq!((hit.blocks[0].len(), hit.blocks[1].len()), (6, 0));
+    let new = m.allocate_slots_groups("b", &hit.blocks, &slots(100, 96)).expect("ok").expect("fits");
+    assert_eq!(m.group_blocks("b", 0)[..6], m.group_blocks("a", 0)[..6]);
+    let t = m.group_blocks("b", 1);
+    assert_eq!(t.len(), 7);
+    assert!(t[..4].iter().all(|&b| b == BlockId::NULL) && t[4..].iter().all(|&b| b != BlockId::NULL));
+    assert_eq!((new[0].len(), new[1].len()), (1, 3));
+    assert_eq!(m.group_num_cached("b", 1), Some(4));
+    let plan = m.cache_plan("b", 100, hs.len(), 0);
+    assert!(plan.iter().all(|&(g, _, _)| g == 0));
+    m.check_invariants().expect("invariants");
+}
+
+/// Per-group EAGLE: only the groups of a flagged spec set cache one block past the
+/// scheduler block boundary (block sizes 4 and 8: scheduler block 8).
+#[test]
+fn eagle_groups_cache_their_own_tails() {
+    let plan = |flags: [bool; 2]| {
+        let opt = LayoutOptions { enable_caching: true, use_eagle: true, ..LayoutOptions::default() };
+        let l = GroupLayout::new(vec![GroupSpec::full(4), swa(16, 8)], opt).expect("layout");
+        let l = l.with_eagle_groups(&flags).expect("flags");
+        let mut m = VllmManager::with_layout(40, l, false, false, None).expect("manager");
+        m.allocate_slots_groups("a", &[], &slots(16, 0)).expect("ok").expect("fits");
+        m.check_invariants().expect("invariants");
+        m.cache_plan("a", 12, 3, 0)
+    };
+    assert_eq!(plan([true, false]), vec![(0, 0, 3), (1, 0, 1)]);
+    assert_eq!(plan([false, true]), vec![(0, 0, 2), (1, 0, 1)]);
+}
+
+/// vLLM's `CrossAttentionManager` beside full attention (prefix caching off): the
+/// cross-attention group holds `ceil(encoder tokens / B)` blocks, allocated on the step
+/// that schedules the encoder inputs, never more on later steps, and adopts nothing.
+#[test]
+fn cross_attention_holds_blocks_for_the_encoder_tokens() {
+    let cross = GroupSpec { kind: GroupKind::CrossAttention, block_size: 16 };
+    let l =
+        GroupLayout::new(vec![GroupSpec::full(16), cross], LayoutOptions::default()).expect("caching off");
+    let mut m = VllmManager::with_layout(60, l, false, true, None).expect("manager");
+    assert_eq!(m.num_blocks_to_allocate_encoder("a", 100, 100, 200, &[], 0, false), 7 + 13);
+    let s = SlotRequest {
+        num_tokens_need_slot: 100,
+        num_encoder_tokens: 200,
+        adopt: true,
+        ..SlotRequest::default()
+    };
+    let new = m.allocate_slots_groups("a", &[], &s).expect("ok").expect("fits");
+    assert_eq!((new[0].len(), new[1].len()), (7, 13));
+    assert_eq!(m.group_num_cached("a", 1), None, "cross-attention keeps no cached count");
+    // A later step schedules no encoder input: the cross-attention table stays.
+    let s = SlotRequest { num_tokens_need_slot: 101, num_local_computed: 100, ..SlotRequest::default() };
+    let new = m.allocate_slots_groups("a", &[], &s).expect("ok").expect("fits");
+    assert!(new.is_empty(), "no group took a block");
+    assert_eq!(m.group_blocks("a", 1).len(), 13);
+    // No hit list for it, and a request without encoder input holds none.
+    assert!(m.allocate_slots_groups("b", &[vec![], vec![BlockId::NULL]], &slots(16, 0)).is_err());
+    m.allocate_slots_groups("b", &[], &slots(16, 0)).expect("ok").expect("fits");
+    assert!(m.group_blocks("b", 1).is_empty());
+    m.check_invariants().expect("invariants");
+    m.free("a");
+    m.free("b");
+    assert_eq!(m.pool().num_free(), 59);
+}

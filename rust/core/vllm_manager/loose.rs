@@ -66,6 +66,9 @@ impl VllmManager {
         if g >= self.layout.len() {
             return Err(KvError::invalid(format!("KV cache group {g} out of range")));
         }
+        if !self.layout.prefix_cacheable(g) {
+            return Err(KvError::invalid(format!("KV cache group {g} is not prefix-cacheable")));
+        }
         if start >= end {
             return Ok(Vec::new());
         }

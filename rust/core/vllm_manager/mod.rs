@@ -131,6 +131,10 @@ pub struct SlotRequest {
     /// without lookahead), what align-mode Mamba groups allocate for; None:
     /// `num_tokens_need_slot`.
     pub num_tokens_main_model: Option<usize>,
+    /// Groups: the encoder tokens cross-attention groups hold slots for
+    /// (vLLM's `num_encoder_tokens`: nonzero on the step that schedules the
+    /// request's encoder inputs).
+    pub num_encoder_tokens: usize,
 }
 
 /// vLLM's manager state over a block pool.

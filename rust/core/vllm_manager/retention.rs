@@ -70,7 +70,7 @@ impl VllmManager {
             .layout
             .groups()
             .iter()
-            .any(|g| matches!(g.kind, GroupKind::SlidingWindow { .. } | GroupKind::Mamba { .. }));
+            .any(|g| g.kind.sliding_window().is_some() || matches!(g.kind, GroupKind::Mamba { .. }));
         if !windowed && n != 0 {
             return Err(KvError::invalid(
                 "prefix_cache_retention_interval is set but this model has no sliding-window or \
@@ -109,7 +109,7 @@ impl VllmManager {
         let Some(interval) = self.retention.interval else {
             return spec.caches_block(i, alignment, eagle);
         };
-        let GroupKind::SlidingWindow { window } = spec.kind else { return true };
+        let Some(window) = spec.kind.sliding_window() else { return true };
         let bs = spec.block_size;
         if alignment == 0 || !alignment.is_multiple_of(bs) {
             return true;

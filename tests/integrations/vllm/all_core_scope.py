@@ -23,7 +23,6 @@ ALL_CORE_OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
         ],
         _SLIDING_WINDOW: [
             "TestCompressorRingGroup::test_ring_beside_paged_groups_keeps_the_kv_block_as_scheduler_block",
-            "TestSWABoundedReplayGrouping::test_non_cacheable_swa_leaves_hits_to_the_paged_group",
         ],
     },
     "test_kv_cache_utils.py": {

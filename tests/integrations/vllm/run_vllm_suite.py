@@ -60,14 +60,11 @@ _MAMBA = _HYBRID + (
     "state retention, hash lookahead, per-group connector hits"
 )
 _MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix with partial-block state hits"
-_CROSS = _HYBRID + "a cross-attention (encoder-decoder) group beside full attention"
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
-_SWA_MLA = _HYBRID + "sliding-window MLA (SlidingWindowMLASpec)"
 _PARTIAL_ENTRY = _HYBRID + (
     "a full-attention block larger than the hash block beside another group (vLLM registers "
     "partial-block prefix entries: several hashes on one block)"
 )
-_EAGLE_GROUPS = _HYBRID + "EAGLE flagged on some KV cache groups only (is_eagle_group)"
 _POOL_EDIT = (
     "edits vLLM's block-pool hash map in place (cached_block_hash_to_block._cache) to fake an "
     "eviction; kvindex's pool is owned by Rust and refuses the edit"
@@ -158,9 +155,6 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
             "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary",
             "test_swa_free_split_keeps_cached_tail_ahead_of_scratch",
         ],
-        _EAGLE_GROUPS: [
-            "test_swa_shared_prefix_reuse_under_zero_retention[True]",
-        ],
         _POOL_EDIT: [
             "test_eagle_with_sliding_window",
             "test_prefill_hybrid_model",
@@ -219,29 +213,11 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
             "test_nixl_hisparse_full_block_import_keeps_a_writable_tail",
         ],
     },
-    "test_prefix_replay.py": {
-        _SWA_MLA: [
-            "test_async_remote_kv_hit_replays_after_load",
-            "test_decode_bench_fill_does_not_replay",
-            "test_hit_no_longer_than_window_is_ignored",
-            "test_hit_replays_window_without_reallocating",
-            "test_kv_load_carrying_window_does_not_replay",
-            "test_kv_load_zeroing_respects_loaded_groups",
-            "test_remote_kv_hit_is_taken_in_whole_blocks",
-            "test_replay_only_chunks_make_progress",
-        ],
-    },
     "test_scheduler.py": {
         _MAMBA: [
             "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs",
             "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy",
             "test_hybrid_per_group_hit_divergence_with_connector",
-        ],
-        _CROSS: [
-            "test_cross_attn_blocks_not_over_allocated",
-            "test_cross_attn_blocks_not_under_allocated",
-            "test_cross_attn_zero_blocks_without_encoder_inputs",
-            "test_variable_length_cross_attn_block_allocation",
         ],
         _HISPARSE: [
             "test_pending_hisparse_reclamation_defers_preemption",

@@ -11,12 +11,17 @@ and builds vLLM's event objects.
 
 :class:`~kvindex.integrations.vllm.manager.KVCacheManager` hands a config with several
 groups (or one that is not full attention / MLA) to this class; it is not constructed
-directly. Supported group kinds: full attention, MLA, sliding window, chunked local
-attention, Mamba state in ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout
-accepts them, with KV cache zeroing, retention intervals (not beside Mamba) and blocks held by
-no request as :mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else
-(partial hash hits and partial-block prefix entries, per-group EAGLE flags, cross-attention,
-HiSparse roles, context parallelism, the KV cache metrics collector) raises
+directly. Supported group kinds: full attention, MLA, sliding window, sliding-window MLA
+(with or without bounded replay: a bounded-replay group is not prefix-cacheable, so it never
+hits and is never cached, and the scheduler replays the hit's last window), cross-attention
+beside the decoder's groups with prefix caching off (blocks for the encoder tokens
+scheduled, as vLLM's ``CrossAttentionManager``), chunked local attention, Mamba state in
+``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout accepts them, with EAGLE
+on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, retention
+intervals (not beside Mamba) and blocks held by no request as
+:mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else (partial hash hits
+and partial-block prefix entries, cross-attention with prefix caching on, HiSparse roles,
+context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -32,7 +37,7 @@ from vllm.distributed.kv_events import (
     KVCacheEvent,
 )
 from vllm.v1.core import kv_cache_manager as _vllm_manager_module
-from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
+from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator, SpecGroup
 from vllm.v1.core.kv_cache_manager import KVCacheBlocks
 from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
@@ -41,15 +46,20 @@ from vllm.v1.core.kv_cache_utils import (
     maybe_convert_block_hash,
 )
 from vllm.v1.kv_cache_interface import (
+    AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    EncoderOnlyAttentionSpec,
     FullAttentionSpec,
     KVCacheConfig,
     MambaSpec,
     MLAAttentionSpec,
+    SlidingWindowMLASpec,
     SlidingWindowSpec,
     get_kv_cache_spec_kind,
     get_kv_cache_spec_sliding_window,
 )
+from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 from vllm.v1.metrics.stats import PrefixCacheStats
 from vllm.v1.request import Request, RequestStatus
 
@@ -59,9 +69,10 @@ from kvindex.exceptions import InvalidArgumentError, KvIndexError
 from .blocks import BlockPoolView, GroupManagerView
 from .errors import UnsupportedVllmConfigError
 from .hybrid_extra import (
+    CrossAttentionManagerView,
     cache_loose,
-    check_eagle_groups,
     check_retention_interval,
+    eagle_group_flags,
     take_loose_ids,
     zeroing_groups,
 )
@@ -82,7 +93,9 @@ _KINDS: dict[type, str] = {
     FullAttentionSpec: "full_attention",
     MLAAttentionSpec: "mla_attention",
     SlidingWindowSpec: "sliding_window",
+    SlidingWindowMLASpec: "sliding_window_mla",
     ChunkedLocalAttentionSpec: "chunked_local_attention",
+    CrossAttentionSpec: "cross_attention",
 }
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -96,8 +109,10 @@ def _unsupported(what: str) -> UnsupportedVllmConfigError:
 
 
 def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]]:
-    """Each group as kvindex's layout takes it: (kind, block size, window or chunk, Mamba
-    mode); raises :class:`UnsupportedVllmConfigError` for a kind it does not take."""
+    """Each group as kvindex's layout takes it: (kind, block size, window or chunk, mode:
+    Mamba's cache mode, ``"bounded_replay"`` for a sliding-window MLA group that is not
+    prefix-cacheable); raises :class:`UnsupportedVllmConfigError` for a kind it does not
+    take."""
     out: list[tuple[str, int, int, str]] = []
     for group in kv_cache_config.kv_cache_groups:
         spec = group.kv_cache_spec
@@ -107,7 +122,8 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
             continue
         if kind is None:
             raise _unsupported(
-                "full attention, MLA, sliding window, chunked local and Mamba KV cache groups, not "
+                "full attention, MLA, sliding window (plain or MLA), chunked local, Mamba and "
+                "cross-attention KV cache groups, not "
                 f"{type(spec).__name__} (groups: "
                 + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
                 + ")"
@@ -115,12 +131,14 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
         role = getattr(group, "role", None)
         if role is not None and getattr(role, "value", role) != "default":
             raise _unsupported(f"the default KV cache group role only, not {role!r} (HiSparse)")
-        size = 0
+        size, mode = 0, ""
         if isinstance(spec, SlidingWindowSpec):
             size = spec.sliding_window
+            if isinstance(spec, SlidingWindowMLASpec) and not spec.prefix_cacheable:
+                mode = "bounded_replay"
         elif isinstance(spec, ChunkedLocalAttentionSpec):
             size = spec.attention_chunk_size
-        out.append((kind, spec.block_size, size, ""))
+        out.append((kind, spec.block_size, size, mode))
     return out
 
 
@@ -138,15 +156,35 @@ class _HybridCoordinatorView:
         self.scheduler_block_size = core.scheduler_block_size
         self.dcp_world_size = 1
         self.pcp_world_size = 1
-        self.eagle_group_ids = set(range(len(specs))) if manager.use_eagle else set()
-        self.drop_eagle_group_ids = set(self.eagle_group_ids)
+        flags = eagle_group_flags(manager.kv_cache_config)
+        self.eagle_group_ids = {g for g, f in enumerate(flags) if f}
+        if manager.use_eagle and not self.eagle_group_ids:
+            self.eagle_group_ids = set(range(len(specs)))
+        self.drop_eagle_group_ids = set(self.eagle_group_ids) if manager.use_eagle else set()
         self.num_reprefillable_tokens = manager._num_reprefillable
         self.retention_interval = getattr(
             manager.kv_cache_config, "prefix_cache_retention_interval", None
         )
         self.single_type_managers = tuple(
-            GroupManagerView(manager, core, spec, group=g) for g, spec in enumerate(specs)
+            (
+                CrossAttentionManagerView
+                if isinstance(spec, CrossAttentionSpec)
+                else GroupManagerView
+            )(manager, core, spec, group=g)
+            for g, spec in enumerate(specs)
         )
+        for view, eagle in zip(self.single_type_managers, core.group_eagle_flags, strict=True):
+            view.use_eagle = eagle
+        # The spec sets the Rust lookup walks, as vLLM's ``SpecGroup``s.
+        self.attention_groups = [
+            SpecGroup(
+                specs[ids[0]],
+                list(ids),
+                KVCacheSpecRegistry.get_manager_class(specs[ids[0]]),
+                use_eagle,
+            )
+            for ids, use_eagle in core.spec_sets
+        ]
         self.group_block_sizes = tuple(core.group_block_sizes)
         full = [g for g, s in enumerate(specs) if isinstance(s, FullAttentionSpec)]
         self.full_attention_group_id: int | None = full[0] if full else None
@@ -171,6 +209,7 @@ class _HybridCoordinatorView:
             total_computed_tokens,
             apply_admission_cap,
             num_tokens_main_model,
+            num_encoder_tokens,
         )
 
     def find_longest_cache_hit(
@@ -241,7 +280,6 @@ class HybridKVCacheManager(ManagerCalls):
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
         check_retention_interval(kv_cache_config, scheduler_block_size)
         check_mamba_retention(kv_cache_config)
-        check_eagle_groups(kv_cache_config, use_eagle)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
         if metrics_collector is not None:
@@ -265,6 +303,7 @@ class HybridKVCacheManager(ManagerCalls):
                 max_in_flight_tokens=max_in_flight_tokens,
                 max_model_len=max_model_len,
                 allow_partial_hash_hits=True,
+                eagle_groups=eagle_group_flags(kv_cache_config),
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
@@ -339,6 +378,8 @@ class HybridKVCacheManager(ManagerCalls):
             and getattr(request, "kv_cache_report_mode", "incremental") == "full"
         ):
             for g, blocks in enumerate(groups):
+                if not blocks:  # vLLM reports the groups that hit only
+                    continue
                 end = len(blocks)
                 stored = [i for i in range(end) if blocks[i].block_id != 0]
                 self._emit_stored(request, g, 0, end, stored)
@@ -358,9 +399,12 @@ class HybridKVCacheManager(ManagerCalls):
         return *self.get_computed_blocks(request, max_cache_hit_length), False
 
     def estimate_cached_tokens(self, request: Request) -> int:
-        """The fewest tokens any group's table of the request holds cached blocks for."""
+        """The fewest tokens any prefix-cacheable group's table of the request holds cached
+        blocks for."""
         cached: int | None = None
-        for table in self._tables(request.request_id):
+        for table, spec in zip(self._tables(request.request_id), self._specs, strict=True):
+            if not spec.prefix_cacheable or isinstance(spec, CrossAttentionSpec):
+                continue
             n = max((b.block_hash_num_tokens or 0 for b in table), default=0)
             cached = n if cached is None else min(cached, n)
         return cached or 0
@@ -428,6 +472,7 @@ class HybridKVCacheManager(ManagerCalls):
             cache_tokens,
             self._num_reprefillable,
             main,
+            num_encoder_tokens,
         )
         if self.enable_kv_cache_events:
             self._drain_removed()
@@ -615,10 +660,16 @@ class HybridKVCacheManager(ManagerCalls):
     def get_block_ids_for_computed_tokens(
         self, request_id: str, num_computed_tokens: int
     ) -> tuple[list[int], ...]:
-        """Each group's block ids covering the request's first ``num_computed_tokens``."""
+        """Each attention group's block ids covering the request's first
+        ``num_computed_tokens``; the other groups' (Mamba state, cross-attention) whole."""
         return tuple(
             ids[: _cdiv(num_computed_tokens, bs)]
-            for ids, bs in zip(self.get_block_ids(request_id), self._group_sizes, strict=True)
+            if isinstance(spec, AttentionSpec)
+            and not isinstance(spec, (CrossAttentionSpec, EncoderOnlyAttentionSpec))
+            else ids
+            for ids, bs, spec in zip(
+                self.get_block_ids(request_id), self._group_sizes, self._specs, strict=True
+            )
         )
 
     def truncate_computed_blocks(
@@ -627,6 +678,12 @@ class HybridKVCacheManager(ManagerCalls):
         """A lookup result cut at a token count aligned to every group's block size."""
         out: list[list[KVCacheBlock]] = []
         for group, bs, spec in zip(blocks.blocks, self._group_sizes, self._specs, strict=True):
+            if not spec.prefix_cacheable:
+                # A group that is not prefix-cacheable never has hit blocks.
+                if group:
+                    raise InvalidArgumentError("a group that is not prefix-cacheable has no hits")
+                out.append([])
+                continue
             n = num_computed_tokens // bs
             if isinstance(spec, MambaSpec):
                 # An external hit can supply the final Mamba state past the local one.

@@ -11,6 +11,9 @@ the Rust manager's zeroing logs, sparse sliding-window caching and loose blocks.
 - ``block_pool.get_new_blocks`` / ``cache_full_blocks``: blocks taken off the free queue
   for no request, and a caller's block list cached for one group with its ``BlockStored``
   event.
+- EAGLE groups (``is_eagle_group``): the per-group flags the Rust layout applies.
+- Cross-attention groups: their single-type manager view, registered as vLLM's
+  ``CrossAttentionManager`` (the scheduler and tests tell it by class).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from vllm.v1.core.single_type_kv_cache_manager import CrossAttentionManager
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     CircularBufferSpec,
@@ -29,12 +33,13 @@ from vllm.v1.kv_cache_interface import (
 from kvindex._core import _VllmManager
 from kvindex.exceptions import InvalidArgumentError
 
-from .errors import UnsupportedVllmConfigError
+from .blocks import GroupManagerView
 
 __all__ = [
+    "CrossAttentionManagerView",
     "cache_loose",
-    "check_eagle_groups",
     "check_retention_interval",
+    "eagle_group_flags",
     "take_loose_ids",
     "zeroing_groups",
 ]
@@ -67,16 +72,11 @@ def check_retention_interval(kv_cache_config: KVCacheConfig, scheduler_block_siz
         )
 
 
-def check_eagle_groups(kv_cache_config: KVCacheConfig, use_eagle: bool) -> None:
-    """Refuses EAGLE flags on some groups only (``is_eagle_group``): kvindex's layout drops
-    the EAGLE block in every group or in none, which is vLLM's rule when no group is
-    flagged or all are."""
-    flags = [bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups]
-    if use_eagle and any(flags) and not all(flags):
-        raise UnsupportedVllmConfigError(
-            "kvindex's KVCacheManager supports EAGLE on every KV cache group or on none, not "
-            f"per-group EAGLE flags (is_eagle_group: {flags})"
-        )
+def eagle_group_flags(kv_cache_config: KVCacheConfig) -> list[bool]:
+    """Each group's ``is_eagle_group`` flag, in group order: with EAGLE on, the flagged
+    groups drop the EAGLE block (every group when none is flagged), as vLLM's coordinator
+    decides and kvindex's layout applies per spec set."""
+    return [bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups]
 
 
 def zeroing_groups(kv_cache_config: KVCacheConfig) -> list[int]:
@@ -127,3 +127,11 @@ def cache_loose(
             if not keep and num_cached_blocks + i < len(ids):
                 ids[num_cached_blocks + i] = 0
     return core.cache_loose(ids, group, num_cached_blocks, num_full_blocks, block_hashes)
+
+
+class CrossAttentionManagerView(GroupManagerView):
+    """A cross-attention group's view: its table holds blocks for the encoder tokens
+    scheduled (the Rust manager decides); registered as vLLM's ``CrossAttentionManager``."""
+
+
+CrossAttentionManager.register(CrossAttentionManagerView)

@@ -2,17 +2,21 @@
 (its ``HybridKVCacheCoordinator``) vs kvindex's drop-in, op by op (needs vLLM).
 
 Synthetic multi-group ``KVCacheConfig``s mix full attention, sliding window (windows below,
-equal to and above a block), chunked local attention and Mamba state (``align`` mode), with
-block sizes whose lcm exceeds their gcd. Both managers get the same random operations, as
-vLLM's scheduler issues them: admissions (lookup, then ``allocate_slots`` adopting the hit,
-chunked), prefill chunks and decode steps (sampled tokens appended), preemption when a pool
-too small for the load refuses an allocation, finishes, and prefix-cache resets; a new
-scheduler step (``new_step_starts``) begins before about half of them. After every
-operation the test compares the hit (tokens and per-group block ids), each running request's
-per-group block table (null blocks included), every block's ref count and hash, the free
-queue in order, the usage, the KV events and the block ids logged for KV cache zeroing; the
-first difference fails with the op number. Some mixes set a retention interval (sparse
-sliding-window caching) or mix precisions (which makes vLLM zero new blocks).
+equal to and above a block), sliding-window MLA (prefix-cacheable, or with bounded replay:
+never hit, never cached), chunked local attention, Mamba state (``align`` mode) and
+cross-attention (encoder-decoder, prefix caching off: admissions schedule a random number of
+encoder tokens), with block sizes whose lcm exceeds their gcd; some run under EAGLE, on
+every group or on the groups flagged ``is_eagle_group`` only. Both managers get the same
+random operations, as vLLM's scheduler issues them: admissions (lookup, then
+``allocate_slots`` adopting the hit, chunked), prefill chunks and decode steps (sampled
+tokens appended), preemption when a pool too small for the load refuses an allocation,
+finishes, and prefix-cache resets; a new scheduler step (``new_step_starts``) begins before
+about half of them. After every operation the test compares the hit (tokens and per-group
+block ids), each running request's per-group block table (null blocks included), every
+block's ref count and hash, the free queue in order, the usage, the KV events and the block
+ids logged for KV cache zeroing; the first difference fails with the op number. Some mixes
+set a retention interval (sparse sliding-window caching) or mix precisions (which makes vLLM
+zero new blocks).
 
 Configurations kvindex's manager does not take yet are listed in :data:`UNSUPPORTED` with
 the reason; for those the test checks that construction raises
@@ -46,10 +50,12 @@ with warnings.catch_warnings():
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
+        CrossAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
         KVCacheGroupSpec,
         MambaSpec,
+        SlidingWindowMLASpec,
         SlidingWindowSpec,
     )
     from vllm.v1.request import Request, RequestStatus
@@ -73,6 +79,17 @@ def swa(bs: int, window: int) -> Any:
     )
 
 
+def swa_mla(bs: int, window: int, bounded_replay: bool = False) -> Any:
+    return SlidingWindowMLASpec(
+        block_size=bs,
+        num_kv_heads=1,
+        head_size=1,
+        dtype=torch.float32,
+        sliding_window=window,
+        bounded_replay=bounded_replay,
+    )
+
+
 def chunked(bs: int, chunk: int) -> Any:
     return ChunkedLocalAttentionSpec(
         block_size=bs,
@@ -81,6 +98,10 @@ def chunked(bs: int, chunk: int) -> Any:
         dtype=torch.float32,
         attention_chunk_size=chunk,
     )
+
+
+def cross(bs: int) -> Any:
+    return CrossAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
 def mamba(bs: int) -> Any:
@@ -98,6 +119,11 @@ class Mix:
     retention: int | None = None
     #: A mixed-precision cache (groups after the first in float16), which vLLM zeroes.
     zeroing: bool = False
+    #: EAGLE on (``use_eagle``), and the groups flagged ``is_eagle_group`` (none: all drop).
+    eagle: bool = False
+    eagle_groups: tuple[int, ...] = ()
+    #: Prefix caching on (off for encoder-decoder models, which have cross-attention).
+    caching: bool = True
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
@@ -133,6 +159,52 @@ MIXES: dict[str, Mix] = {
         18,
         zeroing=True,
     ),
+    # Sliding-window MLA: its own spec set beside a plain window of the same size, and a
+    # bounded-replay group that takes no part in hits or caching.
+    "full+swamla": Mix((lambda: full(8), lambda: swa_mla(8, 12)), 60, 19),
+    "full+swa+swamla": Mix((lambda: full(4), lambda: swa(4, 9), lambda: swa_mla(4, 9)), 90, 20),
+    "full+swamla-replay": Mix((lambda: full(8), lambda: swa_mla(8, 16, True)), 60, 21),
+    "full+swa+swamla-replay-zero": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: swa_mla(4, 8, True)), 90, 22, zeroing=True
+    ),
+    # EAGLE on every group, and on flagged groups only (a spec set drops when any member
+    # is flagged; the replay boundaries of sparse retention move when any group drops).
+    "full+swa-eagle": Mix((lambda: full(8), lambda: swa(8, 16)), 60, 23, eagle=True),
+    "full+swa-eagle-swa": Mix(
+        (lambda: full(8), lambda: swa(8, 16)), 60, 24, eagle=True, eagle_groups=(1,)
+    ),
+    "full+swa-eagle-full-ret0": Mix(
+        (lambda: full(4), lambda: swa(4, 9)), 60, 25, retention=0, eagle=True, eagle_groups=(0,)
+    ),
+    "2full+2swa-eagle-mixed": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)),
+        120,
+        26,
+        eagle=True,
+        eagle_groups=(2, 3),
+    ),
+    "full+swamla-replay-eagle": Mix(
+        (lambda: full(8), lambda: swa_mla(8, 16, True), lambda: swa(8, 12)),
+        90,
+        27,
+        eagle=True,
+        eagle_groups=(2,),
+    ),
+    "full+mamba-eagle-full": Mix(
+        (lambda: full(8), lambda: mamba(8)), 60, 30, eagle=True, eagle_groups=(0,)
+    ),
+    "full+swa+mamba-eagle-attn": Mix(
+        (lambda: full(8), lambda: swa(8, 16), lambda: mamba(8)),
+        90,
+        31,
+        eagle=True,
+        eagle_groups=(0, 1),
+    ),
+    # Encoder-decoder: cross-attention beside the decoder's groups, prefix caching off.
+    "full+cross": Mix((lambda: full(8), lambda: cross(8)), 80, 28, caching=False),
+    "full+swa+cross-zero": Mix(
+        (lambda: full(4), lambda: swa(4, 9), lambda: cross(4)), 120, 29, zeroing=True, caching=False
+    ),
 }
 
 _COARSE_FULL = (
@@ -154,7 +226,10 @@ def config(mix: Mix) -> tuple[Any, int, int]:
     kv = KVCacheConfig(
         num_blocks=mix.num_blocks,
         kv_cache_tensors=[],
-        kv_cache_groups=[KVCacheGroupSpec([f"layer{i}"], s) for i, s in enumerate(specs)],
+        kv_cache_groups=[
+            KVCacheGroupSpec([f"layer{i}"], s, is_eagle_group=i in mix.eagle_groups)
+            for i, s in enumerate(specs)
+        ],
         prefix_cache_retention_interval=mix.retention,
     )
     assert kv.needs_kv_cache_zeroing or not mix.zeroing
@@ -168,7 +243,8 @@ def make(cls: Any, mix: Mix) -> Any:
         max_model_len=4096,
         scheduler_block_size=sched_bs,
         hash_block_size=hash_bs,
-        enable_caching=True,
+        enable_caching=mix.caching,
+        use_eagle=mix.eagle,
         enable_kv_cache_events=True,
         log_stats=True,
     )
@@ -211,6 +287,7 @@ class Driver:
         self.sides = [make(VllmManager, mix), make(other, mix)]
         _, self.sched_bs, self.hash_bs = config(mix)
         self.aligned = any(isinstance(g(), MambaSpec) for g in mix.groups)
+        self.encoder = any(isinstance(g(), CrossAttentionSpec) for g in mix.groups)
         # Prompts fit the pool a few times over, so that the load preempts but every
         # request can run alone.
         per_group = mix.num_blocks // len(mix.groups)
@@ -271,13 +348,15 @@ class Driver:
 
     def admit(self, rid: str) -> None:
         chunk = self.chunk()
+        # The encoder inputs scheduled with the first chunk (cross-attention slots).
+        encoder = self.rng.randrange(0, 200) if self.encoder else 0
 
         def go(m: Any, side: int) -> Any:
             req = self.reqs[rid][side]
             blocks, hit, junction = m.get_computed_blocks(req)
             req.shared_prefix_boundary = junction  # as vLLM's scheduler sets it
             n = min(chunk, req.num_tokens - hit)
-            new = m.allocate_slots(req, n, hit, blocks)
+            new = m.allocate_slots(req, n, hit, blocks, num_encoder_tokens=encoder)
             if new is not None:
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = hit + n
@@ -383,12 +462,30 @@ def test_hybrid_differential(name: str) -> None:
             make(KvManager, mix)
         other = VllmManager  # the harness on its own: vLLM against vLLM
     d = Driver(mix, other, OPS)
+    stock, ours = (m.coordinator for m in d.sides)
+    # The hybrid coordinator's decisions at construction: EAGLE groups, per-group drops,
+    # the spec sets the lookup walks (none without prefix caching). Not with mixed
+    # precisions: vLLM's spec sets also split groups of one kind and block size by dtype,
+    # kvindex's do not (their joint lookup answers the same without EAGLE).
+    if len(mix.groups) > 1:
+        for attr in ("eagle_group_ids", "drop_eagle_group_ids"):
+            assert getattr(stock, attr) == getattr(ours, attr), attr
+        flags = [[m.use_eagle for m in c.single_type_managers] for c in (stock, ours)]
+        assert flags[0] == flags[1], flags
+    if len(mix.groups) > 1 and mix.caching and not mix.zeroing:
+        sets = [
+            [(type(g.spec), g.group_ids, g.manager_cls, g.use_eagle) for g in c.attention_groups]
+            for c in (stock, ours)
+        ]
+        assert sets[0] == sets[1], sets
     d.run()
     # The workload did what it is for: finishes, hits (Mamba states too, once the step
     # that cached them is over) and preemption under the small pool; windowed groups
     # freed blocks out of the window.
     assert d.stats["finished"] > 5, d.stats
-    assert d.stats["hit_tokens"] > 0 and d.stats["preempted"] > 0, d.stats
-    windowed = any(not isinstance(g(), (FullAttentionSpec, MambaSpec)) for g in mix.groups)
+    assert d.stats["preempted"] > 0 and (d.stats["hit_tokens"] > 0 or not mix.caching), d.stats
+    windowed = any(
+        not isinstance(g(), (FullAttentionSpec, MambaSpec, CrossAttentionSpec)) for g in mix.groups
+    )
     if windowed:
         assert d.stats["null_blocks"] > 0, d.stats
