@@ -322,8 +322,7 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> isize {
-        self.blocks_needed(
-            self.reqs.get(rid),
+        self.num_blocks_to_allocate_encoder(
             rid,
             num_tokens,
             main_tokens,
