@@ -1,15 +1,17 @@
-"""kvindex's radix tree with the Mamba component (``RadixTree(1, mamba=True)``, and with
+"""kvindex's radix tree with the Mamba component (``RadixTree(P, mamba=True)``, and with
 ``sliding_window=W`` too) against SGLang 0.5.23's own ``UnifiedRadixCache`` with
 ``tree_components=(FULL, MAMBA)`` (and ``(FULL, SWA, MAMBA)``) on CPU, over SGLang's own
 pools: ``HybridReqToTokenPool`` (its ``MambaPool`` and ``MambaSlotAllocator``) with a
-``HybridLinearKVPool`` + ``TokenToKVPoolAllocator`` (or, with SWA, ``SWAKVPool`` +
-``SWATokenToKVPoolAllocator``), Python tree core, page size 1, no Mamba extra buffer.
+``HybridLinearKVPool`` + ``TokenToKVPoolAllocator`` (``PagedTokenToKVPoolAllocator``
+and the Mamba extra buffer for pages over 1), or, with SWA, ``SWAKVPool`` +
+``SWATokenToKVPoolAllocator`` (page 1: its ``alloc`` takes no pages); Python tree core.
 
 One randomised stream of inserts (each with a fresh Mamba state from SGLang's allocator,
 and with SWA a random SWA-evicted prefix), matches, full / Mamba (/ SWA) evictions and
 locks, driven on both trees; after every operation the hits, the slots matched, the
 Mamba state of the hit node, ``mamba_exist``, the evicted counts (tokens and states),
-both trees' full / Mamba (/ SWA) evictable and protected sizes, and SGLang's allocators
+both trees' full / Mamba (/ SWA) evictable and protected sizes, each component's
+recency list (nodes, least recent first, with their states), and SGLang's allocators
 (full, SWA, Mamba slots held; the states its tree holds) against kvindex's tree (its
 tokens, the states its frees leave held) must agree.
 
@@ -19,6 +21,10 @@ them (``to_free``); an insert whose end node already holds a state reports
 its state, as SGLang's ``cleanup_after_caching_req`` does. The Mamba states kvindex
 frees (``take_component_frees``) must be exactly those SGLang's cache handed back to its
 Mamba allocator.
+
+Not compared: the match's ``mamba_branching_seqlen`` (a scheduling hint from the full
+walk and the Mamba checkpoint grid, which kvindex's tree does not report) and
+``mamba_max_states_per_path`` (a server option, off by default, kvindex has no cap).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import torch
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
 from sglang.srt.environ import envs
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (
     DecLockRefParams,
@@ -61,8 +68,8 @@ def key(tokens: list[int]) -> RadixKey:
 class Pair:
     """The two trees and SGLang's allocators, with what kvindex says is held."""
 
-    def __init__(self, window: int | None) -> None:
-        args = ServerArgs(model_path="dummy", page_size=1)
+    def __init__(self, window: int | None, page: int) -> None:
+        args = ServerArgs(model_path="dummy", page_size=page)
         # The dummy model config has no Mamba chunk size (SGLang's test kit presets it).
         args._mamba_cache_chunk_size = 64
         set_global_server_args_for_scheduler(args)
@@ -86,15 +93,20 @@ class Pair:
             enable_memory_saver=False,
             cache_params=cache_params,
             mamba_layer_ids=[0],
-            enable_mamba_extra_buffer=False,
+            # Pages over 1 need SGLang's extra (ping-pong) state buffer.
+            enable_mamba_extra_buffer=page > 1,
+            speculative_num_draft_tokens=3,
         )
         self.mamba_alloc = self.rtp.mamba_allocator
         self.swa = window is not None
+        # SGLang's SWA allocator hands out slots one token at a time only (its alloc
+        # asserts page_size == 1; paged SWA goes through a request's alloc_extend).
+        assert page == 1 or not self.swa
         if window is None:
             kv_pool = HybridLinearKVPool(
                 size=SIZE,
                 dtype=torch.bfloat16,
-                page_size=1,
+                page_size=page,
                 head_num=1,
                 head_dim=1,
                 full_attention_layer_ids=[1],
@@ -102,15 +114,25 @@ class Pair:
                 enable_memory_saver=False,
                 mamba_pool=self.rtp.mamba_pool,
             )
-            self.alloc: Any = TokenToKVPoolAllocator(
-                size=SIZE, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
-            )
+            if page == 1:
+                self.alloc: Any = TokenToKVPoolAllocator(
+                    size=SIZE, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
+                )
+            else:
+                self.alloc = PagedTokenToKVPoolAllocator(
+                    size=SIZE,
+                    page_size=page,
+                    dtype=torch.bfloat16,
+                    device="cpu",
+                    kvcache=kv_pool,
+                    need_sort=False,
+                )
             components = (ComponentType.FULL, MAMBA)
         else:
             swa_pool = SWAKVPool(
                 size=SIZE,
                 size_swa=SIZE_SWA,
-                page_size=1,
+                page_size=page,
                 dtype=torch.bfloat16,
                 head_num=1,
                 head_dim=1,
@@ -121,7 +143,7 @@ class Pair:
             self.alloc = SWATokenToKVPoolAllocator(
                 size=SIZE,
                 size_swa=SIZE_SWA,
-                page_size=1,
+                page_size=page,
                 dtype=torch.bfloat16,
                 device="cpu",
                 kvcache=swa_pool,
@@ -131,15 +153,15 @@ class Pair:
         params = CacheInitParams(
             req_to_token_pool=self.rtp,
             token_to_kv_pool_allocator=self.alloc,
-            page_size=1,
+            page_size=page,
             disable=False,
             sliding_window_size=window,
             tree_components=components,
-            enable_mamba_extra_buffer=False,
+            enable_mamba_extra_buffer=page > 1,
         )
         self.sgl = UnifiedRadixCache(params=params)
         assert self.sgl.tree_components == components
-        self.kv = kvindex.RadixTree(1, sliding_window=window, mamba=True)
+        self.kv = kvindex.RadixTree(page, sliding_window=window, mamba=True)
         self.full: set[int] = set()  # slots held, per the frees kvindex hands back
         self.states: set[int] = set()  # Mamba states held, per kvindex's frees
         self.locks: list[tuple[int, Any, Any]] = []
@@ -295,10 +317,17 @@ class Pair:
 
 
 def run_stream(
-    seed: int, window: int | None, *, swa_evictions: bool = False, ops: int = 250
+    seed: int,
+    window: int | None,
+    *,
+    swa_evictions: bool = False,
+    page: int = 1,
+    ops: int = 250,
 ) -> None:
-    rng = random.Random(seed * 31 + (window or 0))
-    pair = Pair(window)
+    """One stream; ``window``: the SWA component's (None: FULL + MAMBA only); with
+    ``page`` over 1 inserts are whole pages (SGLang's caller cuts them so)."""
+    rng = random.Random(seed * 31 + (window or 0) + 1000 * page)
+    pair = Pair(window, page)
     prefixes = [[rng.randrange(3) for _ in range(24)] for _ in range(3)]
 
     inserted: list[list[int]] = []
@@ -317,8 +346,11 @@ def run_stream(
         op = rng.random()
         if op < 0.35:
             t = seq()
-            inserted.append(t)
-            pair.insert(t, rng.randrange(len(t) + 1) if window is not None else 0)
+            t = t[: len(t) // page * page]
+            if t:
+                inserted.append(t)
+                evicted = rng.randrange(len(t) // page + 1) * page
+                pair.insert(t, evicted if window is not None else 0)
         elif op < 0.65:
             pair.match(seq(), lock=rng.random() < 0.3)
         elif op < 0.75 and pair.locks:
@@ -342,6 +374,14 @@ def test_mamba_tree_matches_sglang(seed: int) -> None:
     ``mamba_exist``), matches (the hit is the deepest node with a state), Mamba locks,
     full and Mamba evictions: every result, size and held state agrees with SGLang."""
     run_stream(seed, None)
+
+
+@pytest.mark.parametrize("page", [2, 4])
+@pytest.mark.parametrize("seed", range(3))
+def test_paged_mamba_tree_matches_sglang(page: int, seed: int) -> None:
+    """(FULL, MAMBA) with pages over one (SGLang's Mamba extra buffer, paged allocator):
+    inserts of whole pages, page-cut matches; everything agrees with SGLang."""
+    run_stream(seed, None, page=page)
 
 
 @pytest.mark.parametrize(
