@@ -9,8 +9,9 @@
 //!   ([`super::siblings`]); other blocks are probed under their group's key;
 //! - allocation: the full-sequence gate, `remove_skipped_blocks`, the count,
 //!   hits touched for every group before any group takes external blocks
-//!   (two phases, as vLLM), then new blocks group by group (a decode step
-//!   that frees and takes nothing reads the request's tables once); a
+//!   (two phases, as vLLM), then new blocks group by group (a running
+//!   request's step and a new request's first call take one request lookup,
+//!   [`super::decode`]); a
 //!   cross-attention group counts and takes blocks for the encoder tokens
 //!   only, adopts no hit and no external tokens and keeps no cached count
 //!   (vLLM's `CrossAttentionManager`);
@@ -107,7 +108,12 @@ pub struct CachedRun {
 /// vLLM's `remove_skipped_blocks` on one table: the real blocks that end at
 /// block `n` (at most the table's length) are freed, last first, stopping at
 /// a null, and become nulls.
-fn null_skipped(pool: &mut BlockPool, scratch: &mut Vec<BlockId>, blocks: &mut [BlockId], n: usize) {
+pub(super) fn null_skipped(
+    pool: &mut BlockPool,
+    scratch: &mut Vec<BlockId>,
+    blocks: &mut [BlockId],
+    n: usize,
+) {
     let n = n.min(blocks.len());
     let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
     if lo < n {
@@ -252,7 +258,7 @@ impl VllmManager {
 
     /// Whether group `g` is a cross-attention group.
     fn is_cross(&self, g: usize) -> bool {
-        self.layout.groups().get(g).is_some_and(|s| s.kind == GroupKind::CrossAttention)
+        self.consts.get(g).is_some_and(|c| c.cross)
     }
 
     /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
@@ -363,7 +369,7 @@ impl VllmManager {
     /// [`Self::num_blocks_to_allocate_encoder`] for the request's tables
     /// `req` (`None`: it has none), looked up by the caller.
     #[allow(clippy::too_many_arguments)]
-    fn blocks_needed(
+    pub(super) fn blocks_needed(
         &self,
         req: Option<&Req>,
         rid: &str,
@@ -444,6 +450,29 @@ impl VllmManager {
     ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
         self.check_hits(new_computed)?;
         let any_hit = new_computed.iter().any(|v| !v.is_empty());
+        // Most decode steps, and a new request's prompt: one request lookup
+        // ([`super::decode`]); hits with caching off are refused below.
+        if !any_hit {
+            if let Some(step) = self.running_step(rid, s) {
+                return Ok(step);
+            }
+        }
+        if self.enable_caching || !any_hit {
+            if let Some(step) = self.new_request_step(rid, new_computed, s) {
+                return Ok(step);
+            }
+        }
+        self.allocate_general(rid, new_computed, s, any_hit)
+    }
+
+    /// [`Self::allocate_slots_groups`] for any call (the hits checked).
+    pub(super) fn allocate_general(
+        &mut self,
+        rid: &str,
+        new_computed: &[Vec<BlockId>],
+        s: &SlotRequest,
+        any_hit: bool,
+    ) -> KvResult<Option<Vec<Vec<BlockId>>>> {
         let req = self.reqs.get(rid);
         let (running, all_running) = req.map_or((false, false), |r| (r.running(), r.all_running()));
         if running && any_hit {
@@ -486,13 +515,18 @@ impl VllmManager {
         let ng = self.layout.len();
         if s.adopt && !running {
             // Cross-attention groups adopt neither hits nor external tokens.
-            let adopting: Vec<usize> = (0..ng).filter(|&g| !self.is_cross(g)).collect();
-            for &g in &adopting {
+            for g in 0..ng {
+                if self.is_cross(g) {
+                    continue;
+                }
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 self.add_local_computed(rid, g, nc, total);
             }
             if s.num_external_computed > 0 {
-                for &g in &adopting {
+                for g in 0..ng {
+                    if self.is_cross(g) {
+                        continue;
+                    }
                     let record = self.records_new(g) && (g >= 64 || s.skip_zeroing & (1 << g) == 0);
                     self.allocate_external(rid, g, s.num_external_computed, total, record);
                 }
@@ -547,15 +581,9 @@ impl VllmManager {
     /// become nulls, the rest are touched and appended.
     fn add_local_computed(&mut self, rid: &str, g: usize, hits: &[BlockId], total: usize) {
         let spec = self.layout.groups()[g];
-        let skipped = spec.skipped_tokens(total) / spec.block_size;
-        let rest = &hits[skipped.min(hits.len())..];
-        for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
-            self.pool.touch(std::slice::from_ref(b));
-        }
-        let req = self.req_mut(rid).g_mut(g);
-        req.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
-        req.blocks.extend_from_slice(rest);
-        req.num_cached = Some(req.blocks.len());
+        let ng = self.layout.len();
+        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        super::decode::adopt_hits(&mut self.pool, spec, req.g_mut(g), hits, total);
     }
 
     /// vLLM's `allocate_external_computed_blocks` for group `g`.
@@ -637,14 +665,14 @@ impl VllmManager {
         }
         let Some(req) = self.reqs.get(rid) else { return out };
         let hashed = num_hashes.saturating_mul(self.layout.hash_block_size());
-        for (g, spec) in self.layout.groups().iter().enumerate() {
-            if !spec.kind.prefix_cacheable() {
+        for (g, c) in self.consts.iter().enumerate() {
+            if !c.cacheable {
                 continue;
             }
             let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
             let gr = req.g(g);
             let start = gr.num_cached.unwrap_or(0);
-            let full = (nt.min(hashed) / spec.block_size).min(gr.blocks.len());
+            let full = c.blocks(nt.min(hashed)).min(gr.blocks.len());
             if start < full {
                 out.push((g, start, full));
             }
@@ -708,7 +736,7 @@ impl VllmManager {
             let eagle = self.layout.group_eagle(g);
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
-            let blocks = &self.reqs.get(rid).expect("checked above").g(g).blocks;
+            let blocks = &req.g(g).blocks;
             for i in start..end {
                 let b = blocks[i];
                 if b == BlockId::NULL
@@ -726,12 +754,20 @@ impl VllmManager {
                 self.siblings.cached(&self.pool, &h, g, b, first);
                 stored.push(i);
             }
-            let gr = self.reqs.get_mut(rid).expect("checked above").g_mut(g);
-            gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
+            runs.push(CachedRun { group: g, start, end, stored });
+        }
+        // The cached counts after every run's caching (nothing above reads them):
+        // one request lookup for all groups.
+        if let Some(r) = self.reqs.get_mut(rid) {
+            for &(g, _, end) in plan {
+                let gr = r.g_mut(g);
+                gr.num_cached = Some(end.max(gr.num_cached.unwrap_or(0)));
+            }
+        }
+        for &(g, start, end) in plan {
             if self.mamba.is_align(g) {
                 self.mamba_note_cached(rid, g, start, end);
             }
-            runs.push(CachedRun { group: g, start, end, stored });
         }
         Ok(runs)
     }

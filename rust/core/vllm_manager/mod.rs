@@ -40,6 +40,7 @@ use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
+mod decode;
 pub mod groups;
 mod loose;
 mod mamba;
@@ -146,6 +147,8 @@ pub struct VllmManager {
     layout: GroupLayout,
     /// Per group: the admission cap in blocks (sliding window, chunked local).
     caps: Vec<Option<usize>>,
+    /// Per group: the constants a step reads ([`decode::GroupConst`]).
+    consts: Vec<decode::GroupConst>,
     /// Per request id (hashbrown's map: a lookup by `&str` that inserts copies the id only then).
     reqs: hashbrown::HashMap<String, Req, rustc_hash::FxBuildHasher>,
     /// Per block: tokens its cached hash covers (0: no hash).
@@ -324,6 +327,7 @@ impl VllmManager {
             enable_caching: layout.enable_caching(),
             new_ids: vec![Vec::new(); layout.len()],
             caps,
+            consts: decode::GroupConst::of(&layout),
             layout,
             reqs: hashbrown::HashMap::default(),
             hash_tokens,
@@ -533,38 +537,22 @@ impl VllmManager {
         log_new: bool,
     ) -> Vec<BlockId> {
         let ng = self.layout.len();
-        let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        let VllmManager { reqs, pool, removed, log_removed, owner, siblings, hash_tokens, new_ids, .. } =
+            self;
+        let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         let n = count(req.g(g).blocks.len());
         if n == 0 {
             return Vec::new();
         }
-        let n = n.min(self.pool.num_free());
-        if self.log_removed {
-            for b in self.pool.free_queue().take(n) {
-                if let Some(h) = self.pool.block_hash(b) {
-                    self.removed.push((h, self.owner[b.idx()]));
-                }
-            }
-        }
-        self.siblings.note_victims(&self.pool, &self.owner, n);
-        let mut out = Vec::with_capacity(n);
-        self.pool.allocate(n, &mut out);
-        self.siblings.sync_victims(&self.pool);
-        for &b in &out {
-            self.hash_tokens[b.idx()] = 0;
-        }
-        if log_new {
-            self.new_ids[g].extend_from_slice(&out);
-        }
-        req.g_mut(g).blocks.extend_from_slice(&out);
-        out
-    }
-
-    /// The request's tables, created empty if it has none (vLLM's
-    /// `req_to_blocks` is a defaultdict); the id is copied only then.
-    fn req_mut(&mut self, rid: &str) -> &mut Req {
-        let ng = self.layout.len();
-        self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng))
+        let mut taker = decode::Taker {
+            pool,
+            removed: if *log_removed { Some(removed) } else { None },
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+        };
+        taker.take(&mut req.g_mut(g).blocks, g, n, log_new)
     }
 
     /// The blocks `cache_blocks` would cache now: `(num_cached, num_full)` for

@@ -1,0 +1,286 @@
+//! The two common calls of `allocate_slots_groups` on one request lookup,
+//! with per-group constants ([`GroupConst`]: kind flags, block-size shifts)
+//! computed once from the layout instead of matched per call. Both apply
+//! only on layouts without align-mode Mamba groups, without the
+//! full-sequence gate; any other call takes the general path.
+//!
+//! - [`VllmManager::running_step`]: a request running in every group (each
+//!   group holds a cached count, or is a cross-attention group, which never
+//!   does), no hit lists (a decode step, a later prefill chunk). In order:
+//!   `remove_skipped_blocks` (each group's blocks before its window freed,
+//!   last first, group by group; nothing when the last block before the
+//!   window is already a null), the count (`needed - held` per group, the
+//!   encoder tokens for a cross-attention group), the free-block check, then
+//!   new blocks group by group ([`VllmManager::take_lacking`], a second
+//!   lookup only then). A step that takes no block allocates nothing.
+//! - [`VllmManager::new_request_step`]: a request's first call (no tables),
+//!   adopting its hits, no external tokens: the count, the free-block check
+//!   (a refusal leaves the empty entry `remove_skipped_blocks` makes in vLLM),
+//!   every group's hits adopted, then new blocks group by group.
+//!
+//! # Invariants
+//! - results, tables, cached counts, the free queue and the logs (removed
+//!   keys, new blocks, sibling rows) equal the general path's for the same
+//!   call (`decode_tests` runs both on copies of a manager, step by step).
+//!
+//! # Costs
+//! One or two request lookups per call; O(groups) arithmetic; O(hit blocks
+//! adopted + blocks freed or taken) pool work.
+
+use super::groups::null_skipped;
+use super::siblings::Siblings;
+use super::{GroupReq, Req, SlotRequest, VllmManager};
+use crate::core::block_pool::BlockPool;
+use crate::core::groups::rule::GroupRule;
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec};
+use crate::core::ids::{BlockHash, BlockId};
+
+/// What a step reads of one group, computed once from the layout.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GroupConst {
+    spec: GroupSpec,
+    /// log2 of the block size when it is a power of two (else `u32::MAX`).
+    shift: u32,
+    /// A cross-attention group (counts and takes blocks for encoder tokens).
+    pub(crate) cross: bool,
+    /// Looked up and cached.
+    pub(crate) cacheable: bool,
+}
+
+impl GroupConst {
+    /// Every group's constants, in group order.
+    pub(crate) fn of(layout: &GroupLayout) -> Vec<GroupConst> {
+        (0..layout.len())
+            .map(|g| {
+                let spec = layout.groups()[g];
+                let bs = spec.block_size;
+                GroupConst {
+                    spec,
+                    shift: if bs.is_power_of_two() { bs.trailing_zeros() } else { u32::MAX },
+                    cross: spec.kind == GroupKind::CrossAttention,
+                    cacheable: spec.kind.prefix_cacheable(),
+                }
+            })
+            .collect()
+    }
+
+    /// `n / block_size`.
+    #[inline]
+    pub(crate) fn blocks(self, n: usize) -> usize {
+        if self.shift == u32::MAX {
+            n / self.spec.block_size
+        } else {
+            n >> self.shift
+        }
+    }
+
+    /// `ceil(n / block_size)`.
+    #[inline]
+    fn blocks_up(self, n: usize) -> usize {
+        if self.shift == u32::MAX {
+            n.div_ceil(self.spec.block_size)
+        } else {
+            (n >> self.shift) + usize::from(n & ((1 << self.shift) - 1) != 0)
+        }
+    }
+}
+
+/// The manager's fields a new block touches, borrowed beside a request's table.
+pub(super) struct Taker<'a> {
+    pub(super) pool: &'a mut BlockPool,
+    pub(super) removed: Option<&'a mut Vec<(BlockHash, u32)>>,
+    pub(super) owner: &'a [u32],
+    pub(super) siblings: &'a mut Siblings,
+    pub(super) hash_tokens: &'a mut [u32],
+    pub(super) new_ids: &'a mut [Vec<BlockId>],
+}
+
+impl Taker<'_> {
+    /// Pops `n` blocks (at most the free ones) onto group `g`'s `table`,
+    /// noting the hashes they drop and logging them when `log_new`.
+    pub(super) fn take(
+        &mut self,
+        table: &mut Vec<BlockId>,
+        g: usize,
+        n: usize,
+        log_new: bool,
+    ) -> Vec<BlockId> {
+        let n = n.min(self.pool.num_free());
+        if let Some(removed) = self.removed.as_deref_mut() {
+            for b in self.pool.free_queue().take(n) {
+                if let Some(h) = self.pool.block_hash(b) {
+                    removed.push((h, self.owner.get(b.idx()).copied().unwrap_or(0)));
+                }
+            }
+        }
+        self.siblings.note_victims(self.pool, self.owner, n);
+        let mut out = Vec::with_capacity(n);
+        self.pool.allocate(n, &mut out);
+        self.siblings.sync_victims(self.pool);
+        for &b in &out {
+            if let Some(t) = self.hash_tokens.get_mut(b.idx()) {
+                *t = 0;
+            }
+        }
+        if log_new {
+            if let Some(log) = self.new_ids.get_mut(g) {
+                log.extend_from_slice(&out);
+            }
+        }
+        table.extend_from_slice(&out);
+        out
+    }
+}
+
+/// vLLM's `add_local_computed_blocks` on one group's table `t`: the hit
+/// blocks before the window of `total` computed tokens become nulls, the
+/// rest are touched and appended; the cached count is the table's length.
+pub(super) fn adopt_hits(
+    pool: &mut BlockPool,
+    spec: GroupSpec,
+    t: &mut GroupReq,
+    hits: &[BlockId],
+    total: usize,
+) {
+    let skipped = spec.skipped_tokens(total) / spec.block_size;
+    let rest = &hits[skipped.min(hits.len())..];
+    for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
+        pool.touch(std::slice::from_ref(b));
+    }
+    t.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
+    t.blocks.extend_from_slice(rest);
+    t.num_cached = Some(t.blocks.len());
+}
+
+/// The tokens a group holds slots for after the step.
+fn slot_tokens(c: GroupConst, s: &SlotRequest) -> usize {
+    if c.cross {
+        s.num_encoder_tokens
+    } else {
+        s.num_tokens_need_slot
+    }
+}
+
+impl VllmManager {
+    /// `allocate_slots_groups` for a running request with no hit lists (see
+    /// the module header); `None` when the call is not one (nothing changed).
+    pub(super) fn running_step(&mut self, rid: &str, s: &SlotRequest) -> Option<Option<Vec<Vec<BlockId>>>> {
+        if s.full_sequence_tokens.is_some() || self.mamba.any() {
+            return None;
+        }
+        let VllmManager { reqs, consts, pool, scratch, .. } = self;
+        let req: &mut Req = reqs.get_mut(rid)?;
+        let every = consts.iter().enumerate().all(|(g, c)| c.cross || req.g(g).num_cached.is_some());
+        if !every || !req.running() {
+            return None;
+        }
+        let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        let mut need = 0isize;
+        let mut short = false;
+        for (g, &c) in consts.iter().enumerate() {
+            let table = &mut req.g_mut(g).blocks;
+            // vLLM's `remove_skipped_blocks` (a no-op when the last block before the window is a null).
+            if let Some(p) = s.processed_tokens {
+                let skipped = c.spec.skipped_tokens(p);
+                if skipped > 0 {
+                    null_skipped(pool, scratch, table, c.blocks(skipped));
+                }
+            }
+            let lack = c.blocks_up(slot_tokens(c, s)).saturating_sub(table.len());
+            need = need.saturating_add(sig(lack));
+            short |= lack > 0;
+        }
+        if need.saturating_add(sig(s.watermark_blocks)) > sig(pool.num_free()) - sig(s.reserved_blocks) {
+            return Some(None);
+        }
+        if !short {
+            return Some(Some(Vec::new()));
+        }
+        Some(Some(self.take_lacking(rid, s)))
+    }
+
+    /// A new request's first `allocate_slots_groups` (see the module header);
+    /// `None` when the call is not one (nothing changed).
+    pub(super) fn new_request_step(
+        &mut self,
+        rid: &str,
+        new_computed: &[Vec<BlockId>],
+        s: &SlotRequest,
+    ) -> Option<Option<Vec<Vec<BlockId>>>> {
+        if self.mamba.any() || s.full_sequence_tokens.is_some() || s.num_external_computed > 0 || !s.adopt {
+            return None;
+        }
+        if self.reqs.contains_key(rid) {
+            return None;
+        }
+        let (total, main) = (s.num_local_computed, s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot));
+        let (need_slot, enc) = (s.num_tokens_need_slot, s.num_encoder_tokens);
+        let need = self.blocks_needed(None, rid, need_slot, main, enc, new_computed, total, false);
+        let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
+        let ng = self.consts.len();
+        if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
+            // `remove_skipped_blocks` made the (empty) entry before the check.
+            let skips = |p: usize| self.consts.iter().any(|c| c.spec.skipped_tokens(p) > 0);
+            if s.processed_tokens.is_some_and(skips) {
+                self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+            }
+            return Some(None);
+        }
+        let VllmManager { reqs, consts, pool, .. } = self;
+        let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
+        for (g, c) in consts.iter().enumerate() {
+            if !c.cross {
+                let hits = new_computed.get(g).map_or(&[][..], Vec::as_slice);
+                adopt_hits(pool, c.spec, req.g_mut(g), hits, total);
+            }
+        }
+        Some(Some(self.take_lacking(rid, s)))
+    }
+
+    /// Each group's blocks up to its slot tokens, group by group (the
+    /// request exists; no align-mode Mamba group): one request lookup.
+    fn take_lacking(&mut self, rid: &str, s: &SlotRequest) -> Vec<Vec<BlockId>> {
+        let (log_new, zero_mask) = (self.log_new, self.zero_mask);
+        let VllmManager {
+            reqs,
+            consts,
+            pool,
+            removed,
+            log_removed,
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+            ..
+        } = self;
+        let mut out = Vec::new();
+        let Some(req) = reqs.get_mut(rid) else { return out };
+        let mut taker = Taker {
+            pool,
+            removed: if *log_removed { Some(removed) } else { None },
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+        };
+        let ng = consts.len();
+        for (g, &c) in consts.iter().enumerate() {
+            let table = &mut req.g_mut(g).blocks;
+            let n = c.blocks_up(slot_tokens(c, s)).saturating_sub(table.len());
+            if n == 0 {
+                continue;
+            }
+            let record = log_new && (g >= 64 || zero_mask & (1 << g) != 0);
+            let new = taker.take(table, g, n, record);
+            if !new.is_empty() {
+                out.resize(ng, Vec::new());
+                out[g] = new;
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+#[path = "decode_tests.rs"]
+mod decode_tests;
