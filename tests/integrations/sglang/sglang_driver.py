@@ -27,6 +27,7 @@ with warnings.catch_warnings():
         PagedTokenToKVPoolAllocator,
         TokenToKVPoolAllocator,
     )
+    from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.common import (
         checkpoint_kv_cache,
@@ -305,6 +306,26 @@ def _event_tuple(e: Any) -> tuple[Any, ...]:
     if name == "BlockRemoved":
         return (name, list(e.block_hashes), str(e.medium))
     return (name,)
+
+
+def release_newest_lock(locks: list[tuple[Any, Any, Any]], i: int, kv: Any, sgl: Any) -> None:
+    """Release, on kvindex's tree ``kv`` and SGLang's ``sgl``, the newest lock on the node
+    of ``locks[i]`` (entries ``(kvindex node, SGLang node, SGLang receipt)``, oldest
+    first). kvindex's ``unlock(node)`` releases the node's most recent lock (its component
+    receipts are last in, first out), so SGLang is handed that lock's receipt: both
+    release the same segment."""
+    kv_node = locks[i][0]
+    j = max(k for k, lk in enumerate(locks) if lk[0] == kv_node)
+    _, sgl_node, receipt = locks.pop(j)
+    kv.unlock(kv_node)
+    sgl.dec_lock_ref(
+        sgl_node,
+        DecLockRefParams(
+            node_id=receipt.node_id,
+            skipped_lock_components=receipt.skipped_lock_components,
+            component_lock_uuids=receipt.component_lock_uuids,
+        ),
+    )
 
 
 def tree_core_backend() -> str:

@@ -42,7 +42,6 @@ from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
 from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (
-    DecLockRefParams,
     EvictParams,
     InsertParams,
     MatchPrefixParams,
@@ -54,6 +53,7 @@ from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
+from sglang_driver import release_newest_lock
 
 import kvindex
 
@@ -285,20 +285,7 @@ class Pair:
             self.locks.append((m.node, s.last_device_node, receipt))
 
     def unlock(self, i: int) -> None:
-        # kvindex's unlock(node) releases the node's most recent lock (receipts last
-        # in, first out): SGLang is handed the receipt of the most recent lock on it.
-        kv_node = self.locks[i][0]
-        j = max(k for k, lk in enumerate(self.locks) if lk[0] == kv_node)
-        _, sgl_node, receipt = self.locks.pop(j)
-        self.kv.unlock(kv_node)
-        self.sgl.dec_lock_ref(
-            sgl_node,
-            DecLockRefParams(
-                node_id=receipt.node_id,
-                skipped_lock_components=receipt.skipped_lock_components,
-                component_lock_uuids=receipt.component_lock_uuids,
-            ),
-        )
+        release_newest_lock(self.locks, i, self.kv, self.sgl)
 
     def evict(self, n: int, kind: str) -> None:
         if kind == "mamba":
