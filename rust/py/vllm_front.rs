@@ -28,6 +28,8 @@
 //! most what the general path computes, so a call answered as a no-op is one
 //! the general path answers with the same result and no state change; the
 //! other two make the general path's own Rust calls with its arguments.
+//! Arithmetic on the caller's integers saturates (an absurd count is never
+//! answered as a no-op by wrapping around; the general path rejects it).
 //! Costs: one attribute read per request field used, one map probe by the
 //! request id; no allocation on the no-op path; one `KVCacheBlock` reference
 //! per new block.
@@ -241,13 +243,13 @@ impl PyVllmFront {
     /// `lookahead` slots) is a no-op for a request holding `held` blocks,
     /// `cached` of them cached, decided without reading its hashes.
     fn quick_noop(&self, done: i64, end: i64, lookahead: i64, held: i64, cached: i64, delay: bool) -> bool {
-        if done < 0 || end + lookahead > held * self.block_size {
+        if done < 0 || end.saturating_add(lookahead) > held.saturating_mul(self.block_size) {
             return false;
         }
         !self.caching
             || delay
             || held <= cached
-            || (end - self.reprefill).div_euclid(self.block_size) <= cached
+            || end.saturating_sub(self.reprefill).div_euclid(self.block_size) <= cached
     }
 
     /// `KVCacheBlocks((blocks,))`.
@@ -277,13 +279,13 @@ impl PyVllmFront {
             return Ok(None);
         }
         let delay = args.delay_cache_blocks.truthy()?;
-        let end = done + n;
+        let end = done.saturating_add(n);
         let empty = || Ok(Some(self.refs()?.empty.bind(py).clone()));
         if self.quick_noop(done, end, lookahead, held, cached, delay) {
             return if self.gated(request, &args.has_scheduled_reqs)? { Ok(None) } else { empty() };
         }
         // Past quick_noop, delayed caching means the slots do not suffice.
-        let fits = end + lookahead <= held * self.block_size;
+        let fits = end.saturating_add(lookahead) <= held.saturating_mul(self.block_size);
         if delay || !(fits || self.cache_only) {
             return Ok(None);
         }
@@ -302,18 +304,18 @@ impl PyVllmFront {
             return Ok(None);
         };
         if fits {
-            self.cache(py, rid, &hashes, (end.min(num_tokens) - self.reprefill).max(0))?;
+            self.cache(py, rid, &hashes, end.min(num_tokens).saturating_sub(self.reprefill).max(0))?;
             return empty();
         }
         // New blocks, then the caching step, in one call (the general path's).
         let max_len = self.max_model_len;
         let total = done.min(max_len);
         let slots = SlotRequest {
-            num_tokens_need_slot: size((end + lookahead).min(max_len)),
+            num_tokens_need_slot: size(end.saturating_add(lookahead).min(max_len)),
             num_local_computed: size(total),
             ..SlotRequest::default()
         };
-        let upto = ((total + n).min(num_tokens) - self.reprefill).max(0);
+        let upto = total.saturating_add(n).min(num_tokens).saturating_sub(self.reprefill).max(0);
         let res = {
             let mut core = self.core.try_borrow_mut(py).map_err(|_| busy())?;
             core.allocate_then_cache(rid, &[], &slots, Some((&hashes, upto)))?
@@ -451,7 +453,7 @@ impl PyVllmFront {
         let rid = rid_obj.to_str()?;
         let state = self.state(py, rid)?;
         if let Some((held, cached)) = state {
-            if (n - self.reprefill).div_euclid(self.block_size) <= cached || held <= cached {
+            if n.saturating_sub(self.reprefill).div_euclid(self.block_size) <= cached || held <= cached {
                 return Ok(());
             }
         }
@@ -464,7 +466,7 @@ impl PyVllmFront {
         if self.events {
             return general();
         }
-        self.cache(py, rid, &hashes, (n - self.reprefill).max(0))
+        self.cache(py, rid, &hashes, n.saturating_sub(self.reprefill).max(0))
     }
 
     /// Tokens the request's table holds cached blocks for (vLLM's

@@ -127,6 +127,36 @@ def test_bad_arguments_reach_the_general_path_unchanged() -> None:
     m._core.check_invariants()
 
 
+@pytest.mark.parametrize(
+    ("n", "look", "computed"),
+    [(2**62, 2**62, None), (1, 2**63 - 1, None), (2**63 - 1, 0, 2**62), (2**64, 0, None)],
+)
+def test_huge_counts_are_answered_as_the_python_methods_answer(
+    n: int, look: int, computed: int | None
+) -> None:
+    """Counts whose sums leave int64 (or that do not fit it) get the Python methods'
+    answer: the native arithmetic saturates instead of wrapping into a no-op."""
+    answers = []
+
+    def manager() -> KVCacheManager:
+        return KVCacheManager(
+            config(32, 4), max_model_len=64, scheduler_block_size=4, hash_block_size=4
+        )
+
+    for m in (manager(), without_front(manager())):
+        r = running(m, "a", list(range(10)), 4)
+        if computed is not None:
+            r.num_computed_tokens = computed
+        try:
+            out = ids(m.allocate_slots(r, n, num_lookahead_tokens=look))
+        except Exception as e:  # the two paths must fail alike
+            out = type(e).__name__
+        answers.append((out, m.get_block_ids("a"), m.block_pool.get_num_free_blocks()))
+        m.cache_blocks(r, -(2**63))
+        m._core.check_invariants()
+    assert answers[0] == answers[1]
+
+
 def _admit(
     ms: tuple[Any, ...], rid: str, prompt: list[int], bs: int, rng: random.Random
 ) -> tuple[list[Request], Any]:
