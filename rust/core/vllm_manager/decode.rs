@@ -27,9 +27,9 @@
 //! One or two request lookups per call; O(groups) arithmetic; O(hit blocks
 //! adopted + blocks freed or taken) pool work.
 
-use super::groups::null_skipped;
 use super::siblings::Siblings;
-use super::{GroupReq, Req, SlotRequest, VllmManager};
+use super::table_ops::{adopt_hits, null_skipped};
+use super::{Req, SlotRequest, VllmManager};
 use crate::core::block_pool::BlockPool;
 use crate::core::groups::rule::GroupRule;
 use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec};
@@ -130,26 +130,6 @@ impl Taker<'_> {
         table.extend_from_slice(&out);
         out
     }
-}
-
-/// vLLM's `add_local_computed_blocks` on one group's table `t`: the hit
-/// blocks before the window of `total` computed tokens become nulls, the
-/// rest are touched and appended; the cached count is the table's length.
-pub(super) fn adopt_hits(
-    pool: &mut BlockPool,
-    spec: GroupSpec,
-    t: &mut GroupReq,
-    hits: &[BlockId],
-    total: usize,
-) {
-    let skipped = spec.skipped_tokens(total) / spec.block_size;
-    let rest = &hits[skipped.min(hits.len())..];
-    for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
-        pool.touch(std::slice::from_ref(b));
-    }
-    t.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
-    t.blocks.extend_from_slice(rest);
-    t.num_cached = Some(t.blocks.len());
 }
 
 /// The tokens a group holds slots for after the step.

@@ -40,8 +40,8 @@ use std::cell::RefCell;
 use rustc_hash::FxHashMap;
 
 use super::pool_lookup::PoolLookup;
+use super::table_ops::null_skipped;
 use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
-use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::GroupRule;
@@ -103,23 +103,6 @@ pub struct CachedRun {
     /// Table indices that got a hash, in order (null and unreachable blocks
     /// left out; may be empty, vLLM still emits the event).
     pub stored: Vec<usize>,
-}
-
-/// vLLM's `remove_skipped_blocks` on one table: the real blocks that end at
-/// block `n` (at most the table's length) are freed, last first, stopping at
-/// a null, and become nulls.
-pub(super) fn null_skipped(
-    pool: &mut BlockPool,
-    scratch: &mut Vec<BlockId>,
-    blocks: &mut [BlockId],
-    n: usize,
-) {
-    let n = n.min(blocks.len());
-    let lo = blocks[..n].iter().rposition(|&b| b == BlockId::NULL).map_or(0, |i| i + 1);
-    if lo < n {
-        pool.free(blocks[lo..n].iter().rev().copied(), scratch);
-        blocks[lo..n].fill(BlockId::NULL);
-    }
 }
 
 /// One request in a [`ManagerSnapshot`]: its id, one table per group, one
@@ -583,7 +566,7 @@ impl VllmManager {
         let spec = self.layout.groups()[g];
         let ng = self.layout.len();
         let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
-        super::decode::adopt_hits(&mut self.pool, spec, req.g_mut(g), hits, total);
+        super::table_ops::adopt_hits(&mut self.pool, spec, req.g_mut(g), hits, total);
     }
 
     /// vLLM's `allocate_external_computed_blocks` for group `g`.

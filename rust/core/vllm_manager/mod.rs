@@ -47,6 +47,7 @@ mod mamba;
 mod pool_lookup;
 pub mod retention;
 mod siblings;
+mod table_ops;
 mod zeroing;
 
 /// One group's table of one request.
