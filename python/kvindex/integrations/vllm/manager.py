@@ -66,7 +66,6 @@ __all__ = ["KVCacheManager"]
 
 _SUPPORTED_SPECS = (FullAttentionSpec, MLAAttentionSpec)
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
-_NO_IDS: list[int] = []
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -269,9 +268,6 @@ class KVCacheManager(ManagerCalls):
         self._last_ids: list[int] = []
         # get_blocks' result per request, dropped when the request's table changes.
         self._tables: dict[str, KVCacheBlocks] = {}
-        # The one-call path serves running requests when nothing else must watch the
-        # allocation (KV events, the metrics collector) and caching is on.
-        self._fast = enable_caching and not enable_kv_cache_events and metrics_collector is None
         self.block_pool: BlockPoolView = BlockPoolView(self, self._core, hash_block_size)
         self._blocks = self.block_pool.blocks
         self.coordinator = _CoordinatorView(self, self._core, spec)
@@ -302,7 +298,9 @@ class KVCacheManager(ManagerCalls):
             reprefill=self._num_reprefillable,
             max_model_len=self.max_model_len,
             caching=self.enable_caching,
-            cache_only=self._fast,
+            # Caching and allocating natively needs nothing else watching the
+            # allocation (KV events, the metrics collector).
+            cache_only=not self.enable_kv_cache_events and self.metrics_collector is None,
             events=self.enable_kv_cache_events,
             watermark=self.watermark_blocks > 0,
         )
@@ -380,57 +378,6 @@ class KVCacheManager(ManagerCalls):
         # A running request's plain step is answered by _VllmFront (installed over this
         # method) before it gets here.
         rid = request.request_id
-        if (
-            self._fast
-            and new_computed_blocks is None
-            and num_new_tokens > 0
-            and not num_external_computed_tokens
-            and not num_new_computed_tokens
-            and not full_sequence_must_fit
-        ):
-            # Allocation and caching in one Rust call.
-            total = request.num_computed_tokens
-            max_len = self.max_model_len
-            need = total + num_new_tokens + num_lookahead_tokens
-            if need > max_len:
-                need = max_len
-            if total > max_len:
-                total = max_len
-            cache_to = total + num_new_tokens
-            num_tokens = request.num_tokens
-            if cache_to > num_tokens:
-                cache_to = num_tokens
-            cache_to -= self._num_reprefillable
-            if cache_to < 0:
-                cache_to = 0
-            watermark = (
-                self.watermark_blocks if has_scheduled_reqs and request.status in _ADMITTING else 0
-            )
-            res = self._core.allocate_slots(
-                rid,
-                _NO_IDS,
-                need,
-                total,
-                0,
-                None,
-                reserved_blocks,
-                watermark,
-                False,
-                None if delay_cache_blocks else request.block_hashes,
-                None if delay_cache_blocks else cache_to,
-            )
-            if res is None:
-                return None
-            new, held, _ = res
-            if not new:
-                return self.empty_kv_cache_blocks
-            blocks = self._blocks
-            new_blocks = [blocks[i] for i in new]
-            if held == len(new_blocks):
-                self._tables[rid] = KVCacheBlocks((list(new_blocks),))
-            else:
-                self._tables.pop(rid, None)
-            return KVCacheBlocks((new_blocks,))
         if (
             num_new_tokens == 0
             and num_external_computed_tokens == 0
