@@ -132,15 +132,6 @@ impl Taker<'_> {
     }
 }
 
-/// The tokens a group holds slots for after the step.
-fn slot_tokens(c: GroupConst, s: &SlotRequest) -> usize {
-    if c.cross {
-        s.num_encoder_tokens
-    } else {
-        s.num_tokens_need_slot
-    }
-}
-
 impl VllmManager {
     /// `allocate_slots_groups` for a running request with no hit lists (see
     /// the module header); `None` when the call is not one (nothing changed).
@@ -166,7 +157,7 @@ impl VllmManager {
                     null_skipped(pool, scratch, table, c.blocks(skipped));
                 }
             }
-            let lack = c.blocks_up(slot_tokens(c, s)).saturating_sub(table.len());
+            let lack = c.blocks_up(s.slot_tokens(c.cross)).saturating_sub(table.len());
             need = need.saturating_add(sig(lack));
             short |= lack > 0;
         }
@@ -246,7 +237,7 @@ impl VllmManager {
         let ng = consts.len();
         for (g, &c) in consts.iter().enumerate() {
             let table = &mut req.g_mut(g).blocks;
-            let n = c.blocks_up(slot_tokens(c, s)).saturating_sub(table.len());
+            let n = c.blocks_up(s.slot_tokens(c.cross)).saturating_sub(table.len());
             if n == 0 {
                 continue;
             }

@@ -518,7 +518,7 @@ impl VllmManager {
         // Bit `g`: group `g` already holds the blocks it needs (most decode steps);
         // it takes none. When every group has a cached count and none is Mamba, the
         // count is `needed - held` per group: a count of 0 needs no lookup for that.
-        let want = |g: usize, spec: GroupSpec| cdiv(self.slot_tokens(g, s), spec.block_size);
+        let want = |g: usize, spec: GroupSpec| cdiv(s.slot_tokens(self.is_cross(g)), spec.block_size);
         let all_held = all_running && need == 0 && !self.mamba.any();
         let enough = if all_held {
             u64::MAX
@@ -539,7 +539,7 @@ impl VllmManager {
                 self.mamba_allocate(rid, g, main)
             } else {
                 let record = self.records_new(g);
-                let n = cdiv(self.slot_tokens(g, s), self.layout.groups()[g].block_size);
+                let n = cdiv(s.slot_tokens(self.is_cross(g)), self.layout.groups()[g].block_size);
                 self.take_upto(rid, g, n, record)
             };
             if !new.is_empty() {
@@ -548,16 +548,6 @@ impl VllmManager {
             }
         }
         Ok(Some(out))
-    }
-
-    /// The tokens group `g` holds slots for after an allocation: the encoder
-    /// tokens for a cross-attention group, `num_tokens_need_slot` otherwise.
-    fn slot_tokens(&self, g: usize, s: &SlotRequest) -> usize {
-        if self.is_cross(g) {
-            s.num_encoder_tokens
-        } else {
-            s.num_tokens_need_slot
-        }
     }
 
     /// vLLM's `add_local_computed_blocks` for group `g`: skipped blocks

@@ -139,6 +139,19 @@ pub struct SlotRequest {
     pub num_encoder_tokens: usize,
 }
 
+impl SlotRequest {
+    /// The tokens a group holds slots for after the call: the encoder tokens
+    /// for a cross-attention group (`cross`), `num_tokens_need_slot` otherwise.
+    #[must_use]
+    pub(crate) fn slot_tokens(&self, cross: bool) -> usize {
+        if cross {
+            self.num_encoder_tokens
+        } else {
+            self.num_tokens_need_slot
+        }
+    }
+}
+
 /// vLLM's manager state over a block pool.
 #[derive(Clone, Debug)]
 pub struct VllmManager {
