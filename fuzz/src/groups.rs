@@ -68,7 +68,7 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
         let size = 1 + usize::from(p % 24);
         let bs = if p & 0x80 != 0 { 2 * h } else { h };
         groups.push(match kind {
-            0 => GroupSpec::full(h),
+            0 => GroupSpec::full(bs),
             1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
             2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
             3 => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
@@ -135,6 +135,9 @@ fn cache(m: &mut VllmManager, name: &str, tokens: usize, hs: &[BlockHash]) {
     let plan = m.cache_plan(name, tokens, hs.len(), 0);
     let (lo, hi) = m.plan_hash_range(&plan);
     m.cache_apply(name, &plan, lo, &hs[lo..hi]).expect("a plan fits its request");
+    // Prompt tails of wide full-attention groups (the prompt length last given).
+    let tails = m.tail_plan(name, tokens, hs.len(), 0);
+    m.cache_tails(name, &tails, 0, hs).expect("tails fit their request");
 }
 
 /// Runs one input (panics on a violation).

@@ -1097,7 +1097,9 @@ class _VllmManager:
         """Per group, whether its hits and caching drop the EAGLE block (vLLM's
         single-type ``use_eagle``: its spec set's flag), in group order."""
     @property
-    def last_cached_runs(self) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
+    def last_cached_runs(
+        self,
+    ) -> list[tuple[int, int, int, npt.NDArray[np.int32], int, int, int]]:
         """The runs the last ``allocate_slots_groups`` / ``cache_groups`` call cached."""
     def find_hit_groups(
         self, hashes: Sequence[bytes], max_tokens: int
@@ -1151,10 +1153,14 @@ class _VllmManager:
         :meth:`cache_groups`; runs in :attr:`last_cached_runs`)."""
     def cache_groups(
         self, request_id: str, hashes: Sequence[bytes], num_tokens: int, reprefillable: int = 0
-    ) -> list[tuple[int, int, int, npt.NDArray[np.int32]]]:
+    ) -> list[tuple[int, int, int, npt.NDArray[np.int32], int, int, int]]:
         """Caches every group's full blocks for ``num_tokens`` computed tokens (less
-        ``reprefillable``) under the request's ``hashes``. Returns the runs
-        ``(group_idx, start, end, stored table indices)`` (vLLM's BlockStored events)."""
+        ``reprefillable``) under the request's ``hashes``, and the prompt tails of
+        full-attention groups larger than the hash block. Returns the runs ``(group_idx,
+        start, end, stored table indices, block_size, removed_start, removed_end)``, one
+        per vLLM ``BlockStored`` event, in vLLM's order; a prompt tail's entry counts in
+        hash blocks. ``removed_start:removed_end`` are the keys (in the next
+        :meth:`take_removed_groups`) vLLM reports just before the run's event."""
     def remove_skipped_blocks(self, request_id: str, processed_tokens: int) -> None:
         """vLLM's ``remove_skipped_blocks``: frees and nulls each group's blocks that
         fell out of its window for ``processed_tokens`` computed tokens."""
@@ -1162,6 +1168,14 @@ class _VllmManager:
         """Each group's table of the request."""
     def num_cached_groups(self, request_id: str) -> list[int | None]:
         """Each group's ``num_cached_block`` entry of the request."""
+    @property
+    def registers_prompt_tails(self) -> bool:
+        """Whether some full-attention group registers partial-block prefix entries for
+        prompt tails (its block is larger than the hash block): the caller then gives
+        the prompt length to :meth:`set_cache_context` before each caching call."""
+    def extra_keys(self) -> list[tuple[bytes, int, int]]:
+        """The partial-block prefix entries blocks hold beside their own hash:
+        ``(hash, group, block id)``, by block id."""
     def take_removed_groups(self) -> list[tuple[bytes, int]]:
         """Drains the hashes dropped since the last call with their group, in order."""
     def block_group(self, block_id: int) -> int | None:
@@ -1286,6 +1300,12 @@ class _VllmManager:
         """Tokens the block's hash covers (None without a hash)."""
     def cached_block(self, block_hash: bytes, group: int = 0) -> int | None:
         """The first block cached for ``group`` under ``block_hash``, or None."""
+    def holds_key(self, block_hash: bytes, group: int, block_id: int) -> bool:
+        """Whether the block is cached for ``group`` under ``block_hash`` (its own hash or a
+        partial-block prefix entry)."""
+    def pop_cached_key(self, block_hash: bytes, group: int, block_id: int) -> bool:
+        """Drops the block's entry for ``group`` under ``block_hash`` without reporting it
+        (vLLM's ``cached_block_hash_to_block.pop(key, block_id)``); whether it had one."""
     def check_invariants(self) -> None:
         """Raises ``InvariantViolation`` if the pool's or the tables' invariants are broken."""
 

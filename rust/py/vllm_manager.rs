@@ -31,12 +31,15 @@ pub(super) fn group_arrays<'py>(
 }
 
 /// A cached run as Python gets it.
-pub(super) type RunOut<'py> = (usize, usize, usize, Bound<'py, PyArray1<i32>>);
+pub(super) type RunOut<'py> = (usize, usize, usize, Bound<'py, PyArray1<i32>>, usize, usize, usize);
 
 pub(super) fn runs_out<'py>(py: Python<'py>, runs: &[CachedRun]) -> PyResult<Vec<RunOut<'py>>> {
     #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
     runs.iter()
-        .map(|r| Ok((r.group, r.start, r.end, i32_array(py, r.stored.iter().map(|&i| i as i32))?)))
+        .map(|r| {
+            let stored = i32_array(py, r.stored.iter().map(|&i| i as i32))?;
+            Ok((r.group, r.start, r.end, stored, r.block_size, r.removed.0, r.removed.1))
+        })
         .collect()
 }
 
@@ -203,7 +206,7 @@ impl PyVllmManager {
     /// Distinct cached hashes.
     #[getter]
     fn num_cached_hashes(&self) -> usize {
-        self.inner.pool().num_cached_hashes()
+        self.inner.num_cached_keys()
     }
 
     /// The longest cached run of ``hashes[:max_blocks]``; its last block dropped with
@@ -416,6 +419,33 @@ impl PyVllmManager {
             return Ok(None);
         }
         Ok(self.inner.cached_block_of(&BlockHash::from_digest(d), group).map(|b| b.0))
+    }
+
+    /// Whether the block is cached for ``group`` under ``block_hash`` (its own hash or a
+    /// partial-block prefix entry).
+    fn holds_key(&self, block_hash: &Bound<'_, PyBytes>, group: usize, block_id: i64) -> PyResult<bool> {
+        let b = self.inner.check_block(block_id).py()?;
+        let d = block_hash.as_bytes();
+        if d.len() > MAX_DIGEST_LEN || group >= self.inner.num_groups() {
+            return Ok(false);
+        }
+        Ok(self.inner.holds_key(&BlockHash::from_digest(d), group, b))
+    }
+
+    /// Drops the block's entry for ``group`` under ``block_hash`` without reporting it
+    /// (vLLM's ``cached_block_hash_to_block.pop(key, block_id)``); whether it had one.
+    fn pop_cached_key(
+        &mut self,
+        block_hash: &Bound<'_, PyBytes>,
+        group: usize,
+        block_id: i64,
+    ) -> PyResult<bool> {
+        let b = self.inner.check_block(block_id).py()?;
+        let d = block_hash.as_bytes();
+        if d.len() > MAX_DIGEST_LEN || group >= self.inner.num_groups() {
+            return Ok(false);
+        }
+        Ok(self.inner.pop_cached_key(&BlockHash::from_digest(d), group, b))
     }
 
     /// Raises ``InvariantViolation`` if the pool's or the tables' invariants are broken.

@@ -35,13 +35,26 @@ impl PyVllmManager {
         reprefillable: usize,
     ) -> PyResult<()> {
         self.last_runs.clear();
-        let plan = self.inner.cache_plan(rid, num_tokens, hashes.len()?, reprefillable);
-        if plan.is_empty() {
-            return Ok(());
+        let num_hashes = hashes.len()?;
+        let plan = self.inner.cache_plan(rid, num_tokens, num_hashes, reprefillable);
+        if !plan.is_empty() {
+            let (lo, hi) = self.inner.plan_hash_range(&plan);
+            let hs = read_hashes(hashes, lo, hi)?;
+            self.last_runs = self.inner.cache_apply(rid, &plan, lo, &hs).py()?;
         }
-        let (lo, hi) = self.inner.plan_hash_range(&plan);
-        let hs = read_hashes(hashes, lo, hi)?;
-        self.last_runs = self.inner.cache_apply(rid, &plan, lo, &hs).py()?;
+        // After the runs: a run that promoted a block's partial hash lets its tail
+        // register again, as vLLM's group does right after its run.
+        let tails = self.inner.tail_plan(rid, num_tokens, num_hashes, reprefillable);
+        if !tails.is_empty() {
+            let hbs = self.inner.layout().hash_block_size();
+            let lo = tails.iter().map(|&(_, t)| t / hbs - 1).min().unwrap_or(0);
+            let hi = tails.iter().map(|&(_, t)| t / hbs).max().unwrap_or(0);
+            let hs = read_hashes(hashes, lo, hi)?;
+            let more = self.inner.cache_tails(rid, &tails, lo, &hs).py()?;
+            self.last_runs.extend(more);
+            // vLLM caches group by group: a group's prompt tail right after its run.
+            self.last_runs.sort_by_key(|r| r.group);
+        }
         Ok(())
     }
 }
@@ -213,8 +226,12 @@ impl PyVllmManager {
     }
 
     /// Caches every group's full blocks for ``num_tokens`` computed tokens (less
-    /// ``reprefillable``) under the request's ``hashes``. Returns the runs
-    /// ``(group_idx, start, end, stored table indices)`` (vLLM's BlockStored events).
+    /// ``reprefillable``) under the request's ``hashes``, and the prompt tails of
+    /// full-attention groups larger than the hash block. Returns the runs ``(group_idx,
+    /// start, end, stored table indices, block_size, removed_start, removed_end)``, one
+    /// per vLLM ``BlockStored`` event, in vLLM's order; a prompt tail's entry counts in
+    /// hash blocks. ``removed_start:removed_end`` are the keys (in the next
+    /// :meth:`take_removed_groups`) vLLM reports just before the run's event.
     #[pyo3(signature = (request_id, hashes, num_tokens, reprefillable = 0))]
     fn cache_groups<'py>(
         &mut self,
@@ -253,6 +270,20 @@ impl PyVllmManager {
     /// Each group's ``num_cached_block`` entry of the request.
     fn num_cached_groups(&self, request_id: &str) -> Vec<Option<usize>> {
         (0..self.inner.num_groups()).map(|g| self.inner.group_num_cached(request_id, g)).collect()
+    }
+
+    /// Whether some full-attention group registers partial-block prefix entries for
+    /// prompt tails (its block is larger than the hash block): the caller then gives
+    /// the prompt length to :meth:`set_cache_context` before each caching call.
+    #[getter]
+    fn registers_prompt_tails(&self) -> bool {
+        self.inner.registers_prompt_tails()
+    }
+
+    /// The partial-block prefix entries blocks hold beside their own hash:
+    /// ``(hash, group, block id)``, by block id.
+    fn extra_keys<'py>(&self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, usize, u32)> {
+        self.inner.extra_keys().iter().map(|(h, g, b)| (PyBytes::new(py, h.as_bytes()), *g, b.0)).collect()
     }
 
     /// Drains the hashes dropped since the last call with their group, in order.

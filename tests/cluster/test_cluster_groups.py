@@ -119,8 +119,20 @@ def test_every_group_is_ingested_and_scored_by_its_rules(
         pa.publish_events([kvindex.BlockRemoved([h[5]], medium="GPU", group_idx=0)])
         wait_for(lambda: ix.scores(PROMPT)[0][a] != 6, "a's removal")
         assert ix.scores(PROMPT)[0][a] == 0
+        # A prompt tail's entry (one 16-token block with one hash in the 32-token group:
+        # vLLM's partial-block prefix entry) is ingested as the engine's pool keeps it, not
+        # malformed; it never scores (hits are 32-aligned), and its removal drops it.
+        before, status = ix.worker_info(a)["malformed"], ix.status(a)
+        seq = ix.worker_info(a)["next_seq"]
+        pa.publish_events([stored([h[2]], 16, 1, "full_attention")])
+        wait_for(lambda: ix.worker_info(a)["next_seq"] > seq, "the tail entry")
+        assert ix.worker_info(a)["malformed"] == before and ix.status(a) == status
+        assert ix.overlaps_for_hashes(np.array([h[2]], dtype=np.uint64))[a] == 0
+        assert ix.scores(PROMPT)[0][a] == 0
+        pa.publish_events([kvindex.BlockRemoved([h[2]], medium="GPU", group_idx=1)])
+        wait_for(lambda: ix.worker_info(a)["next_seq"] > seq + 1, "the tail's removal")
+        assert ix.worker_info(a)["malformed"] == before and ix.status(a) == status
         # An event of a block size its declared group does not have is malformed.
-        before = ix.worker_info(a)["malformed"]
         pa.publish_events([stored(h[:2], 16, 1, "full_attention")])
         wait_for(lambda: ix.worker_info(a)["malformed"] == before + 1, "malformed")
         assert ix.status(a) == "degraded"

@@ -64,7 +64,8 @@ fn layout() -> impl Strategy<Value = Vec<GroupSpec>> {
                 }
                 let bs = if wide { 2 * h } else { h };
                 out.push(match k {
-                    0 => GroupSpec::full(h),
+                    // A wide full-attention group keeps prompt-tail entries.
+                    0 => GroupSpec::full(bs),
                     1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
                     2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
                     5 | 6 => GroupSpec {
@@ -97,6 +98,19 @@ struct Live {
     hashes: Vec<BlockHash>,
     num_tokens: usize,
     num_computed: usize,
+    /// The prompt length and shared-prefix boundary given before each caching call.
+    context: (usize, usize),
+}
+
+/// Caches `n` computed tokens as the binding does: the prompt context, each group's
+/// run, then the prompt tails of full-attention groups larger than the hash block.
+fn cache_all(m: &mut VllmManager, name: &str, context: (usize, usize), n: usize, hashes: &[BlockHash]) {
+    m.set_cache_context(context.0, context.1);
+    let plan = m.cache_plan(name, n, hashes.len(), 0);
+    let (lo, hi) = m.plan_hash_range(&plan);
+    m.cache_apply(name, &plan, lo, &hashes[lo..hi]).expect("plan fits");
+    let tails = m.tail_plan(name, n, hashes.len(), 0);
+    m.cache_tails(name, &tails, 0, hashes).expect("tails fit");
 }
 
 fn check_conservation(m: &VllmManager) -> Result<(), TestCaseError> {
@@ -198,10 +212,9 @@ fn run(groups: Vec<GroupSpec>, eagle: Option<u8>, ops: Vec<Op>) -> Result<(), Te
                 };
                 let hits = if adopt { hit.blocks } else { Vec::new() };
                 if let Some(_new) = m.allocate_slots_groups(&name, &hits, &s).expect("valid call") {
-                    let plan = m.cache_plan(&name, tokens + n, hashes.len(), 0);
-                    let (lo, hi) = m.plan_hash_range(&plan);
-                    m.cache_apply(&name, &plan, lo, &hashes[lo..hi]).expect("plan fits");
-                    live[rid as usize] = Some(Live { hashes, num_tokens: len, num_computed: tokens + n });
+                    cache_all(&mut m, &name, (len, 0), tokens + n, &hashes);
+                    live[rid as usize] =
+                        Some(Live { hashes, num_tokens: len, num_computed: tokens + n, context: (len, 0) });
                     total_after = Some(tokens);
                     rid_checked = Some(name);
                 } else {
@@ -227,9 +240,7 @@ fn run(groups: Vec<GroupSpec>, eagle: Option<u8>, ops: Vec<Op>) -> Result<(), Te
                 };
                 if m.allocate_slots_groups(&name, &[], &s).expect("valid call").is_some() {
                     l.num_computed += n;
-                    let plan = m.cache_plan(&name, l.num_computed.min(l.num_tokens), l.hashes.len(), 0);
-                    let (lo, hi) = m.plan_hash_range(&plan);
-                    m.cache_apply(&name, &plan, lo, &l.hashes[lo..hi]).expect("plan fits");
+                    cache_all(&mut m, &name, l.context, l.num_computed.min(l.num_tokens), &l.hashes);
                     total_after = Some(total);
                     rid_checked = Some(name);
                 }
@@ -546,11 +557,10 @@ fn run_extra(
                                 .flat_map(|g| new[g].clone())
                                 .collect();
                             prop_assert_eq!(m.take_new_ids(), logged);
-                            let plan = m.cache_plan(&name, tokens + n, hashes.len(), 0);
-                            let (lo, hi) = m.plan_hash_range(&plan);
-                            m.cache_apply(&name, &plan, lo, &hashes[lo..hi]).expect("plan fits");
+                            let context = (len, usize::from(family) * sbs);
+                            cache_all(&mut m, &name, context, tokens + n, &hashes);
                             live[rid as usize] =
-                                Some(Live { hashes, num_tokens: len, num_computed: tokens + n });
+                                Some(Live { hashes, num_tokens: len, num_computed: tokens + n, context });
                         }
                         None => {
                             m.free(&name);
@@ -581,9 +591,7 @@ fn run_extra(
                             .collect();
                         prop_assert_eq!(m.take_new_ids(), logged);
                         l.num_computed += n;
-                        let plan = m.cache_plan(&name, l.num_computed.min(l.num_tokens), l.hashes.len(), 0);
-                        let (lo, hi) = m.plan_hash_range(&plan);
-                        m.cache_apply(&name, &plan, lo, &l.hashes[lo..hi]).expect("plan fits");
+                        cache_all(&mut m, &name, l.context, l.num_computed.min(l.num_tokens), &l.hashes);
                     }
                 }
                 Op::Free { rid } => {

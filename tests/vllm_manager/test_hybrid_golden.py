@@ -63,14 +63,21 @@ class Replay:
         return out
 
     def stored(self, rid: str, nh: int) -> list[list[Any]]:
+        """The caching step's events in vLLM's order: removals no run made (evictions
+        before it), then per run the keys it dropped and its ``BlockStored`` (a prompt
+        tail's entry is one hash block)."""
         hs = self.hashes[rid][:nh]
-        out: list[list[Any]] = []
-        for g, start, _end, stored in self.m.last_cached_runs:
-            kind, bs, size, _ = self.groups[g]
+        runs = self.m.last_cached_runs
+        removed = [["removed", g, [_low64(h)]] for h, g in self.m.take_removed_groups()]
+        covered = {k for run in runs for k in range(run[5], run[6])}
+        out = [e for k, e in enumerate(removed) if k not in covered]
+        for g, start, _end, stored, bs, r0, r1 in runs:
+            kind, _bs, size, _ = self.groups[g]
             scale = bs // self.hbs
             parent = None if start == 0 else _low64(hs[start * scale - 1])
             window = size if kind == "sliding_window" else None
             blocks = [_low64(hs[(int(i) + 1) * scale - 1]) for i in stored]
+            out += removed[r0:r1]
             out.append(["stored", g, blocks, parent, bs, kind, window])
         return out
 
@@ -123,17 +130,16 @@ def test_hybrid_manager_matches_vllm(sc: dict[str, Any]) -> None:
             assert (tokens, got) == (op["hit"], want), where
             new = r.allocate(op, got)
             assert new == op["new"], where
-            events = r.events()
             if new is not None:
                 r.live.add(rid)
-                events += r.stored(rid, op["num_hashes"])
+                events = r.stored(rid, op["num_hashes"])
+            else:
+                events = r.events()
         elif op["op"] == "step":
             rid = op["rid"]
             new = r.allocate(op, None)
             assert new == op["new"], where
-            events = r.events()
-            if new is not None:
-                events += r.stored(rid, op["num_hashes"])
+            events = r.stored(rid, op["num_hashes"]) if new is not None else r.events()
         else:
             m.free(op["rid"])
             r.live.discard(op["rid"])

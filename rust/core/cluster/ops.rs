@@ -54,6 +54,27 @@ impl GroupSizes<'_> {
         #[allow(clippy::cast_sign_loss, clippy::cast_possible_truncation)]
         Ok(self.per_group.get(g as usize).copied().unwrap_or(self.default))
     }
+
+    /// Whether a `BlockStored` of group `g` with `block_size`, `hashes` block
+    /// hashes and `tokens` token ids has the group's shape: `block_size`
+    /// tokens per hash, or one hash block (the index's block size) with one
+    /// hash in a group whose block is larger (vLLM's partial-block prefix
+    /// entry for a prompt ending inside a block, kept under that hash as
+    /// the engine's pool keeps it).
+    fn stored_fits(&self, g: i64, block_size: i64, hashes: usize, tokens: usize) -> Result<(), String> {
+        let bs = self.of(g)?;
+        let per = |b: i64| usize::try_from(b).unwrap_or(0);
+        let whole = block_size == bs && tokens == per(bs).saturating_mul(hashes);
+        let partial =
+            block_size == self.default && bs > self.default && hashes == 1 && tokens == per(self.default);
+        if whole || partial {
+            return Ok(());
+        }
+        Err(format!(
+            "BlockStored with block_size {block_size} ({tokens} tokens for {hashes} hashes), expected block_size {bs} \
+             for group {g}"
+        ))
+    }
 }
 
 /// One event as a block operation; ranges index [`Ops::hashes`], the last
@@ -124,16 +145,7 @@ pub fn batch_ops(payload: &[u8], sizes: GroupSizes<'_>, out: &mut Ops) -> Result
         match e {
             WireEvent::Stored(s) => {
                 let g = s.group_idx.unwrap_or(0);
-                let bs = sizes.of(g).map_err(bad)?;
-                let want = usize::try_from(bs).unwrap_or(0).saturating_mul(s.block_hashes.len());
-                if s.block_size != bs || s.token_ids.len() != want {
-                    return Err(bad(format!(
-                        "BlockStored with block_size {} ({} tokens for {} hashes), expected block_size {bs} for group {g}",
-                        s.block_size,
-                        s.token_ids.len(),
-                        s.block_hashes.len()
-                    )));
-                }
+                sizes.stored_fits(g, s.block_size, s.block_hashes.len(), s.token_ids.len()).map_err(bad)?;
                 let start = out.hashes.len();
                 out.hashes.extend_from_slice(&s.block_hashes);
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
@@ -329,9 +341,9 @@ fn event(c: &mut Cur<'_>, sizes: GroupSizes<'_>, out: &mut Ops) -> Option<()> {
     let g = group as u32;
     match kind {
         Kind::Stored => {
-            let bs = sizes.of(group).ok()?;
-            let want = usize::try_from(bs).unwrap_or(0).saturating_mul(nh);
-            if seen & REQUIRED_STORED != REQUIRED_STORED || size != Some(bs) || tokens != want {
+            if seen & REQUIRED_STORED != REQUIRED_STORED
+                || sizes.stored_fits(group, size?, nh, tokens).is_err()
+            {
                 return None;
             }
             out.ops.push(Op::Store(start, out.hashes.len(), g));
@@ -557,6 +569,36 @@ mod tests {
             let mut p = Vec::new();
             encode_batch(&mut p, 1.0, &[rm(-1)], None, tagging);
             assert!(batch_ops(&p, SIZES, &mut o).is_err());
+        }
+    }
+
+    #[test]
+    fn a_prompt_tail_entry_is_one_hash_block_of_a_larger_group() {
+        // Group 0's blocks are 2 * BS tokens: vLLM also stores a prompt tail's entry
+        // as one BS-token block with one hash (a partial-block prefix entry).
+        let ev = |hashes: Vec<u64>, bs: i64| {
+            WireEvent::Stored(Box::new(Stored {
+                token_ids: vec![1; usize::try_from(bs).expect("test setup") * hashes.len()],
+                block_hashes: hashes,
+                block_size: bs,
+                group_idx: Some(0),
+                kv_cache_spec_kind: Some("full_attention".into()),
+                ..Stored::default()
+            }))
+        };
+        let layout = GroupSizes { default: BS, per_group: &[2 * BS, BS] };
+        for tagging in [Tagging::Map, Tagging::Array] {
+            let mut p = Vec::new();
+            encode_batch(&mut p, 1.0, &[ev(vec![5, 6], 2 * BS), ev(vec![9], BS)], None, tagging);
+            let mut o = Ops::default();
+            batch_ops(&p, layout, &mut o).expect("a whole run and a tail entry");
+            assert_eq!(o.ops, vec![Op::Store(0, 2, 0), Op::Store(2, 3, 0)]);
+            let mut f = Ops::default();
+            assert!(fast(&p, layout, &mut f).is_some() || tagging == Tagging::Array);
+            // Two hashes of one hash block each are not a tail entry.
+            let mut p = Vec::new();
+            encode_batch(&mut p, 1.0, &[ev(vec![9, 10], BS)], None, tagging);
+            assert!(batch_ops(&p, layout, &mut o).is_err());
         }
     }
 }

@@ -93,6 +93,7 @@ pub(super) struct Taker<'a> {
     pub(super) siblings: &'a mut Siblings,
     pub(super) hash_tokens: &'a mut [u32],
     pub(super) new_ids: &'a mut [Vec<BlockId>],
+    pub(super) partial: &'a mut super::partial::PartialEntries,
 }
 
 impl Taker<'_> {
@@ -106,11 +107,13 @@ impl Taker<'_> {
         log_new: bool,
     ) -> Vec<BlockId> {
         let n = n.min(self.pool.num_free());
-        if let Some(removed) = self.removed.as_deref_mut() {
+        if self.removed.is_some() || !self.partial.is_empty() {
+            // Each victim's own hash, then its extra keys (vLLM's eviction order).
             for b in self.pool.free_queue().take(n) {
-                if let Some(h) = self.pool.block_hash(b) {
+                if let (Some(h), Some(removed)) = (self.pool.block_hash(b), self.removed.as_deref_mut()) {
                     removed.push((h, self.owner.get(b.idx()).copied().unwrap_or(0)));
                 }
+                self.partial.take_block(b, self.removed.as_deref_mut());
             }
         }
         self.siblings.note_victims(self.pool, self.owner, n);
@@ -222,6 +225,7 @@ impl VllmManager {
             siblings,
             hash_tokens,
             new_ids,
+            partial,
             ..
         } = self;
         let mut out = Vec::new();
@@ -233,6 +237,7 @@ impl VllmManager {
             siblings,
             hash_tokens,
             new_ids,
+            partial,
         };
         let ng = consts.len();
         for (g, &c) in consts.iter().enumerate() {

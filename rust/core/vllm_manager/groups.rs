@@ -21,7 +21,10 @@
 //!   and the blocks its rule never serves (sliding-window segment heads); a
 //!   group that is not prefix-cacheable (bounded-replay sliding-window MLA)
 //!   never hits and is never cached, its cached count left where adopting
-//!   its (empty) hit set it.
+//!   its (empty) hit set it; a block whose hash is a prompt tail's partial
+//!   hash is promoted (all its keys dropped first); after the runs, each
+//!   full-attention group larger than the hash block registers its prompt
+//!   tail ([`super::partial`]).
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
 //! - the pool's invariants hold;
@@ -29,7 +32,8 @@
 //!   is referenced at most its ref count times;
 //! - a cached block's recorded group is the group its key belongs to, a
 //!   prefix-cacheable group;
-//! - the sibling rows agree with the pool ([`super::siblings`]).
+//! - the sibling rows agree with the pool ([`super::siblings`]);
+//! - the extra keys of partial entries are consistent ([`super::partial`]).
 //!
 //! Costs: a hit is one probe per block of the anchor's run plus O(blocks
 //! looked up) row reads or probes per spec set and round of the fixed
@@ -39,6 +43,7 @@ use std::cell::RefCell;
 
 use rustc_hash::FxHashMap;
 
+use super::partial;
 use super::pool_lookup::PoolLookup;
 use super::table_ops::null_skipped;
 use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
@@ -62,18 +67,6 @@ pub(crate) fn check_supported(layout: &GroupLayout) -> KvResult<()> {
                     layout.hash_block_size()
                 )));
             }
-        }
-        if layout.len() > 1
-            && layout.enable_caching()
-            && g.kind.is_full()
-            && g.block_size > layout.hash_block_size()
-        {
-            return Err(KvError::invalid(format!(
-                "group {i}: a full-attention block size ({}) larger than the hash block size ({}) \
-                 needs partial-block prefix entries, which kvindex does not support",
-                g.block_size,
-                layout.hash_block_size()
-            )));
         }
     }
     if layout.len() > 64 {
@@ -103,6 +96,14 @@ pub struct CachedRun {
     /// Table indices that got a hash, in order (null and unreachable blocks
     /// left out; may be empty, vLLM still emits the event).
     pub stored: Vec<usize>,
+    /// Tokens per entry: the group's block size, or the hash block size for
+    /// a prompt tail's partial entry ([`super::partial`]; `start..end` then
+    /// count hash blocks).
+    pub block_size: usize,
+    /// The range of the removed-key log this run appended (keys a promotion
+    /// or a replaced partial hash dropped, which vLLM reports just before
+    /// this run's `BlockStored`); empty when the log is off.
+    pub removed: (usize, usize),
 }
 
 /// One request in a [`ManagerSnapshot`]: its id, one table per group, one
@@ -709,14 +710,28 @@ impl VllmManager {
             let eagle = self.layout.group_eagle(g);
             let scale = spec.block_size / hbs;
             let mut stored = Vec::new();
+            let mark = self.removed.len();
             let blocks = &req.g(g).blocks;
             for i in start..end {
                 let b = blocks[i];
-                if b == BlockId::NULL
-                    || !self.caches_block_at(g, i, alignment, eagle)
-                    || self.pool.block_hash(b).is_some()
-                {
+                if b == BlockId::NULL || !self.caches_block_at(g, i, alignment, eagle) {
                     continue;
+                }
+                if self.pool.block_hash(b).is_some() {
+                    // A partial hash (a prompt tail) is promoted: every key of the
+                    // block goes first. A full one stays.
+                    if self.hash_tokens[b.idx()] as usize >= (i + 1) * spec.block_size {
+                        continue;
+                    }
+                    partial::HashDrop {
+                        pool: &mut self.pool,
+                        partial: &mut self.partial,
+                        removed: if self.log_removed { Some(&mut self.removed) } else { None },
+                        owner: &self.owner,
+                        siblings: &mut self.siblings,
+                        hash_tokens: &mut self.hash_tokens,
+                    }
+                    .drop_all(b);
                 }
                 let h = hashes[coarse_hash_index(i, scale) - first];
                 let first = self.pool.cache_block(b, group_key(&h, g));
@@ -727,7 +742,8 @@ impl VllmManager {
                 self.siblings.cached(&self.pool, &h, g, b, first);
                 stored.push(i);
             }
-            runs.push(CachedRun { group: g, start, end, stored });
+            let removed = if self.log_removed { (mark, self.removed.len()) } else { (0, 0) };
+            runs.push(CachedRun { group: g, start, end, stored, block_size: spec.block_size, removed });
         }
         // The cached counts after every run's caching (nothing above reads them):
         // one request lookup for all groups.
@@ -748,7 +764,8 @@ impl VllmManager {
     /// The first cached block of group `g` under vLLM hash `h`.
     #[must_use]
     pub fn cached_block_of(&self, h: &BlockHash, g: usize) -> Option<BlockId> {
-        self.pool.get_cached(&group_key(h, g))
+        let key = group_key(h, g);
+        self.pool.get_cached(&key).or_else(|| self.partial.first(&key))
     }
 
     /// Checks the module header's invariants (and the pool's). O(blocks + tables).
@@ -790,6 +807,7 @@ impl VllmManager {
             }
         }
         self.siblings.check(&self.pool, &self.owner)?;
+        self.partial.check(&self.pool)?;
         self.check_mamba_invariants()
     }
 }

@@ -93,10 +93,10 @@ fn full_plus_sliding_window_hit_and_nulls() {
 /// caches only the tail of each 8-token segment it can serve a hit from.
 #[test]
 fn sliding_window_caches_only_reachable_blocks() {
-    // full block 8 > hash block 4 would need partial entries: rejected.
+    // A full block (8) larger than the hash block (4) keeps partial entries.
     let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
     let l = GroupLayout::new(vec![swa(4, 4), GroupSpec::full(8)], opt).expect("layout");
-    assert!(VllmManager::with_layout(30, l, false, false, None).is_err());
+    assert!(VllmManager::with_layout(30, l, false, false, None).expect("accepted").registers_prompt_tails());
     let mut m = manager(vec![GroupSpec::full(4), swa(4, 8)], 30);
     let hs = hashes(8);
     prefill(&mut m, "a", &hs, 32);

@@ -28,11 +28,14 @@ impl VllmManager {
                 format!("Cannot get {n} free blocks from the pool ({} free)", self.pool.num_free()),
             ));
         }
-        if self.log_removed {
+        if self.log_removed || !self.partial.is_empty() {
+            let removed = if self.log_removed { Some(&mut self.removed) } else { None };
+            let mut removed = removed;
             for b in self.pool.free_queue().take(n) {
-                if let Some(h) = self.pool.block_hash(b) {
-                    self.removed.push((h, self.owner[b.idx()]));
+                if let (Some(h), Some(r)) = (self.pool.block_hash(b), removed.as_deref_mut()) {
+                    r.push((h, self.owner[b.idx()]));
                 }
+                self.partial.take_block(b, removed.as_deref_mut());
             }
         }
         self.siblings.note_victims(&self.pool, &self.owner, n);

@@ -44,6 +44,7 @@ mod decode;
 pub mod groups;
 mod loose;
 mod mamba;
+mod partial;
 mod pool_lookup;
 pub mod retention;
 mod siblings;
@@ -184,6 +185,8 @@ pub struct VllmManager {
     siblings: siblings::Siblings,
     /// Align-mode Mamba groups' bookkeeping.
     mamba: mamba::MambaState,
+    /// Partial-block prefix entries of full-attention groups ([`partial`]).
+    partial: partial::PartialEntries,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
@@ -335,6 +338,7 @@ impl VllmManager {
         let owner = crate::core::error::try_filled(num_blocks, 0u32, "block records")?;
         let mamba = mamba::MambaState::new(&layout);
         let siblings = siblings::Siblings::new(&layout, num_blocks)?;
+        let partial = partial::PartialEntries::new(&layout);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -354,6 +358,7 @@ impl VllmManager {
             scratch: Vec::new(),
             siblings,
             mamba,
+            partial,
         })
     }
 
@@ -551,8 +556,18 @@ impl VllmManager {
         log_new: bool,
     ) -> Vec<BlockId> {
         let ng = self.layout.len();
-        let VllmManager { reqs, pool, removed, log_removed, owner, siblings, hash_tokens, new_ids, .. } =
-            self;
+        let VllmManager {
+            reqs,
+            pool,
+            removed,
+            log_removed,
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+            partial,
+            ..
+        } = self;
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         let n = count(req.g(g).blocks.len());
         if n == 0 {
@@ -565,6 +580,7 @@ impl VllmManager {
             siblings,
             hash_tokens,
             new_ids,
+            partial,
         };
         taker.take(&mut req.g_mut(g).blocks, g, n, log_new)
     }
@@ -702,17 +718,9 @@ impl VllmManager {
     pub fn evict_blocks(&mut self, ids: &[i64]) -> KvResult<usize> {
         let blocks = ids.iter().map(|&id| self.check_block(id)).collect::<KvResult<Vec<_>>>()?;
         let mut n = 0;
+        let mut drop = self.hash_drop();
         for b in blocks {
-            if b == BlockId::NULL {
-                continue;
-            }
-            if let Some(h) = self.pool.block_hash(b) {
-                if self.log_removed {
-                    self.removed.push((h, self.owner[b.idx()]));
-                }
-                self.pool.drop_hash(b);
-                self.siblings.dropped(&self.pool, &h, self.owner[b.idx()], b);
-                self.hash_tokens[b.idx()] = 0;
+            if b != BlockId::NULL && drop.drop_all(b) {
                 n += 1;
             }
         }
@@ -725,6 +733,7 @@ impl VllmManager {
             return false;
         }
         self.hash_tokens.iter_mut().for_each(|t| *t = 0);
+        self.partial.clear();
         true
     }
 

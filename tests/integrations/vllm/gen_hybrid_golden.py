@@ -131,6 +131,25 @@ EXTRA_SCENARIOS: list[tuple[str, list[tuple[str, int, int]], int, bool, int, int
         48,
         True,
     ),
+    # A full-attention block larger than the hash block: prompt tails' partial entries.
+    (
+        "full16_swa8x24_tails",
+        [("full_attention", 16, 0), ("sliding_window", 8, 24)],
+        64,
+        False,
+        512,
+        None,
+        False,
+    ),
+    (
+        "full16_swa4x9_tails_eagle",
+        [("full_attention", 16, 0), ("sliding_window", 4, 9)],
+        96,
+        True,
+        512,
+        None,
+        False,
+    ),
 ]
 OPS_PER_SCENARIO = 120
 
@@ -198,6 +217,9 @@ def _scenario(
     sizes = [g[1] for g in groups]
     sched = math.lcm(*sizes)
     hbs = math.gcd(*sizes) if len(groups) > 1 else sizes[0]
+    # Full-attention groups larger than the hash block register prompt tails: the replay
+    # gives the caching step the prompt length, as with a retention interval.
+    tails = any(k == "full_attention" and bs > hbs for k, bs, _ in groups)
     dtypes = [torch.float32 if zeroing and i > 0 else torch.float16 for i in range(len(groups))]
     config = KVCacheConfig(
         num_blocks=num_blocks,
@@ -245,7 +267,7 @@ def _scenario(
         if zeroing:
             op["new_block_ids"] = mgr.take_new_block_ids()
         rid = op.get("rid")
-        if retention is not None and rid in requests:
+        if (retention is not None or tails) and rid in requests:
             op["num_prompt_tokens"] = requests[rid].num_prompt_tokens
             op["shared_prefix_boundary"] = requests[rid].shared_prefix_boundary
         ops.append(op)

@@ -61,10 +61,6 @@ _MAMBA = _HYBRID + (
 )
 _MAMBA_SWA = _HYBRID + "a Mamba and sliding-window mix with partial-block state hits"
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
-_PARTIAL_ENTRY = _HYBRID + (
-    "a full-attention block larger than the hash block beside another group (vLLM registers "
-    "partial-block prefix entries: several hashes on one block)"
-)
 _POOL_EDIT = (
     "edits vLLM's block-pool hash map in place (cached_block_hash_to_block._cache) to fake an "
     "eviction; kvindex's pool is owned by Rust and refuses the edit"
@@ -141,19 +137,6 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
             "test_cache_hit_local_and_external_three_groups",
             "test_cache_hit_local_and_external_three_groups_preempt_and_reallocate",
             "test_cache_hit_local_and_external_two_groups_preempt_and_reallocate",
-        ],
-        _PARTIAL_ENTRY: [
-            "test_different_block_size",
-            "test_eagle_grouped_swa_siblings_use_same_cache_mask",
-            "test_eagle_swa_alignment_caches_extra_block",
-            "test_eagle_swa_boundary_caches_post_boundary_block",
-            "test_hybrid_cache_blocks_clamped_to_lcm",
-            "test_hybrid_cache_blocks_swa_tail_window_only",
-            "test_hybrid_local_kv_retention_interval_aligns_in_manager",
-            "test_hybrid_local_kv_retention_interval_survives_recycling",
-            "test_hybrid_local_kv_retention_latest_only_reuses_replay_boundary",
-            "test_hybrid_local_kv_retention_mtp_reuses_latest_boundary",
-            "test_swa_free_split_keeps_cached_tail_ahead_of_scratch",
         ],
         _POOL_EDIT: [
             "test_eagle_with_sliding_window",

@@ -302,29 +302,39 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
     def __init__(self, view: BlockPoolView) -> None:
         self._view = view
 
-    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+    def _split(self, key: object) -> tuple[bytes, int] | None:
+        """``(hash, group)`` of a key with group id, or None for one no block can hold."""
         if not isinstance(key, bytes) or len(key) < 4:
             return None
-        if not self._view._groups:
-            if key[-4:] != _GROUP0:
-                return None
-            b = self._view._core.cached_block(key[:-4])
-        else:
-            group = int.from_bytes(key[-4:], "big")
-            if group >= self._view._core.num_groups:
-                return None
-            b = self._view._core.cached_block(key[:-4], group)
+        group = int.from_bytes(key[-4:], "big")
+        if group >= (self._view._core.num_groups if self._view._groups else 1):
+            return None
+        return key[:-4], group
+
+    def get_one_block(self, key: bytes) -> KVCacheBlock | None:
+        split = self._split(key)
+        if split is None:
+            return None
+        b = self._view._core.cached_block(*split)
         return None if b is None else self._view.blocks[b]
+
+    def pop(self, key: bytes, block_id: int) -> KVCacheBlock | None:
+        """vLLM's ``pop``: drop the block's entry under ``key`` (no event), return the
+        block, or None when it had none. kvindex's block then has no hash under ``key``
+        (vLLM's keeps a stale ``block_hash``)."""
+        split = self._split(key)
+        if split is None or not 0 < block_id < len(self._view.blocks):
+            return None
+        if not self._view._core.pop_cached_key(*split, block_id):
+            return None
+        return self._view.blocks[block_id]
 
     @property
     def _cache(self) -> dict[bytes, Any]:
         """vLLM's underlying dict (a read-only snapshot): hash -> block, or -> {id: block}
         for copies."""
-        out: dict[bytes, Any] = _ReadOnlyDict()
-        for b in self._view.blocks[1:]:
-            h = b.block_hash
-            if h is None:
-                continue
+        out: dict[bytes, Any] = {}
+        for b, h in self._entries():
             prev = out.get(h)
             if prev is None:
                 out[h] = b
@@ -332,11 +342,24 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
                 prev[b.block_id] = b
             else:
                 out[h] = {prev.block_id: prev, b.block_id: b}
+        return _ReadOnlyDict(out)
+
+    def _entries(self) -> list[tuple[KVCacheBlock, bytes]]:
+        """Every (block, key): the blocks' own hashes by block id, then the partial-block
+        prefix entries blocks hold beside them."""
+        blocks = self._view.blocks
+        out = [(b, h) for b in blocks[1:] if (h := b.block_hash) is not None]
+        if self._view._groups:
+            out.extend(
+                (blocks[b], h + g.to_bytes(4, "big")) for h, g, b in self._view._core.extra_keys()
+            )
         return out
 
     def contain(self, key: bytes, block_id: int) -> bool:
-        b = self._view.blocks[block_id]
-        return bool(b.block_hash == key)
+        split = self._split(key)
+        if split is None or not 0 <= block_id < len(self._view.blocks):
+            return False
+        return bool(self._view._core.holds_key(*split, block_id))
 
     def __getitem__(self, key: bytes) -> KVCacheBlock:
         b = self.get_one_block(key)
@@ -346,10 +369,8 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
 
     def _keys(self) -> list[bytes]:
         seen: dict[bytes, None] = {}
-        for b in self._view.blocks[1:]:
-            h = b.block_hash
-            if h is not None:
-                seen.setdefault(h)
+        for _b, h in self._entries():
+            seen.setdefault(h)
         return list(seen)
 
     def __iter__(self) -> Iterator[bytes]:

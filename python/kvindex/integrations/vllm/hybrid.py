@@ -18,16 +18,17 @@ beside the decoder's groups with prefix caching off (blocks for the encoder toke
 scheduled, as vLLM's ``CrossAttentionManager``), chunked local attention, Mamba state in
 ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout accepts them, with EAGLE
 on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, retention
-intervals (not beside Mamba) and blocks held by no request as
-:mod:`~kvindex.integrations.vllm.hybrid_extra` describes; anything else (partial hash hits
-and partial-block prefix entries, cross-attention with prefix caching on, HiSparse roles,
+intervals (not beside Mamba), blocks held by no request as
+:mod:`~kvindex.integrations.vllm.hybrid_extra` describes, and full-attention groups whose
+block is larger than the hash block (their prompt tail's partial-block prefix entry); anything
+else (partial hash hits, cross-attention with prefix caching on, HiSparse roles,
 context parallelism, the KV cache metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from vllm.distributed.kv_events import (
@@ -308,7 +309,10 @@ class HybridKVCacheManager(ManagerCalls):
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
         self._core.set_retention_interval(retention)
-        self._retention = retention is not None
+        # The prompt length goes to Rust before caching: sparse retention reads its
+        # replay boundaries from it, full-attention groups larger than the hash block
+        # their prompt tail's partial-block prefix entry.
+        self._retention = retention is not None or self._core.registers_prompt_tails
         zeroing = zeroing_groups(kv_cache_config)
         if zeroing:
             self._core.set_zeroing_groups(zeroing)
@@ -474,25 +478,29 @@ class HybridKVCacheManager(ManagerCalls):
             main,
             num_encoder_tokens,
         )
+        if new is None:
+            if self.enable_kv_cache_events:
+                self._drain_removed()
+            elif self.metrics_collector is not None:
+                self._core.take_removed_groups()
+            return None
+        if self._offloads.groups:
+            runs = self._core.last_cached_runs
+            if runs:
+                self._offload_runs(request.request_id, runs)
         if self.enable_kv_cache_events:
-            self._drain_removed()
+            self._emit_runs(request, self._core.last_cached_runs)
         elif self.metrics_collector is not None:
             self._core.take_removed_groups()
-        if new is None:
-            return None
-        if self.enable_kv_cache_events or self._offloads.groups:
-            runs = self._core.last_cached_runs
-            if self._offloads.groups and runs:
-                self._offload_runs(request.request_id, runs)
-            if self.enable_kv_cache_events:
-                for g, start, end, stored in runs:
-                    self._emit_stored(request, g, start, end, stored.tolist())
         return self.create_kv_cache_blocks(self._wrap(new))
 
     def _offload_runs(self, request_id: str, runs: Sequence[Any]) -> None:
         tables = [t.tolist() for t in self._core.group_blocks(request_id)]
+        sizes = self._group_sizes
         self._offloads.add_runs(
-            request_id, ((g, s, e, st.tolist()) for g, s, e, st in runs), tables
+            request_id,
+            ((r[0], r[1], r[2], r[3].tolist()) for r in runs if r[4] == sizes[r[0]]),
+            tables,
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -507,9 +515,7 @@ class HybridKVCacheManager(ManagerCalls):
         if self._offloads.groups and runs:
             self._offload_runs(request.request_id, runs)
         if self.enable_kv_cache_events:
-            self._drain_removed()
-            for g, start, end, stored in runs:
-                self._emit_stored(request, g, start, end, stored.tolist())
+            self._emit_runs(request, runs)
 
     def free(self, request: Request) -> None:
         """Free the request's blocks, each group in reverse order (tail blocks are evicted
@@ -600,30 +606,47 @@ class HybridKVCacheManager(ManagerCalls):
     # ------------------------------------------------------------------ events
 
     def _drain_removed(self) -> None:
-        for h, g in self._core.take_removed_groups():
+        self._emit_removed(self._core.take_removed_groups())
+
+    def _emit_removed(self, removed: Iterable[tuple[bytes, int]]) -> None:
+        for h, g in removed:
             self._events.append(
                 BlockRemoved(
                     block_hashes=[maybe_convert_block_hash(h)], medium=MEDIUM_GPU, group_idx=g
                 )
             )
 
-    def _group_hash(self, hashes: Sequence[bytes], group: int, i: int) -> bytes:
-        """Block ``i``'s hash at the group's block size (the last fine hash it covers)."""
-        k = self._group_sizes[group] // self._hash_block_size
-        return hashes[(i + 1) * k - 1]
+    def _emit_runs(self, request: Request, runs: Sequence[Any]) -> None:
+        """The removed keys and ``BlockStored`` events of a call that cached ``runs``, in
+        vLLM's order: the keys no run dropped (evictions before the caching), then per run
+        the keys it dropped (promoted or replaced partial hashes) and its event."""
+        removed = self._core.take_removed_groups()
+        covered = [False] * len(removed)
+        for run in runs:
+            for k in range(run[5], run[6]):
+                covered[k] = True
+        self._emit_removed(r for r, c in zip(removed, covered, strict=True) if not c)
+        for g, start, end, stored, bs, r0, r1 in runs:
+            self._emit_removed(removed[r0:r1])
+            self._emit_stored(request, g, start, end, stored.tolist(), bs)
 
     def _emit_stored(
-        self, request: Request, group: int, start: int, end: int, stored: Sequence[int]
+        self,
+        request: Request,
+        group: int,
+        start: int,
+        end: int,
+        stored: Sequence[int],
+        block_size: int | None = None,
     ) -> None:
+        """Buffer the ``BlockStored`` of ``group``'s entries ``stored`` of ``block_size``
+        tokens (default: the group's block; a prompt tail's entry is one hash block). Entry
+        ``i``'s hash is the last request hash it covers."""
         hashes = request.block_hashes
+        bs = self._group_sizes[group] if block_size is None else block_size
+        k = bs // self._hash_block_size
         self._append_stored(
-            request,
-            group,
-            self._group_sizes[group],
-            start,
-            end,
-            stored,
-            lambda i: self._group_hash(hashes, group, i),
+            request, group, bs, start, end, stored, lambda i: hashes[(i + 1) * k - 1]
         )
 
     def take_events(self) -> list[KVCacheEvent]:

@@ -44,6 +44,7 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     pytest.importorskip("vllm")
     import torch
+    from vllm.distributed.kv_events import BlockStored
     from vllm.sampling_params import SamplingParams
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
@@ -143,7 +144,16 @@ MIXES: dict[str, Mix] = {
     ),
     "swa+swa": Mix((lambda: swa(4, 8), lambda: swa(4, 16)), 60, 11),
     "full+swa-bs": Mix((lambda: full(8), lambda: swa(16, 24)), 80, 12),
+    # A full-attention block larger than the hash block: prompt tails get partial-block
+    # prefix entries (promoted when the block fills, replaced, evicted with their block).
     "full16+swa8": Mix((lambda: full(16), lambda: swa(8, 24)), 80, 14),
+    "full16+swa4": Mix((lambda: full(16), lambda: swa(4, 9)), 120, 32),
+    "full12+swa4": Mix((lambda: full(12), lambda: swa(4, 6)), 120, 33),
+    "full16+swa8-eagle": Mix((lambda: full(16), lambda: swa(8, 16)), 80, 34, eagle=True),
+    "full8+swa4-eagle-full-ret0": Mix(
+        (lambda: full(8), lambda: swa(4, 9)), 80, 37, retention=0, eagle=True, eagle_groups=(0,)
+    ),
+    "2full16+swa8": Mix((lambda: full(16), lambda: swa(8, 12), lambda: full(16)), 120, 36),
     "all-four": Mix(
         (lambda: full(8), lambda: swa(8, 5), lambda: chunked(8, 16), lambda: mamba(8)), 120, 13
     ),
@@ -207,15 +217,9 @@ MIXES: dict[str, Mix] = {
     ),
 }
 
-_COARSE_FULL = (
-    "a full-attention block larger than the hash block (vLLM keeps partial-block prefix "
-    "entries for its prompt tail, kvindex's pool does not)"
-)
 #: Mixes kvindex's manager refuses at construction (with the reason); the rest must match
 #: vLLM's manager op for op.
-UNSUPPORTED: dict[str, str] = {
-    "full16+swa8": _COARSE_FULL,
-}
+UNSUPPORTED: dict[str, str] = {}
 
 
 def config(mix: Mix) -> tuple[Any, int, int]:
@@ -254,6 +258,10 @@ def ids(blocks: Any) -> Any:
     return None if blocks is None else tuple(list(g) for g in blocks.get_block_ids())
 
 
+def _ids(v: Any) -> frozenset[int]:
+    return frozenset(v) if isinstance(v, dict) else frozenset([v.block_id])
+
+
 def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
     pool = m.block_pool
     return {
@@ -262,6 +270,10 @@ def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
         "free": pool.get_num_free_blocks(),
         "ref_cnt": [b.ref_cnt for b in pool.blocks],
         "hash": [b.block_hash for b in pool.blocks],
+        "hash_tokens": [b.block_hash_num_tokens for b in pool.blocks],
+        # Every key the pool's map holds (partial-block prefix entries included) and the
+        # blocks under it.
+        "map": {k: _ids(v) for k, v in pool.cached_block_hash_to_block._cache.items()},
         "usage": m.usage,
         "events": m.take_events(),
         "new_block_ids": m.take_new_block_ids(),
@@ -270,8 +282,14 @@ def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
 
 def first_difference(a: dict[str, Any], b: dict[str, Any]) -> str:
     for k in a:
-        if a[k] != b.get(k):
-            return f"{k}: vLLM {a[k]!r}\n   vs other {b.get(k)!r}"
+        x, y = a[k], b.get(k)
+        if x == y:
+            continue
+        if isinstance(x, dict) and isinstance(y, dict):
+            keys = x.keys() | y.keys()
+            diff = {key: (x.get(key), y.get(key)) for key in keys if x.get(key) != y.get(key)}
+            return f"{k}: (vLLM, other) where they differ: {diff!r}"
+        return f"{k}: vLLM {x!r}\n   vs other {y!r}"
     return "(equal)"
 
 
@@ -284,6 +302,7 @@ class Driver:
         # A second stream decides where scheduler steps begin (the op stream stays as it was).
         self.step_rng = random.Random(mix.seed + SEED + 7919)
         self.ops = ops
+        self.mix = mix
         self.sides = [make(VllmManager, mix), make(other, mix)]
         _, self.sched_bs, self.hash_bs = config(mix)
         self.aligned = any(isinstance(g(), MambaSpec) for g in mix.groups)
@@ -301,7 +320,14 @@ class Driver:
         self.running: list[str] = []
         self.reqs: dict[str, tuple[Any, Any]] = {}
         self.next_id = 0
-        self.stats = {"hit_tokens": 0, "preempted": 0, "finished": 0, "null_blocks": 0}
+        self.stats = {
+            "hit_tokens": 0,
+            "preempted": 0,
+            "finished": 0,
+            "null_blocks": 0,
+            "partial_entries": 0,
+            "extra_keys": 0,
+        }
 
     # ---------------------------------------------------------------- requests
 
@@ -442,6 +468,17 @@ class Driver:
             self.stats["null_blocks"] += sum(
                 1 for t in a["tables"].values() for g in t for x in g if x == 0
             )
+            # Partial-block prefix entries: BlockStored of one hash block from a group
+            # whose block is larger, and keys held beside a block's own hash.
+            sizes = [g().block_size for g in self.mix.groups]
+            self.stats["partial_entries"] += sum(
+                1
+                for e in a["events"]
+                if isinstance(e, BlockStored) and e.block_size < sizes[e.group_idx]
+            )
+            self.stats["extra_keys"] = max(
+                self.stats["extra_keys"], len(a["map"]) - sum(h is not None for h in a["hash"])
+            )
 
 
 @pytest.fixture(autouse=True)
@@ -489,3 +526,11 @@ def test_hybrid_differential(name: str) -> None:
     )
     if windowed:
         assert d.stats["null_blocks"] > 0, d.stats
+    # A full-attention block larger than the hash block registers prompt tails, some of
+    # them beside a block's own hash (under EAGLE most go on blocks not yet full).
+    hbs = gcd(*(g().block_size for g in mix.groups))
+    if mix.caching and any(
+        isinstance(g(), FullAttentionSpec) and g().block_size > hbs for g in mix.groups
+    ):
+        assert d.stats["partial_entries"] > 0, d.stats
+        assert d.stats["extra_keys"] > 0 or mix.eagle, d.stats

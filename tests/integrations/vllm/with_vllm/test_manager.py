@@ -258,9 +258,9 @@ def test_events_have_vllm_content() -> None:
             "without speculative state blocks",
         ),
         (
-            config(10, 4, full_attention(8), swa(4)),
+            config(10, 4, full_attention(4), mamba(8)),
             {"scheduler_block_size": 8},
-            "partial-block prefix entries",
+            "partial",
         ),
         (config(10, 4), {"dcp_world_size": 2}, "context parallelism"),
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),

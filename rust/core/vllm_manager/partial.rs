@@ -1,0 +1,427 @@
+//! Partial-block prefix entries: vLLM 0.33's `BlockPool.cache_partial_block`
+//! as `FullAttentionManager` uses it for a prompt that ends inside a block
+//! of a full-attention group whose block is larger than the hash block
+//! (`_cache_partial_tail_block`).
+//!
+//! After each caching call such a group registers the request's last hash
+//! boundary inside its prompt (`num_prompt - 1` tokens, `num_prompt` under
+//! EAGLE, rounded down to the hash block and capped at the request's
+//! hashes) when it lies inside a block (not on a block edge), at most the
+//! group's cacheable tokens, in a block the table holds (not a null). The
+//! entry's key is the request hash at that boundary under the group's key.
+//! - a block with no hash takes it as its own hash (a *partial* hash:
+//!   [`VllmManager::hash_tokens`] is the boundary, not a block edge);
+//! - a block whose hash covers fewer tokens loses every key it has (each
+//!   logged as removed) and takes it as its own hash;
+//! - a block whose hash covers more tokens keeps it, and the entry is an
+//!   *extra key* of the block, kept here beside the pool.
+//!
+//! A block whose partial hash is followed by a full caching of that block
+//! (the request computed past its edge) loses all its keys first (vLLM's
+//! partial-to-full promotion). Any loss of a block's hash (an eviction on
+//! reuse, `evict_blocks`, a reset, a promotion) drops its extra keys too,
+//! logged after its own hash; a [`VllmManager::pop_cached_key`] drops one
+//! key silently.
+//!
+//! On the layouts kvindex accepts, hits are block-aligned (vLLM's
+//! fine-grained partial hits need an align-mode Mamba group larger than the
+//! hash block, which the layout refuses), so these keys are never looked
+//! up by a hit: they are what vLLM's pool holds and reports
+//! (`BlockStored` / `BlockRemoved` of block size `hash_block_size`,
+//! `get_cached_block`).
+//!
+//! Within one block the boundary fixes the key: a block holds the same
+//! prefix for every request that holds it, so a registered boundary is
+//! known without the request's hashes ([`VllmManager::tail_plan`] reads none
+//! on the steps after the first).
+//!
+//! Where vLLM's map holds one key as an extra key of a block registered
+//! before another block's own hash, `get_cached_block` answers the block
+//! with the own hash (vLLM: the first registered). No hit reads these keys.
+//!
+//! # Invariants (checked by [`PartialEntries::check`])
+//! - `holders[k]` lists exactly the blocks whose extra keys include `k`,
+//!   each once, in registration order; no key is listed twice on a block,
+//!   and none is the block's own hash;
+//! - only groups in `groups` (full attention, block larger than the hash
+//!   block, prefix-cacheable) own extra keys.
+//!
+//! # Costs
+//! Nothing on layouts without such a group. With one: per caching call
+//! O(such groups) arithmetic; a registration reads one request hash; an
+//! eviction of a block with extra keys O(its keys); evictions of other
+//! blocks one emptiness check.
+
+use rustc_hash::FxHashMap;
+
+use super::groups::CachedRun;
+use super::{group_key, owner_word, unkey_owned, VllmManager};
+use crate::core::block_pool::BlockPool;
+use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
+use crate::core::groups::coordinator;
+use crate::core::groups::spec::GroupLayout;
+use crate::core::ids::{BlockHash, BlockId};
+use crate::ensure_inv;
+
+/// One extra key: the pool key, its owner word, the tokens it covers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ExtraKey {
+    pub(crate) key: BlockHash,
+    pub(crate) owner: u32,
+    pub(crate) tokens: u32,
+}
+
+/// The partial entries' state (module header).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct PartialEntries {
+    /// Groups that register prompt tails, ascending.
+    groups: Vec<usize>,
+    /// Per block: its extra keys, oldest first.
+    by_block: FxHashMap<BlockId, Vec<ExtraKey>>,
+    /// Per key: the blocks holding it as an extra key, oldest first.
+    holders: FxHashMap<BlockHash, Vec<BlockId>>,
+}
+
+impl PartialEntries {
+    /// The groups of `layout` that register prompt tails.
+    pub(crate) fn new(layout: &GroupLayout) -> Self {
+        let hbs = layout.hash_block_size();
+        let groups = if layout.enable_caching() {
+            (0..layout.len())
+                .filter(|&g| {
+                    let s = layout.groups()[g];
+                    s.kind.is_full() && s.kind.prefix_cacheable() && s.block_size > hbs
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        PartialEntries { groups, ..PartialEntries::default() }
+    }
+
+    /// Whether any group registers prompt tails.
+    pub(crate) fn active(&self) -> bool {
+        !self.groups.is_empty()
+    }
+
+    /// Whether no block holds an extra key.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.by_block.is_empty()
+    }
+
+    /// Extra keys no block holds as its own hash (vLLM counts a key once).
+    fn distinct_extra_keys(&self, pool: &BlockPool) -> usize {
+        self.holders.keys().filter(|k| pool.get_cached(k).is_none()).count()
+    }
+
+    /// Whether block `b` holds `key` as an extra key.
+    pub(crate) fn holds(&self, key: &BlockHash, b: BlockId) -> bool {
+        self.by_block.get(&b).is_some_and(|v| v.iter().any(|e| e.key == *key))
+    }
+
+    /// The first block holding `key` as an extra key.
+    pub(crate) fn first(&self, key: &BlockHash) -> Option<BlockId> {
+        self.holders.get(key).and_then(|v| v.first().copied())
+    }
+
+    /// Whether block `b` holds an extra key covering `tokens`.
+    fn holds_tokens(&self, b: BlockId, tokens: u32) -> bool {
+        self.by_block.get(&b).is_some_and(|v| v.iter().any(|e| e.tokens == tokens))
+    }
+
+    fn add(&mut self, b: BlockId, e: ExtraKey) {
+        self.by_block.entry(b).or_default().push(e);
+        self.holders.entry(e.key).or_default().push(b);
+    }
+
+    fn unlist(&mut self, key: &BlockHash, b: BlockId) {
+        if let Some(v) = self.holders.get_mut(key) {
+            v.retain(|&x| x != b);
+            if v.is_empty() {
+                self.holders.remove(key);
+            }
+        }
+    }
+
+    /// Drops block `b`'s extra keys, appending them (oldest first) to `out`.
+    pub(crate) fn take_block(&mut self, b: BlockId, out: Option<&mut Vec<(BlockHash, u32)>>) {
+        if self.by_block.is_empty() {
+            return;
+        }
+        let Some(keys) = self.by_block.remove(&b) else { return };
+        for e in &keys {
+            self.unlist(&e.key, b);
+        }
+        if let Some(out) = out {
+            out.extend(keys.iter().map(|e| (e.key, e.owner)));
+        }
+    }
+
+    /// Drops one extra key of block `b`; whether it held it.
+    fn remove_one(&mut self, key: &BlockHash, b: BlockId) -> bool {
+        let Some(v) = self.by_block.get_mut(&b) else { return false };
+        let Some(i) = v.iter().position(|e| e.key == *key) else { return false };
+        v.remove(i);
+        if v.is_empty() {
+            self.by_block.remove(&b);
+        }
+        self.unlist(key, b);
+        true
+    }
+
+    /// Drops every extra key.
+    pub(crate) fn clear(&mut self) {
+        self.by_block.clear();
+        self.holders.clear();
+    }
+
+    /// Checks the module header's invariants against the pool.
+    pub(crate) fn check(&self, pool: &BlockPool) -> Result<(), InvariantViolation> {
+        let mut listed = 0;
+        for (&b, keys) in &self.by_block {
+            ensure_inv!(!keys.is_empty(), "block {} has an empty extra-key list", b.0);
+            for (i, e) in keys.iter().enumerate() {
+                let g = (e.owner & 0xffff) as usize;
+                ensure_inv!(self.groups.contains(&g), "block {} holds an extra key of group {g}", b.0);
+                ensure_inv!(
+                    !keys[..i].iter().any(|x| x.key == e.key),
+                    "block {} holds one extra key twice",
+                    b.0
+                );
+                ensure_inv!(pool.block_hash(b) != Some(e.key), "block {}'s extra key is its own hash", b.0);
+                ensure_inv!(
+                    self.holders.get(&e.key).is_some_and(|v| v.iter().filter(|&&x| x == b).count() == 1),
+                    "block {}'s extra key is not listed once under the key",
+                    b.0
+                );
+                listed += 1;
+            }
+        }
+        let total: usize = self.holders.values().map(Vec::len).sum();
+        ensure_inv!(total == listed, "{total} extra-key holders for {listed} extra keys");
+        Ok(())
+    }
+}
+
+/// The manager's fields a loss of a block's hashes touches.
+pub(super) struct HashDrop<'a> {
+    pub(super) pool: &'a mut BlockPool,
+    pub(super) partial: &'a mut PartialEntries,
+    pub(super) removed: Option<&'a mut Vec<(BlockHash, u32)>>,
+    pub(super) owner: &'a [u32],
+    pub(super) siblings: &'a mut super::siblings::Siblings,
+    pub(super) hash_tokens: &'a mut [u32],
+}
+
+impl HashDrop<'_> {
+    /// Drops every key of block `b` (its own hash, then its extra keys),
+    /// logging each; whether it had its own hash.
+    pub(super) fn drop_all(&mut self, b: BlockId) -> bool {
+        let own = self.pool.block_hash(b);
+        if let Some(h) = own {
+            let w = self.owner.get(b.idx()).copied().unwrap_or(0);
+            if let Some(r) = self.removed.as_deref_mut() {
+                r.push((h, w));
+            }
+            self.pool.drop_hash(b);
+            self.siblings.dropped(self.pool, &h, w, b);
+            if let Some(t) = self.hash_tokens.get_mut(b.idx()) {
+                *t = 0;
+            }
+        }
+        self.partial.take_block(b, self.removed.as_deref_mut());
+        own.is_some()
+    }
+}
+
+#[allow(clippy::cast_possible_truncation)]
+fn tokens_u32(n: usize) -> u32 {
+    n.min(u32::MAX as usize) as u32
+}
+
+impl VllmManager {
+    /// The fields [`HashDrop`] borrows.
+    pub(super) fn hash_drop(&mut self) -> HashDrop<'_> {
+        HashDrop {
+            pool: &mut self.pool,
+            partial: &mut self.partial,
+            removed: if self.log_removed { Some(&mut self.removed) } else { None },
+            owner: &self.owner,
+            siblings: &mut self.siblings,
+            hash_tokens: &mut self.hash_tokens,
+        }
+    }
+
+    /// The prompt tails a caching call for `num_tokens` computed tokens (less
+    /// `reprefillable`) with `num_hashes` request hashes registers: `(group,
+    /// boundary tokens)` per group whose block holds no entry at its
+    /// boundary yet, in group order. The prompt length is the one given to
+    /// [`Self::set_cache_context`].
+    #[must_use]
+    pub fn tail_plan(
+        &self,
+        rid: &str,
+        num_tokens: usize,
+        num_hashes: usize,
+        reprefillable: usize,
+    ) -> Vec<(usize, usize)> {
+        let mut out = Vec::new();
+        if !self.partial.active() {
+            return out;
+        }
+        let Some(req) = self.reqs.get(rid) else { return out };
+        let hbs = self.layout.hash_block_size();
+        let prompt = self.retention.num_prompt;
+        for &g in &self.partial.groups {
+            let bs = self.layout.groups()[g].block_size;
+            let limit = if self.layout.group_eagle(g) { prompt } else { prompt.saturating_sub(1) };
+            let boundary = (limit / hbs).min(num_hashes) * hbs;
+            let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
+            if boundary == 0 || boundary > nt || boundary.is_multiple_of(bs) {
+                continue;
+            }
+            let Some(&b) = req.g(g).blocks.get(boundary / bs) else { continue };
+            if b == BlockId::NULL {
+                continue;
+            }
+            let t = tokens_u32(boundary);
+            let own = self.pool.block_hash(b).is_some() && self.hash_tokens[b.idx()] == t;
+            if own || self.partial.holds_tokens(b, t) {
+                continue;
+            }
+            out.push((g, boundary));
+        }
+        out
+    }
+
+    /// Registers the prompt tails of `tails` (from [`Self::tail_plan`]) with
+    /// request hashes `hashes`, which start at request hash index `first`.
+    /// Returns one run per registration (block size: the hash block).
+    ///
+    /// # Errors
+    /// `UnknownRequest` / `InvalidArgument` when a tail or the hashes do not
+    /// fit the request (nothing changed).
+    pub fn cache_tails(
+        &mut self,
+        rid: &str,
+        tails: &[(usize, usize)],
+        first: usize,
+        hashes: &[BlockHash],
+    ) -> KvResult<Vec<CachedRun>> {
+        let Some(req) = self.reqs.get(rid) else {
+            return Err(KvError::new(ErrorKind::UnknownRequest, format!("unknown request {rid:?}")));
+        };
+        let hbs = self.layout.hash_block_size();
+        let mut targets = Vec::with_capacity(tails.len());
+        for &(g, boundary) in tails {
+            let Some(spec) = self.layout.groups().get(g).filter(|_| self.partial.groups.contains(&g)) else {
+                return Err(KvError::invalid(format!("group {g} registers no prompt tails")));
+            };
+            let b = (boundary.is_multiple_of(hbs) && boundary > 0)
+                .then(|| req.g(g).blocks.get(boundary / spec.block_size).copied())
+                .flatten()
+                .filter(|&b| b != BlockId::NULL);
+            let j = boundary / hbs;
+            let (Some(b), Some(h)) = (b, j.checked_sub(1 + first).and_then(|i| hashes.get(i))) else {
+                return Err(KvError::invalid(format!(
+                    "prompt tail ({g}, {boundary}) does not fit the request"
+                )));
+            };
+            targets.push((g, boundary, b, *h));
+        }
+        let mut runs = Vec::with_capacity(targets.len());
+        for (g, boundary, b, h) in targets {
+            let key = group_key(&h, g);
+            let t = tokens_u32(boundary);
+            let mark = self.removed.len();
+            let already = self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b);
+            if already {
+                continue;
+            }
+            let own_tokens = self.hash_tokens[b.idx()];
+            if self.pool.block_hash(b).is_some() && own_tokens < t {
+                self.hash_drop().drop_all(b);
+            }
+            let w = owner_word(g, h.as_bytes().len());
+            if self.pool.block_hash(b).is_none() {
+                let first_copy = self.pool.cache_block(b, key);
+                self.hash_tokens[b.idx()] = t;
+                self.owner[b.idx()] = w;
+                self.siblings.cached(&self.pool, &h, g, b, first_copy);
+            } else {
+                self.partial.add(b, ExtraKey { key, owner: w, tokens: t });
+            }
+            let removed = if self.log_removed { (mark, self.removed.len()) } else { (0, 0) };
+            let j = boundary / hbs;
+            runs.push(CachedRun {
+                group: g,
+                start: j - 1,
+                end: j,
+                stored: vec![j - 1],
+                block_size: hbs,
+                removed,
+            });
+        }
+        Ok(runs)
+    }
+
+    /// Drops `key` (a pool key, vLLM's hash under group `g`) from block `b`
+    /// without logging it (vLLM's `cached_block_hash_to_block.pop(key,
+    /// block_id)`): its own hash, or one extra key. Whether it held it.
+    pub fn pop_cached_key(&mut self, h: &BlockHash, g: usize, b: BlockId) -> bool {
+        let key = group_key(h, g);
+        if b == BlockId::NULL || b.idx() >= self.pool.num_blocks() {
+            return false;
+        }
+        if self.pool.block_hash(b) == Some(key) && (self.owner[b.idx()] & 0xffff) as usize == g {
+            self.pool.drop_hash(b);
+            self.siblings.dropped(&self.pool, &key, self.owner[b.idx()], b);
+            self.hash_tokens[b.idx()] = 0;
+            return true;
+        }
+        self.partial.remove_one(&key, b)
+    }
+
+    /// Whether block `b` is cached under vLLM hash `h` of group `g` (its own
+    /// hash or an extra key).
+    #[must_use]
+    pub fn holds_key(&self, h: &BlockHash, g: usize, b: BlockId) -> bool {
+        let key = group_key(h, g);
+        b.idx() < self.pool.num_blocks()
+            && (self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b))
+    }
+
+    /// Whether some group registers prompt tails (callers then give the
+    /// prompt length to [`Self::set_cache_context`] before caching).
+    #[must_use]
+    pub fn registers_prompt_tails(&self) -> bool {
+        self.partial.active()
+    }
+
+    /// Every extra key as `(vLLM hash, group, block)`, by block id, each
+    /// block's oldest first.
+    #[must_use]
+    pub fn extra_keys(&self) -> Vec<(BlockHash, usize, BlockId)> {
+        let mut blocks: Vec<&BlockId> = self.partial.by_block.keys().collect();
+        blocks.sort_unstable();
+        blocks
+            .into_iter()
+            .flat_map(|b| {
+                self.partial.by_block[b].iter().map(move |e| {
+                    let (h, g) = unkey_owned(&e.key, e.owner);
+                    (h, g, *b)
+                })
+            })
+            .collect()
+    }
+
+    /// Distinct keys cached: the blocks' own hashes and their extra keys.
+    #[must_use]
+    pub fn num_cached_keys(&self) -> usize {
+        self.pool.num_cached_hashes() + self.partial.distinct_extra_keys(&self.pool)
+    }
+}
+
+#[cfg(test)]
+#[path = "partial_tests.rs"]
+mod partial_tests;
