@@ -123,6 +123,26 @@ def _checks(layout: Layout, core: dict[str, Any] | None, n: int | None) -> list[
                 f"{first} group's blocks as if they were full attention."
             )
         out.append(_check("router_events", status, msg))
+    if core is not None:
+        hbs = core["hash_block_size"]
+        wide = [
+            i
+            for i, g in enumerate(groups)
+            if g.kind in ("full_attention", "mla_attention") and g.block_size > hbs
+        ]
+        if wide:
+            out.append(
+                _check(
+                    "partial_block_entries",
+                    "ok",
+                    f"full-attention groups {wide} have blocks larger than the hash block "
+                    f"({hbs} tokens): vLLM also keys a prompt's last {hbs}-token boundary inside "
+                    f"a block (a partial-block prefix entry, published as a BlockStored of "
+                    f"block_size {hbs} with one hash and that group_idx). Hits stay aligned to "
+                    f"{core['alignment']} tokens; a router must accept these events rather than "
+                    "count them malformed (kvindex's ClusterIndex does).",
+                )
+            )
     if core is not None and len(groups) > 1:
         out.append(
             _check(

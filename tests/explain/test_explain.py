@@ -121,6 +121,13 @@ def test_zero_hit_causes_are_checked() -> None:
     assert not any(
         c["check"] == "router_events" for c in kvindex.explain("deepseek-v3.2", 3000)["checks"]
     )
+    # A full-attention block larger than the hash block: prompt tails' partial entries.
+    wide = layout(Group("full_attention", 32), Group("sliding_window", 16, window=64))
+    w = kvindex.explain(wide, 1000)
+    assert status(w, "partial_block_entries") == "ok" and "groups [0]" in next(
+        c["message"] for c in w["checks"] if c["check"] == "partial_block_entries"
+    )
+    assert not any(c["check"] == "partial_block_entries" for c in g["checks"])
     with pytest.raises(kvindex.InvalidArgumentError):
         kvindex.explain("gemma3", 0)
     with pytest.raises(kvindex.InvalidArgumentError):
