@@ -1303,6 +1303,12 @@ class _VllmManager:
     def holds_key(self, block_hash: bytes, group: int, block_id: int) -> bool:
         """Whether the block is cached for ``group`` under ``block_hash`` (its own hash or a
         partial-block prefix entry)."""
+    def restore_cached_key(
+        self, block_hash: bytes, group: int, block_id: int, own: bool, tokens: int
+    ) -> bool:
+        """Gives the block back an entry :meth:`pop_cached_key` dropped, without reporting
+        it: its own hash covering ``tokens`` tokens (``own``) or a partial-block prefix
+        entry; False (nothing changed) where the block cannot hold it."""
     def pop_cached_key(self, block_hash: bytes, group: int, block_id: int) -> bool:
         """Drops the block's entry for ``group`` under ``block_hash`` without reporting it
         (vLLM's ``cached_block_hash_to_block.pop(key, block_id)``); whether it had one."""

@@ -432,6 +432,26 @@ impl PyVllmManager {
         Ok(self.inner.holds_key(&BlockHash::from_digest(d), group, b))
     }
 
+    /// Gives the block back an entry :meth:`pop_cached_key` dropped, without reporting
+    /// it: its own hash covering ``tokens`` tokens (``own``) or a partial-block prefix
+    /// entry; False (nothing changed) where the block cannot hold it.
+    fn restore_cached_key(
+        &mut self,
+        block_hash: &Bound<'_, PyBytes>,
+        group: usize,
+        block_id: i64,
+        own: bool,
+        tokens: i64,
+    ) -> PyResult<bool> {
+        let b = self.inner.check_block(block_id).py()?;
+        let t = count(tokens, "tokens")?;
+        let d = block_hash.as_bytes();
+        if d.len() > MAX_DIGEST_LEN || group >= self.inner.num_groups() {
+            return Ok(false);
+        }
+        Ok(self.inner.restore_cached_key(&BlockHash::from_digest(d), group, b, own, t))
+    }
+
     /// Drops the block's entry for ``group`` under ``block_hash`` without reporting it
     /// (vLLM's ``cached_block_hash_to_block.pop(key, block_id)``); whether it had one.
     fn pop_cached_key(

@@ -382,6 +382,45 @@ impl VllmManager {
         self.partial.remove_one(&key, b)
     }
 
+    /// Gives block `b` back the key [`Self::pop_cached_key`] dropped (vLLM's
+    /// `cached_block_hash_to_block._cache[key] = block`, re-inserting what a
+    /// test popped): as its own hash covering `tokens` tokens (`own`), or as
+    /// an extra key. Nothing is logged. Whether it was restored: refused
+    /// (false, nothing changed) for the null block, a group that is not
+    /// prefix-cacheable, an own hash on a hashed block, or an extra key a
+    /// block of that group cannot hold (no own hash, not a prompt-tail group).
+    pub fn restore_cached_key(
+        &mut self,
+        h: &BlockHash,
+        g: usize,
+        b: BlockId,
+        own: bool,
+        tokens: usize,
+    ) -> bool {
+        if b == BlockId::NULL || b.idx() >= self.pool.num_blocks() || !self.layout.prefix_cacheable(g) {
+            return false;
+        }
+        let key = group_key(h, g);
+        let w = owner_word(g, h.as_bytes().len());
+        if own {
+            if self.pool.block_hash(b).is_some() {
+                return false;
+            }
+            let first = self.pool.cache_block(b, key);
+            self.hash_tokens[b.idx()] = tokens_u32(tokens);
+            self.owner[b.idx()] = w;
+            self.siblings.cached(&self.pool, h, g, b, first);
+            return true;
+        }
+        let fits = self.partial.groups.contains(&g)
+            && self.pool.block_hash(b).is_some_and(|k| k != key)
+            && !self.partial.holds(&key, b);
+        if fits {
+            self.partial.add(b, ExtraKey { key, owner: w, tokens: tokens_u32(tokens) });
+        }
+        fits
+    }
+
     /// Whether block `b` is cached under vLLM hash `h` of group `g` (its own
     /// hash or an extra key).
     #[must_use]

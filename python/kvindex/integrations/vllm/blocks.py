@@ -282,18 +282,54 @@ class _Sentinel:
         return self._queue._view.blocks[q[-1]] if q else self._queue.fake_free_list_head
 
 
-class _ReadOnlyDict(dict[bytes, Any]):
-    """A snapshot of the pool's hash map: editing it would change nothing in the Rust pool,
-    so every edit raises instead of passing silently."""
+class _CacheDict(dict[bytes, Any]):
+    """A snapshot of the pool's hash map (vLLM's ``cached_block_hash_to_block._cache``).
+    Removing a key (``pop`` / ``del``) drops it from the Rust pool without an event, as
+    vLLM's dict edit does; assigning a key puts back blocks popped from under it (how vLLM's
+    tests fake an eviction and undo it). Any other edit raises."""
+
+    def __init__(self, view: CachedHashView, entries: dict[bytes, Any]) -> None:
+        super().__init__(entries)
+        self._view = view
 
     def _refuse(self, *args: Any, **kwargs: Any) -> Any:
         raise UnsupportedVllmConfigError(
-            "kvindex's KVCacheManager supports no direct edits of the block pool's hash map "
-            "(cached_block_hash_to_block._cache): the Rust pool owns it; evict blocks with "
-            "evict_blocks"
+            "kvindex's KVCacheManager supports no edits of the block pool's hash map "
+            "(cached_block_hash_to_block._cache) beyond removing a key and putting back "
+            "what was removed: the Rust pool owns it; evict blocks with evict_blocks"
         )
 
-    __setitem__ = __delitem__ = pop = popitem = clear = update = setdefault = _refuse
+    popitem = clear = update = setdefault = _refuse
+
+    def __copy__(self) -> dict[bytes, Any]:
+        """A plain dict of the snapshot (a backup to put entries back from)."""
+        return dict(self)
+
+    def pop(self, key: bytes, *default: Any) -> Any:
+        if key not in self:
+            if default:
+                return default[0]
+            raise KeyError(key)
+        value = super().pop(key)
+        for b in _blocks_of(value):
+            self._view._drop(key, b)
+        return value
+
+    def __delitem__(self, key: bytes) -> None:
+        self.pop(key)
+
+    def __setitem__(self, key: bytes, value: Any) -> None:
+        blocks = _blocks_of(value)
+        if not blocks or not all(self._view._can_restore(key, b) for b in blocks):
+            self._refuse()
+        for b in blocks:
+            self._view._restore(key, b)
+        super().__setitem__(key, value)
+
+
+def _blocks_of(value: Any) -> list[KVCacheBlock]:
+    """The blocks under one key of vLLM's map: a block, or a dict of id -> block."""
+    return list(value.values()) if isinstance(value, dict) else [value]
 
 
 class CachedHashView(Mapping[bytes, KVCacheBlock]):
@@ -301,6 +337,30 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
 
     def __init__(self, view: BlockPoolView) -> None:
         self._view = view
+        # Entries dropped by a key removal, for putting back: key -> block id -> (own
+        # hash or partial entry, tokens its hash covered).
+        self._popped: dict[bytes, dict[int, tuple[bool, int]]] = {}
+
+    def _drop(self, key: bytes, block: KVCacheBlock) -> None:
+        split = self._split(key)
+        if split is None:
+            return
+        core = self._view._core
+        own = block.block_hash == key
+        tokens = core.hash_tokens(block.block_id) if own else 0
+        if core.pop_cached_key(*split, block.block_id):
+            self._popped.setdefault(key, {})[block.block_id] = (own, tokens or 0)
+
+    def _can_restore(self, key: bytes, block: KVCacheBlock) -> bool:
+        return block.block_id in self._popped.get(key, {})
+
+    def _restore(self, key: bytes, block: KVCacheBlock) -> None:
+        split = self._split(key)
+        own, tokens = self._popped[key].pop(block.block_id)
+        if not self._popped[key]:
+            del self._popped[key]
+        if split is not None:
+            self._view._core.restore_cached_key(*split, block.block_id, own, tokens)
 
     def _split(self, key: object) -> tuple[bytes, int] | None:
         """``(hash, group)`` of a key with group id, or None for one no block can hold."""
@@ -325,14 +385,27 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
         split = self._split(key)
         if split is None or not 0 < block_id < len(self._view.blocks):
             return None
-        if not self._view._core.pop_cached_key(*split, block_id):
+        if not self._view._core.holds_key(*split, block_id):
             return None
-        return self._view.blocks[block_id]
+        block = self._view.blocks[block_id]
+        self._drop(key, block)
+        return block
+
+    def insert(self, key: bytes, block: KVCacheBlock) -> None:
+        """vLLM's ``insert``, for putting back an entry :meth:`pop` removed (kvindex's pool
+        caches blocks itself; any other insertion raises)."""
+        if not self._can_restore(key, block):
+            raise UnsupportedVllmConfigError(
+                "kvindex's KVCacheManager caches blocks itself: cached_block_hash_to_block "
+                "only takes back an entry removed from it"
+            )
+        self._restore(key, block)
 
     @property
     def _cache(self) -> dict[bytes, Any]:
-        """vLLM's underlying dict (a read-only snapshot): hash -> block, or -> {id: block}
-        for copies."""
+        """vLLM's underlying dict (a snapshot): hash -> block, or -> {id: block} for
+        copies; removing a key drops it from the pool, assigning puts back what was
+        removed."""
         out: dict[bytes, Any] = {}
         for b, h in self._entries():
             prev = out.get(h)
@@ -342,7 +415,7 @@ class CachedHashView(Mapping[bytes, KVCacheBlock]):
                 prev[b.block_id] = b
             else:
                 out[h] = {prev.block_id: prev, b.block_id: b}
-        return _ReadOnlyDict(out)
+        return _CacheDict(self, out)
 
     def _entries(self) -> list[tuple[KVCacheBlock, bytes]]:
         """Every (block, key): the blocks' own hashes by block id, then the partial-block

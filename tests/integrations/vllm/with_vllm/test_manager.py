@@ -292,3 +292,55 @@ def test_blocks_are_read_only_views() -> None:
         block.ref_cnt = 5
     assert block.ref_cnt == 0 and block.block_hash is None
     assert kvi.block_pool.null_block.is_null
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_hash_map_keys_pop_and_come_back_as_in_vllm(hybrid: bool) -> None:
+    # vLLM's tests fake an eviction by removing a key from the pool's map and undo it by
+    # assigning it back; a prompt-tail entry (full block 8 beside a window of 4) too.
+    specs = (full_attention(8), swa(4)) if hybrid else ()
+    args: dict[str, Any] = dict(
+        max_model_len=256, scheduler_block_size=8, hash_block_size=4 if hybrid else 8
+    )
+    ref, kvi = (cls(config(40, 8, *specs), **args) for cls in (VllmManager, KVCacheManager))
+    tokens = list(range(37))
+    for m in (ref, kvi):
+        # Prefill 37 tokens, decode to 40: the hybrid's tail entry (36) lands beside the
+        # full hash of block 4 once 40 tokens are computed.
+        r = make_request("a", tokens, 4 if hybrid else 8)
+        m.allocate_slots(r, len(tokens))
+        r.num_computed_tokens = len(tokens)
+        r.append_output_token_ids([7, 7, 7])
+        m.allocate_slots(r, 3)
+        m.free(r)
+
+    def maps() -> list[dict[bytes, Any]]:
+        return [
+            {k: sorted(v) if isinstance(v, dict) else v.block_id for k, v in x.items()}
+            for x in (m.block_pool.cached_block_hash_to_block._cache for m in (ref, kvi))
+        ]
+
+    def hits() -> list[int]:
+        bs = 4 if hybrid else 8
+        return [m.get_computed_blocks(make_request("b", tokens, bs))[1] for m in (ref, kvi)]
+
+    a, b = maps()
+    assert a == b and len(a) > 2
+    assert not hybrid or kvi._core.extra_keys()
+    for key in a:  # every key, the prompt tail's partial-block entry included
+        backups = [m.block_pool.cached_block_hash_to_block._cache.copy() for m in (ref, kvi)]
+        for m in (ref, kvi):
+            m.block_pool.cached_block_hash_to_block._cache.pop(key)
+        x, y = maps()
+        assert x == y and key not in y
+        h = hits()
+        assert h[0] == h[1]
+        for m, backup in zip((ref, kvi), backups, strict=True):
+            m.block_pool.cached_block_hash_to_block._cache[key] = backup[key]
+        assert maps() == [a, b]
+        h = hits()
+        assert h[0] == h[1] > 0
+        kvi._core.check_invariants()
+    # Only what was removed can come back.
+    with pytest.raises(UnsupportedVllmConfigError):
+        kvi.block_pool.cached_block_hash_to_block._cache[b"x" * 36] = kvi.block_pool.blocks[1]
