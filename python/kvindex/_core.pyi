@@ -1074,6 +1074,7 @@ class _VllmManager:
         max_model_len: int | None = None,
         allow_partial_hash_hits: bool = False,
         eagle_groups: Sequence[bool] | None = None,
+        spec_classes: Sequence[int] | None = None,
     ) -> Self: ...
     @property
     def num_groups(self) -> int:
@@ -1107,6 +1108,12 @@ class _VllmManager:
         """vLLM's ``find_longest_cache_hit`` over all groups: ``(hit tokens, uncached
         common prefix tokens, per-group hit blocks)``; ``hashes`` are the request's
         ``block_hashes`` (at :attr:`hash_block_size`)."""
+    def find_hit_per_group(
+        self, hashes: Sequence[bytes], max_tokens: int
+    ) -> tuple[list[npt.NDArray[np.int32]], list[int]]:
+        """vLLM's ``find_longest_cache_hit_per_group`` (for KV connectors that accept
+        diverging hybrid hits): ``(per-group hit blocks, per-group hit tokens)`` with each
+        spec set looked up on its own; a group in no spec set hits nothing."""
     def num_blocks_to_allocate_groups(
         self,
         request_id: str,

@@ -124,7 +124,7 @@ impl PyVllmManager {
 #[pymethods]
 impl PyVllmManager {
     #[new]
-    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false, groups = None, hash_block_size = None, use_eagle = false, max_in_flight_tokens = None, max_model_len = None, allow_partial_hash_hits = false, eagle_groups = None))]
+    #[pyo3(signature = (num_blocks, block_size, *, enable_caching = true, log_removed = false, log_new = false, groups = None, hash_block_size = None, use_eagle = false, max_in_flight_tokens = None, max_model_len = None, allow_partial_hash_hits = false, eagle_groups = None, spec_classes = None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         num_blocks: i64,
@@ -139,6 +139,7 @@ impl PyVllmManager {
         max_model_len: Option<i64>,
         allow_partial_hash_hits: bool,
         eagle_groups: Option<Vec<bool>>,
+        spec_classes: Option<Vec<u32>>,
     ) -> PyResult<Self> {
         let num_blocks = count(num_blocks, "num_blocks")?;
         let block_size = count(block_size, "block_size")?;
@@ -148,9 +149,10 @@ impl PyVllmManager {
                 || max_in_flight_tokens.is_some()
                 || max_model_len.is_some()
                 || eagle_groups.is_some()
+                || spec_classes.is_some()
             {
                 return Err(invalid(
-                    "hash_block_size, use_eagle, eagle_groups and the admission sizes need groups".to_owned(),
+                    "hash_block_size, use_eagle, eagle_groups, spec_classes and the admission sizes need groups".to_owned(),
                 ));
             }
             let inner =
@@ -166,6 +168,9 @@ impl PyVllmManager {
             allow_partial_hash_hits,
         };
         let mut layout = GroupLayout::new(specs, opt).py()?;
+        if let Some(classes) = spec_classes {
+            layout = layout.with_spec_classes(&classes).py()?;
+        }
         if let Some(flags) = eagle_groups {
             layout = layout.with_eagle_groups(&flags).py()?;
         }

@@ -122,6 +122,25 @@ impl PyVllmManager {
         Ok((h.hit.tokens, h.hit.uncached_common_prefix, group_arrays(py, &h.blocks)?))
     }
 
+    /// vLLM's ``find_longest_cache_hit_per_group`` (for KV connectors that accept
+    /// diverging hybrid hits): ``(per-group hit blocks, per-group hit tokens)`` with each
+    /// spec set looked up on its own; a group in no spec set hits nothing.
+    fn find_hit_per_group<'py>(
+        &self,
+        py: Python<'py>,
+        hashes: &Bound<'py, PyAny>,
+        max_tokens: i64,
+    ) -> PyResult<(Arrays<'py>, Vec<usize>)> {
+        let max_tokens = count(max_tokens, "max_tokens")?;
+        let l = self.inner.layout();
+        let hbs = l.hash_block_size();
+        let max_bs = l.groups().iter().map(|g| g.block_size).max().unwrap_or(hbs);
+        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(max_bs / hbs + 1));
+        let hs = read_hashes(hashes, 0, n)?;
+        let (blocks, lens) = self.inner.find_hit_per_group(&hs, max_tokens);
+        Ok((group_arrays(py, &blocks)?, lens))
+    }
+
     /// vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
     /// ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
     /// groups count, ``num_encoder_tokens`` what cross-attention groups count; the

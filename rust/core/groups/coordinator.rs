@@ -135,6 +135,44 @@ pub fn longest_hit<L: BlockLookup>(
     HybridHit { tokens: hit_length, uncached_common_prefix: longest - hit_length }
 }
 
+/// vLLM's `find_longest_cache_hit_per_group` (what a KV connector that
+/// accepts diverging hybrid hits asks): each spec set's own longest hit for
+/// `max_tokens`, no fixed point; a set that drops the EAGLE block (not
+/// Mamba) looks one block further first. `out[s]` receives set `s`'s blocks;
+/// returns each set's hit length.
+///
+/// # Panics
+/// If `lookups` or `out` is shorter than the layout's spec sets (a
+/// programming error).
+pub fn per_set_hits<L: BlockLookup>(
+    layout: &GroupLayout,
+    lookups: &mut [L],
+    max_tokens: usize,
+    num_hashes: usize,
+    out: &mut [Vec<Option<L::Block>>],
+) -> Vec<usize> {
+    let sets = layout.spec_sets();
+    assert!(lookups.len() >= sets.len() && out.len() >= sets.len(), "one lookup and output per spec set");
+    let mut hits = vec![0; sets.len()];
+    if !layout.enable_caching() {
+        out.iter_mut().for_each(Vec::clear);
+        return hits;
+    }
+    let alignment = layout.alignment();
+    let cap = num_hashes.saturating_mul(layout.hash_block_size());
+    for (idx, set) in sets.iter().enumerate() {
+        out[idx].clear();
+        let spec = set.spec;
+        let mut max_len = max_tokens;
+        if set.use_eagle && !matches!(spec.kind, GroupKind::Mamba { .. }) {
+            max_len = (max_tokens + spec.block_size).min(cap);
+        }
+        let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: set.use_eagle };
+        hits[idx] = spec.longest_hit(&mut lookups[idx], &q, &mut out[idx]);
+    }
+    hits
+}
+
 /// vLLM's `get_num_cacheable_tokens` for group `g`: `num_computed` less
 /// the re-prefillable tail, rounded down to the scheduler block size on
 /// hybrid layouts (a group that drops the EAGLE block keeps one block more).

@@ -282,6 +282,39 @@ impl GroupLayout {
         Ok(self)
     }
 
+    /// The layout with spec sets split by the engine's own spec equality:
+    /// `classes[g]` names group `g`'s spec as the engine compares specs
+    /// (vLLM's `KVCacheSpec.__eq__` also compares the dtype and head shape,
+    /// which [`GroupSpec`] does not carry), so two groups share a spec set
+    /// only when their specs and classes are equal. Call before
+    /// [`Self::with_eagle_groups`] (the sets start with the layout's EAGLE flag).
+    ///
+    /// # Errors
+    /// `InvalidArgument` when `classes` does not have one entry per group.
+    pub fn with_spec_classes(mut self, classes: &[u32]) -> KvResult<Self> {
+        if classes.len() != self.groups.len() {
+            return Err(KvError::invalid(format!(
+                "{} spec classes for {} KV cache groups",
+                classes.len(),
+                self.groups.len()
+            )));
+        }
+        let mut sets: Vec<SpecSet> = Vec::new();
+        for (i, s) in self.groups.iter().enumerate() {
+            if !s.kind.prefix_cacheable() {
+                continue;
+            }
+            match sets.iter_mut().find(|x| x.spec == *s && classes[x.group_ids[0]] == classes[i]) {
+                Some(x) => x.group_ids.push(i),
+                None => sets.push(SpecSet { spec: *s, group_ids: vec![i], use_eagle: self.use_eagle }),
+            }
+        }
+        sets.sort_by_key(|x| !x.spec.kind.is_full());
+        self.sets = sets;
+        self.spread_eagle();
+        Ok(self)
+    }
+
     /// The groups, in `kv_cache_group_id` order.
     #[must_use]
     pub fn groups(&self) -> &[GroupSpec] {
@@ -390,6 +423,11 @@ mod tests {
         assert_eq!(l.spec_sets().len(), 2);
         assert_eq!(l.spec_sets()[0].group_ids, vec![1]);
         assert_eq!(l.spec_sets()[1].group_ids, vec![0, 2]);
+        // Groups 0 and 2 whose engine specs differ (a dtype) are two sets.
+        let split = l.clone().with_spec_classes(&[0, 1, 2]).expect("one class per group");
+        assert_eq!(split.spec_sets().len(), 3);
+        assert_eq!(split.spec_sets()[1].group_ids, vec![0]);
+        assert!(l.clone().with_spec_classes(&[0, 1]).is_err());
         assert!(l.is_simple_hybrid());
     }
 

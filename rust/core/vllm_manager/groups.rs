@@ -207,6 +207,52 @@ impl VllmManager {
         GroupHit { hit, blocks }
     }
 
+    /// vLLM's `find_longest_cache_hit_per_group`: each group's blocks and
+    /// hit length with every spec set looked up on its own (groups in no
+    /// spec set: none, 0). No side effects.
+    #[must_use]
+    pub fn find_hit_per_group(
+        &self,
+        hashes: &[BlockHash],
+        max_tokens: usize,
+    ) -> (Vec<Vec<BlockId>>, Vec<usize>) {
+        let ng = self.layout.len();
+        let hbs = self.layout.hash_block_size();
+        let sets = self.layout.spec_sets();
+        let scratch = RefCell::new((Vec::new(), Vec::new()));
+        let anchor = self.anchor_run(hashes, max_tokens);
+        let mut looks: Vec<PoolLookup<'_>> = sets
+            .iter()
+            .map(|s| PoolLookup {
+                m: self,
+                hashes,
+                scale: s.spec.block_size / hbs,
+                groups: &s.group_ids,
+                side: Vec::new(),
+                scratch: &scratch,
+                anchor: &anchor,
+            })
+            .collect();
+        let mut outs: Vec<Vec<Option<u32>>> = vec![Vec::new(); sets.len()];
+        let hits = coordinator::per_set_hits(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
+        let mut blocks = vec![Vec::new(); ng];
+        let mut lens = vec![0; ng];
+        for (si, s) in sets.iter().enumerate() {
+            for (m, &g) in s.group_ids.iter().enumerate() {
+                lens[g] = hits[si];
+                blocks[g] = outs[si]
+                    .iter()
+                    .map(|o| match (o, s.group_ids.len()) {
+                        (None, _) => BlockId::NULL,
+                        (Some(b), 1) => BlockId(*b),
+                        (Some(off), _) => looks[si].side[*off as usize + m],
+                    })
+                    .collect();
+            }
+        }
+        (blocks, lens)
+    }
+
     /// The anchor group's first copies of the request hashes a lookup of
     /// `max_tokens` can ask for (and one block past them under EAGLE: its
     /// peek), up to the first uncached one; empty without sibling rows.

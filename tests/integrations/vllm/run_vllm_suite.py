@@ -188,11 +188,6 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
         ],
     },
     "test_scheduler.py": {
-        _MAMBA: [
-            "test_hybrid_divergent_hit_fallback_is_capped_at_retained_auxiliary_outputs",
-            "test_hybrid_fa_deeper_hit_respects_connector_lookup_policy",
-            "test_hybrid_per_group_hit_divergence_with_connector",
-        ],
         _HISPARSE: [
             "test_pending_hisparse_reclamation_defers_preemption",
             "test_pending_hisparse_spill_keeps_scheduler_alive",

@@ -74,6 +74,7 @@ from .hybrid_extra import (
     cache_loose,
     check_retention_interval,
     eagle_group_flags,
+    spec_classes,
     take_loose_ids,
     zeroing_groups,
 )
@@ -221,12 +222,10 @@ class _HybridCoordinatorView:
     def find_longest_cache_hit_per_group(
         self, block_hashes: Sequence[bytes], max_cache_hit_length: int
     ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
-        """vLLM's per-group hits (each group on its own, for KV connectors): not computed
-        by kvindex, :class:`UnsupportedVllmConfigError`."""
-        raise _unsupported(
-            "the hybrid fixed-point hit only, not find_longest_cache_hit_per_group "
-            "(per-group hits of a KV connector)"
-        )
+        """vLLM's per-group hits (each spec set on its own, for KV connectors):
+        ``(blocks per group, hit tokens per group)``."""
+        groups, lens = self._manager._core.find_hit_per_group(block_hashes, max_cache_hit_length)
+        return self._manager._wrap(groups), tuple(lens)
 
     def get_blocks(self, request_id: str) -> tuple[list[KVCacheBlock], ...]:
         return self._manager._tables(request_id)
@@ -305,6 +304,7 @@ class HybridKVCacheManager(ManagerCalls):
                 max_model_len=max_model_len,
                 allow_partial_hash_hits=True,
                 eagle_groups=eagle_group_flags(kv_cache_config),
+                spec_classes=spec_classes(kv_cache_config),
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
@@ -392,15 +392,25 @@ class HybridKVCacheManager(ManagerCalls):
     def get_computed_blocks_for_connector(
         self, request: Request, max_cache_hit_length: int | None = None
     ) -> tuple[KVCacheBlocks, int, int, bool]:
-        """``get_computed_blocks`` plus ``hit_diverged`` (False). With a Mamba group beside
-        full attention vLLM reports per-group hits here, which kvindex does not compute:
-        :class:`UnsupportedVllmConfigError`."""
-        if self._mamba and self.coordinator.full_attention_group_id is not None:
-            raise _unsupported(
-                "get_computed_blocks_for_connector (per-group hits of a KV connector) "
-                "without Mamba groups beside full attention"
-            )
-        return *self.get_computed_blocks(request, max_cache_hit_length), False
+        """The local hit a KV connector that accepts diverging hybrid hits builds on:
+        ``get_computed_blocks`` plus ``hit_diverged``. With Mamba beside full attention,
+        the full-attention group's own hit, each group's own blocks and whether a group
+        lags behind it; when a group hits deeper than full attention (its blocks were
+        evicted), the reconciled hit."""
+        fa = self.coordinator.full_attention_group_id
+        if not self._mamba or fa is None:
+            return *self.get_computed_blocks(request, max_cache_hit_length), False
+        if not self.prefix_cache_lookup_enabled(request):
+            return self.empty_kv_cache_blocks, 0, 0, False
+        if max_cache_hit_length is None:
+            max_cache_hit_length = request.num_tokens - 1
+        groups, hits = self.coordinator.find_longest_cache_hit_per_group(
+            request.block_hashes, max_cache_hit_length
+        )
+        if any(hit > hits[fa] for hit in hits):
+            return *self.get_computed_blocks(request, max_cache_hit_length), False
+        num_local = hits[fa]
+        return self.create_kv_cache_blocks(groups), num_local, 0, min(hits) < num_local
 
     def estimate_cached_tokens(self, request: Request) -> int:
         """The fewest tokens any prefix-cacheable group's table of the request holds cached

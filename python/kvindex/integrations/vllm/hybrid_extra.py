@@ -79,6 +79,14 @@ def eagle_group_flags(kv_cache_config: KVCacheConfig) -> list[bool]:
     return [bool(getattr(g, "is_eagle_group", False)) for g in kv_cache_config.kv_cache_groups]
 
 
+def spec_classes(kv_cache_config: KVCacheConfig) -> list[int]:
+    """Per group, the first group whose spec equals its own (vLLM's spec equality, dtype
+    and head shape included): vLLM's coordinator puts two groups in one spec set only when
+    their specs are equal, and so does kvindex's layout with these classes."""
+    specs = [g.kv_cache_spec for g in kv_cache_config.kv_cache_groups]
+    return [next(j for j in range(i + 1) if specs[j] == specs[i]) for i in range(len(specs))]
+
+
 def zeroing_groups(kv_cache_config: KVCacheConfig) -> list[int]:
     """The groups whose new blocks the worker zeroes: attention groups, when the config
     needs KV cache zeroing (none otherwise)."""

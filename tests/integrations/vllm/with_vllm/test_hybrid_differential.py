@@ -154,6 +154,15 @@ MIXES: dict[str, Mix] = {
         (lambda: full(8), lambda: swa(4, 9)), 80, 37, retention=0, eagle=True, eagle_groups=(0,)
     ),
     "2full16+swa8": Mix((lambda: full(16), lambda: swa(8, 12), lambda: full(16)), 120, 36),
+    # Mixed precisions split spec sets by dtype (a flagged EAGLE group drops alone).
+    "2full+2swa-zero-eagle": Mix(
+        (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)),
+        120,
+        38,
+        zeroing=True,
+        eagle=True,
+        eagle_groups=(2,),
+    ),
     "all-four": Mix(
         (lambda: full(8), lambda: swa(8, 5), lambda: chunked(8, 16), lambda: mamba(8)), 120, 13
     ),
@@ -327,6 +336,7 @@ class Driver:
             "null_blocks": 0,
             "partial_entries": 0,
             "extra_keys": 0,
+            "diverged": 0,
         }
 
     # ---------------------------------------------------------------- requests
@@ -379,6 +389,15 @@ class Driver:
 
         def go(m: Any, side: int) -> Any:
             req = self.reqs[rid][side]
+            # What a KV connector accepting diverging hybrid hits asks first.
+            per_group = None
+            if len(self.mix.groups) > 1 and self.mix.caching:
+                pg_blocks, pg_hits = m.coordinator.find_longest_cache_hit_per_group(
+                    req.block_hashes, req.num_tokens - 1
+                )
+                per_group = ([[b.block_id for b in g] for g in pg_blocks], pg_hits)
+                conn_blocks, conn_hit, _, diverged = m.get_computed_blocks_for_connector(req)
+                per_group = (*per_group, ids(conn_blocks), conn_hit, diverged)
             blocks, hit, junction = m.get_computed_blocks(req)
             req.shared_prefix_boundary = junction  # as vLLM's scheduler sets it
             n = min(chunk, req.num_tokens - hit)
@@ -386,9 +405,11 @@ class Driver:
             if new is not None:
                 req.status = RequestStatus.RUNNING
                 req.num_computed_tokens = hit + n
-            return hit, ids(blocks), ids(new)
+            return hit, ids(blocks), ids(new), per_group
 
-        hit, _, new = self.both(f"admit {rid}", go)
+        hit, _, new, per_group = self.both(f"admit {rid}", go)
+        if per_group is not None and per_group[4]:
+            self.stats["diverged"] += 1
         if new is None:
             return
         self.stats["hit_tokens"] += hit
@@ -501,15 +522,13 @@ def test_hybrid_differential(name: str) -> None:
     d = Driver(mix, other, OPS)
     stock, ours = (m.coordinator for m in d.sides)
     # The hybrid coordinator's decisions at construction: EAGLE groups, per-group drops,
-    # the spec sets the lookup walks (none without prefix caching). Not with mixed
-    # precisions: vLLM's spec sets also split groups of one kind and block size by dtype,
-    # kvindex's do not (their joint lookup answers the same without EAGLE).
+    # the spec sets the lookup walks (none without prefix caching; split by dtype too).
     if len(mix.groups) > 1:
         for attr in ("eagle_group_ids", "drop_eagle_group_ids"):
             assert getattr(stock, attr) == getattr(ours, attr), attr
         flags = [[m.use_eagle for m in c.single_type_managers] for c in (stock, ours)]
         assert flags[0] == flags[1], flags
-    if len(mix.groups) > 1 and mix.caching and not mix.zeroing:
+    if len(mix.groups) > 1 and mix.caching:
         sets = [
             [(type(g.spec), g.group_ids, g.manager_cls, g.use_eagle) for g in c.attention_groups]
             for c in (stock, ours)
@@ -529,8 +548,11 @@ def test_hybrid_differential(name: str) -> None:
     # A full-attention block larger than the hash block registers prompt tails, some of
     # them beside a block's own hash (under EAGLE most go on blocks not yet full).
     hbs = gcd(*(g().block_size for g in mix.groups))
-    if mix.caching and any(
-        isinstance(g(), FullAttentionSpec) and g().block_size > hbs for g in mix.groups
+    # (Checked on the default stream: a rare layout's tail may not come up in another.)
+    if (
+        SEED == 0
+        and mix.caching
+        and any(isinstance(g(), FullAttentionSpec) and g().block_size > hbs for g in mix.groups)
     ):
         assert d.stats["partial_entries"] > 0, d.stats
         assert d.stats["extra_keys"] > 0 or mix.eagle, d.stats
