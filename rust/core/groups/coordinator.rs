@@ -86,7 +86,15 @@ pub fn longest_hit<L: BlockLookup>(
         verified: bool,
         last_q: Option<HitQuery>,
     }
-    let mut st = vec![SetState::default(); sets.len()];
+    // Real layouts have a few spec sets: their states on the stack.
+    let mut on_stack = [SetState::default(); 4];
+    let mut on_heap = Vec::new();
+    let st: &mut [SetState] = if sets.len() <= on_stack.len() {
+        &mut on_stack[..sets.len()]
+    } else {
+        on_heap.resize(sets.len(), SetState::default());
+        &mut on_heap
+    };
     loop {
         let mut curr = hit_length;
         for (idx, set) in sets.iter().enumerate() {

@@ -36,6 +36,7 @@
 //! point; allocation and caching O(blocks touched) per group.
 
 use std::cell::RefCell;
+use std::num::NonZeroU32;
 
 use rustc_hash::FxHashMap;
 
@@ -187,19 +188,23 @@ impl VllmManager {
                 }
             })
             .collect();
-        let mut outs: Vec<Vec<Option<u32>>> =
+        let mut outs: Vec<Vec<Option<NonZeroU32>>> =
             sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
         let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
         let mut blocks = vec![Vec::new(); ng];
         for (si, s) in sets.iter().enumerate() {
             if let [g] = *s.group_ids {
-                blocks[g] = outs[si].iter().map(|o| o.map_or(BlockId::NULL, BlockId)).collect();
+                // A one-group set answers block ids (None: the null block, id 0): the
+                // list converts in place.
+                let out = std::mem::take(&mut outs[si]);
+                blocks[g] = out.into_iter().map(|o| BlockId(o.map_or(0, NonZeroU32::get))).collect();
                 continue;
             }
             for (m, &g) in s.group_ids.iter().enumerate() {
+                let side = &looks[si].side;
                 blocks[g] = outs[si]
                     .iter()
-                    .map(|o| o.map_or(BlockId::NULL, |off| looks[si].side[off as usize + m]))
+                    .map(|o| o.map_or(BlockId::NULL, |off| side[off.get() as usize - 1 + m]))
                     .collect();
             }
         }
