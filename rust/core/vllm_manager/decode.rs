@@ -16,7 +16,8 @@
 //! - [`VllmManager::new_request_step`]: a request's first call (no tables),
 //!   adopting its hits, no external tokens: the count, the free-block check
 //!   (a refusal leaves the empty entry `remove_skipped_blocks` makes in vLLM),
-//!   every group's hits adopted, then new blocks group by group.
+//!   every group's hits adopted, then new blocks group by group; each table
+//!   allocated once, with room for a quarter more blocks.
 //!
 //! # Invariants
 //! - results, tables, cached counts, the free queue and the logs (removed
@@ -200,8 +201,12 @@ impl VllmManager {
         let VllmManager { reqs, consts, pool, .. } = self;
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         for (g, c) in consts.iter().enumerate() {
+            let hits = if c.cross { &[][..] } else { new_computed.get(g).map_or(&[][..], Vec::as_slice) };
+            // One allocation per table: its hit and new blocks, and room for the
+            // blocks of a quarter more tokens (decode steps) before it grows.
+            let want = c.blocks_up(s.slot_tokens(c.cross)).max(hits.len());
+            req.g_mut(g).blocks.reserve_exact(want.saturating_add(want / 4 + 1));
             if !c.cross {
-                let hits = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 adopt_hits(pool, c.spec, req.g_mut(g), hits, total);
             }
         }
