@@ -36,7 +36,7 @@ pub(super) type RunOut<'py> = (usize, usize, usize, Bound<'py, PyArray1<i32>>);
 pub(super) fn runs_out<'py>(py: Python<'py>, runs: &[CachedRun]) -> PyResult<Vec<RunOut<'py>>> {
     #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
     runs.iter()
-        .map(|r| Ok((r.group, r.start, r.end, i32_array(py, r.stored.iter().map(|&i| i as i32))?)))
+        .map(|r| Ok((r.group, r.start, r.end, i32_array(py, r.stored.iter().map(|i| i as i32))?)))
         .collect()
 }
 

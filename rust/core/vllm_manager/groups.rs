@@ -103,7 +103,151 @@ pub struct CachedRun {
     pub end: usize,
     /// Table indices that got a hash, in order (null and unreachable blocks
     /// left out; may be empty, vLLM still emits the event).
-    pub stored: Vec<usize>,
+    pub stored: Stored,
+}
+
+/// Increasing table indices (a [`CachedRun`]'s stored blocks): a range while
+/// they are contiguous (most runs; no allocation), else a list. The form is
+/// a function of the indices (a contiguous list is always a range), so
+/// equal index lists compare equal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// `start..end`, in order.
+    Range(usize, usize),
+    /// Indices that are not contiguous, in order.
+    List(Vec<usize>),
+}
+
+impl Default for Stored {
+    fn default() -> Self {
+        Stored::Range(0, 0)
+    }
+}
+
+impl Stored {
+    /// Appends index `i` (larger than the last).
+    pub fn push(&mut self, i: usize) {
+        match self {
+            Stored::Range(a, b) if *a == *b => *self = Stored::Range(i, i + 1),
+            Stored::Range(_, b) if i == *b => *b += 1,
+            Stored::Range(a, b) => {
+                let mut v: Vec<usize> = (*a..*b).collect();
+                v.push(i);
+                *self = Stored::List(v);
+            }
+            Stored::List(v) => v.push(i),
+        }
+    }
+
+    /// The indices, in order.
+    #[must_use]
+    pub fn iter(&self) -> StoredIter<'_> {
+        match self {
+            Stored::Range(a, b) => StoredIter::Range(*a..*b),
+            Stored::List(v) => StoredIter::List(v.iter()),
+        }
+    }
+
+    /// How many indices.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            Stored::Range(a, b) => b - a,
+            Stored::List(v) => v.len(),
+        }
+    }
+
+    /// Whether there is none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indices as a list.
+    #[must_use]
+    pub fn to_vec(&self) -> Vec<usize> {
+        self.iter().collect()
+    }
+}
+
+/// The indices of a [`Stored`], in order.
+#[derive(Clone, Debug)]
+pub enum StoredIter<'a> {
+    /// Of a range.
+    Range(std::ops::Range<usize>),
+    /// Of a list.
+    List(std::slice::Iter<'a, usize>),
+}
+
+impl Iterator for StoredIter<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            StoredIter::Range(r) => r.next(),
+            StoredIter::List(l) => l.next().copied(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            StoredIter::Range(r) => r.size_hint(),
+            StoredIter::List(l) => l.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for StoredIter<'_> {}
+
+/// The runs [`VllmManager::cache_plan`] returns, `(group, start, end)` in
+/// group order (a slice by deref); up to four inline, without an allocation.
+#[derive(Clone, Debug)]
+pub struct CachePlan {
+    len: usize,
+    inline: [(usize, usize, usize); 4],
+    more: Vec<(usize, usize, usize)>,
+}
+
+impl CachePlan {
+    pub(crate) fn new() -> Self {
+        CachePlan { len: 0, inline: [(0, 0, 0); 4], more: Vec::new() }
+    }
+
+    pub(crate) fn push(&mut self, run: (usize, usize, usize)) {
+        if self.more.is_empty() && self.len < self.inline.len() {
+            self.inline[self.len] = run;
+            self.len += 1;
+            return;
+        }
+        if self.more.is_empty() {
+            self.more.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.more.push(run);
+    }
+}
+
+impl std::ops::Deref for CachePlan {
+    type Target = [(usize, usize, usize)];
+    fn deref(&self) -> &Self::Target {
+        if self.more.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.more
+        }
+    }
+}
+
+impl PartialEq for CachePlan {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for CachePlan {}
+
+impl PartialEq<Vec<(usize, usize, usize)>> for CachePlan {
+    fn eq(&self, other: &Vec<(usize, usize, usize)>) -> bool {
+        **self == **other
+    }
 }
 
 /// One request in a [`ManagerSnapshot`]: its id, one table per group, one
@@ -191,13 +335,19 @@ impl VllmManager {
         let mut outs: Vec<Vec<Option<NonZeroU32>>> =
             sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
         let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
+        let one = |o: Vec<Option<NonZeroU32>>| -> Vec<BlockId> {
+            // A one-group set answers block ids (None: the null block, id 0): the
+            // list converts in place.
+            o.into_iter().map(|o| BlockId(o.map_or(0, NonZeroU32::get))).collect()
+        };
+        if sets.len() == ng && sets.iter().enumerate().all(|(si, s)| *s.group_ids == [si]) {
+            // Set `i` is group `i` alone (most layouts): the lists convert in place.
+            return GroupHit { hit, blocks: outs.into_iter().map(one).collect() };
+        }
         let mut blocks = vec![Vec::new(); ng];
         for (si, s) in sets.iter().enumerate() {
             if let [g] = *s.group_ids {
-                // A one-group set answers block ids (None: the null block, id 0): the
-                // list converts in place.
-                let out = std::mem::take(&mut outs[si]);
-                blocks[g] = out.into_iter().map(|o| BlockId(o.map_or(0, NonZeroU32::get))).collect();
+                blocks[g] = one(std::mem::take(&mut outs[si]));
                 continue;
             }
             for (m, &g) in s.group_ids.iter().enumerate() {
@@ -636,8 +786,8 @@ impl VllmManager {
         num_tokens: usize,
         num_hashes: usize,
         reprefillable: usize,
-    ) -> Vec<(usize, usize, usize)> {
-        let mut out = Vec::new();
+    ) -> CachePlan {
+        let mut out = CachePlan::new();
         if !self.enable_caching {
             return out;
         }
@@ -713,7 +863,7 @@ impl VllmManager {
             let spec = self.layout.groups()[g];
             let eagle = self.layout.group_eagle(g);
             let scale = spec.block_size / hbs;
-            let mut stored = Vec::new();
+            let mut stored = Stored::default();
             let blocks = &req.g(g).blocks;
             for i in start..end {
                 let b = blocks[i];
