@@ -153,7 +153,8 @@ pub fn cacheable_tokens(layout: &GroupLayout, g: usize, num_computed: usize, rep
     }
     let block_size = layout.groups().get(g).map_or(1, |s| s.block_size);
     let sb = layout.scheduler_block_size();
-    let cached = num_computed / sb * sb;
+    // `num_computed / sb * sb` (a mask for the usual power-of-two block size).
+    let cached = if sb.is_power_of_two() { num_computed & !(sb - 1) } else { num_computed / sb * sb };
     if layout.group_eagle(g) && cached > 0 {
         let finalized = num_computed.saturating_sub(reprefillable);
         return finalized.min(finalized / sb * sb + block_size);

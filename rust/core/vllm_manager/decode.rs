@@ -1,6 +1,7 @@
 //! The two common calls of `allocate_slots_groups` on one request lookup,
-//! with per-group constants ([`GroupConst`]: kind flags, block-size shifts)
-//! computed once from the layout instead of matched per call. Both apply
+//! with per-group constants ([`GroupConst`]: kind flags, block-size shifts,
+//! and the EAGLE flag, hash scale and dense-retention rule `cache_apply`
+//! reads) computed once from the layout instead of matched per call. Both apply
 //! only on layouts without align-mode Mamba groups, without the
 //! full-sequence gate; any other call takes the general path.
 //!
@@ -39,13 +40,20 @@ use crate::core::ids::{BlockHash, BlockId};
 /// What a step reads of one group, computed once from the layout.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GroupConst {
-    spec: GroupSpec,
+    pub(crate) spec: GroupSpec,
     /// log2 of the block size when it is a power of two (else `u32::MAX`).
     shift: u32,
     /// A cross-attention group (counts and takes blocks for encoder tokens).
     pub(crate) cross: bool,
     /// Looked up and cached.
     pub(crate) cacheable: bool,
+    /// Caching with dense retention registers every block (no sliding-window
+    /// segment heads to leave out).
+    pub(crate) caches_all: bool,
+    /// The group's hits and caching drop the EAGLE block.
+    pub(crate) eagle: bool,
+    /// Hash blocks per block (1 for a group that is not prefix-cacheable).
+    pub(crate) scale: usize,
 }
 
 impl GroupConst {
@@ -55,11 +63,15 @@ impl GroupConst {
             .map(|g| {
                 let spec = layout.groups()[g];
                 let bs = spec.block_size;
+                let eagle = layout.group_eagle(g);
                 GroupConst {
                     spec,
                     shift: if bs.is_power_of_two() { bs.trailing_zeros() } else { u32::MAX },
                     cross: spec.kind == GroupKind::CrossAttention,
                     cacheable: spec.kind.prefix_cacheable(),
+                    caches_all: spec.caches_every_block(layout.scheduler_block_size(), eagle),
+                    eagle,
+                    scale: (bs / layout.hash_block_size()).max(1),
                 }
             })
             .collect()

@@ -856,20 +856,19 @@ impl VllmManager {
         if !plan.is_empty() && (lo < first || hi > first + hashes.len()) {
             return Err(KvError::invalid("the hashes given do not cover the cache runs"));
         }
-        let hbs = self.layout.hash_block_size();
         let alignment = self.layout.scheduler_block_size();
+        let dense = self.retention.interval.is_none();
         let mut runs = Vec::with_capacity(plan.len());
         for &(g, start, end) in plan {
-            let spec = self.layout.groups()[g];
-            let eagle = self.layout.group_eagle(g);
-            let scale = spec.block_size / hbs;
+            let c = self.consts[g];
+            let (spec, eagle, scale) = (c.spec, c.eagle, c.scale);
             let mut stored = Stored::default();
             let blocks = &req.g(g).blocks;
             for i in start..end {
                 let b = blocks[i];
                 if b == BlockId::NULL
-                    || !self.caches_block_at(g, i, alignment, eagle)
-                    || self.pool.block_hash(b).is_some()
+                    || !(dense && c.caches_all || self.caches_block_at(g, i, alignment, eagle))
+                    || self.pool.is_cached(b)
                 {
                     continue;
                 }
