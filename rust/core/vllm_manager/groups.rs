@@ -312,29 +312,49 @@ impl VllmManager {
         let sets = self.layout.spec_sets();
         let scratch = RefCell::new((Vec::new(), Vec::new()));
         let anchor = self.anchor_run(hashes, max_tokens);
-        let mut looks: Vec<PoolLookup<'_>> = sets
-            .iter()
-            .map(|s| {
-                let scale = s.spec.block_size / hbs;
-                let side = if s.group_ids.len() > 1 {
-                    Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
-                } else {
-                    Vec::new()
-                };
-                PoolLookup {
+        // Set `si`'s lookup; past the last set an unused one (no groups, no allocation).
+        let make = |si: usize| {
+            let Some(s) = sets.get(si) else {
+                let (side, groups) = (Vec::new(), &[][..]);
+                return PoolLookup {
                     m: self,
                     hashes,
-                    scale,
-                    groups: &s.group_ids,
+                    scale: 1,
+                    groups,
                     side,
                     scratch: &scratch,
                     anchor: &anchor,
-                }
-            })
-            .collect();
+                };
+            };
+            let scale = s.spec.block_size / hbs;
+            let side = if s.group_ids.len() > 1 {
+                Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
+            } else {
+                Vec::new()
+            };
+            PoolLookup {
+                m: self,
+                hashes,
+                scale,
+                groups: &s.group_ids,
+                side,
+                scratch: &scratch,
+                anchor: &anchor,
+            }
+        };
+        // Up to four sets' lookups on the stack.
+        let mut few: [PoolLookup<'_>; 4];
+        let mut many: Vec<PoolLookup<'_>>;
+        let looks: &mut [PoolLookup<'_>] = if sets.len() <= 4 {
+            few = std::array::from_fn(make);
+            &mut few[..sets.len()]
+        } else {
+            many = (0..sets.len()).map(make).collect();
+            &mut many
+        };
         let mut outs: Vec<Vec<Option<NonZeroU32>>> =
             sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
-        let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
+        let hit = coordinator::longest_hit(&self.layout, looks, max_tokens, hashes.len(), &mut outs);
         let one = |o: Vec<Option<NonZeroU32>>| -> Vec<BlockId> {
             // A one-group set answers block ids (None: the null block, id 0): the
             // list converts in place.
