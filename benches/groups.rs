@@ -19,6 +19,7 @@
 //! ```sh
 //! cargo bench --bench groups            # all variants
 //! cargo bench --bench groups -- single  # the one-group fast calls only
+//! cargo bench --bench groups -- single,groups2  # the fast calls and two groups
 //! cargo bench --bench groups -- --split # with the per-phase split
 //! ```
 
@@ -254,7 +255,8 @@ fn main() {
     let filter = args.iter().find(|a| !a.starts_with('-'));
     let split = args.iter().any(|a| a == "--split");
     let all: Vec<Vec<BlockHash>> = (0..REQUESTS).map(request_hashes).collect();
-    let want = |name: &str| filter.is_none_or(|f| name.contains(f.as_str()));
+    // A filter of comma-separated parts runs each variant whose name contains one.
+    let want = |name: &str| filter.is_none_or(|f| f.split(',').any(|p| name.contains(p)));
     // Each phase's fastest run (a phase disturbed in one run is clean in another).
     let fastest_split = |runs: &[(f64, f64, Split)]| {
         let mut m = Split::new(true);

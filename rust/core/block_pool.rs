@@ -123,6 +123,13 @@ impl BlockPool {
         self.meta[b.idx()].hash
     }
 
+    /// Whether `b` has a cached hash. O(1).
+    #[inline]
+    #[must_use]
+    pub fn is_cached(&self, b: BlockId) -> bool {
+        self.meta[b.idx()].hash.is_some()
+    }
+
     /// Whether `b` is in the free queue. O(1). Reads the ref count
     /// (invariant 2), the field `touch` reads next, not the queue links.
     #[must_use]

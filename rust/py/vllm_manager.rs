@@ -37,7 +37,7 @@ pub(super) fn runs_out<'py>(py: Python<'py>, runs: &[CachedRun]) -> PyResult<Vec
     #[allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap)]
     runs.iter()
         .map(|r| {
-            let stored = i32_array(py, r.stored.iter().map(|&i| i as i32))?;
+            let stored = i32_array(py, r.stored.iter().map(|i| i as i32))?;
             Ok((r.group, r.start, r.end, stored, r.block_size, r.removed.0, r.removed.1))
         })
         .collect()

@@ -86,7 +86,15 @@ pub fn longest_hit<L: BlockLookup>(
         verified: bool,
         last_q: Option<HitQuery>,
     }
-    let mut st = vec![SetState::default(); sets.len()];
+    // Real layouts have a few spec sets: their states on the stack.
+    let mut on_stack = [SetState::default(); 4];
+    let mut on_heap = Vec::new();
+    let st: &mut [SetState] = if sets.len() <= on_stack.len() {
+        &mut on_stack[..sets.len()]
+    } else {
+        on_heap.resize(sets.len(), SetState::default());
+        &mut on_heap
+    };
     loop {
         let mut curr = hit_length;
         for (idx, set) in sets.iter().enumerate() {
@@ -183,7 +191,8 @@ pub fn cacheable_tokens(layout: &GroupLayout, g: usize, num_computed: usize, rep
     }
     let block_size = layout.groups().get(g).map_or(1, |s| s.block_size);
     let sb = layout.scheduler_block_size();
-    let cached = num_computed / sb * sb;
+    // `num_computed / sb * sb` (a mask for the usual power-of-two block size).
+    let cached = if sb.is_power_of_two() { num_computed & !(sb - 1) } else { num_computed / sb * sb };
     if layout.group_eagle(g) && cached > 0 {
         let finalized = num_computed.saturating_sub(reprefillable);
         return finalized.min(finalized / sb * sb + block_size);

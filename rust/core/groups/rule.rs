@@ -86,6 +86,9 @@ pub trait GroupRule {
     /// only the blocks a hit at an `alignment` boundary can use.
     fn caches_block(&self, i: usize, alignment: usize, use_eagle: bool) -> bool;
 
+    /// Whether [`Self::caches_block`] holds for every block index.
+    fn caches_every_block(&self, alignment: usize, use_eagle: bool) -> bool;
+
     /// vLLM's recycling-aware per-request admission cap, in blocks (sliding
     /// window and chunked local only).
     fn admission_cap(&self, max_in_flight_tokens: usize, max_model_len: usize) -> Option<usize>;
@@ -301,6 +304,12 @@ impl GroupRule for GroupSpec {
         i >= shift && (i - shift) % per_segment >= per_segment - need
     }
 
+    fn caches_every_block(&self, alignment: usize, use_eagle: bool) -> bool {
+        let Some(window) = self.kind.sliding_window() else { return true };
+        let bs = self.block_size;
+        !alignment.is_multiple_of(bs) || window_blocks(window, bs, use_eagle) >= alignment / bs
+    }
+
     fn admission_cap(&self, max_in_flight_tokens: usize, max_model_len: usize) -> Option<usize> {
         match self.kind {
             GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
@@ -362,6 +371,11 @@ mod tests {
         assert!(s.caches_block(3, 8, false) && s.caches_block(2, 8, false));
         let wide = GroupSpec { kind: GroupKind::SlidingWindow { window: 5 }, block_size: 4 };
         assert!(!wide.caches_block(2, 16, false) && wide.caches_block(3, 16, false));
+        for (spec, alignment, eagle) in [(s, 8, false), (s, 4, true), (wide, 16, false), (wide, 16, true)] {
+            let all = (0..64).all(|i| spec.caches_block(i, alignment, eagle));
+            assert_eq!(spec.caches_every_block(alignment, eagle), all, "{spec:?} {alignment} {eagle}");
+        }
+        assert!(GroupSpec::full(4).caches_every_block(16, false));
     }
 
     /// The window scan that skips a window per miss answers as vLLM's block-by-block scan.

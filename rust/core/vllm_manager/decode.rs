@@ -1,6 +1,7 @@
 //! The two common calls of `allocate_slots_groups` on one request lookup,
-//! with per-group constants ([`GroupConst`]: kind flags, block-size shifts)
-//! computed once from the layout instead of matched per call. Both apply
+//! with per-group constants ([`GroupConst`]: kind flags, block-size shifts,
+//! and the EAGLE flag, hash scale and dense-retention rule `cache_apply`
+//! reads) computed once from the layout instead of matched per call. Both apply
 //! only on layouts without align-mode Mamba groups, without the
 //! full-sequence gate; any other call takes the general path.
 //!
@@ -16,7 +17,8 @@
 //! - [`VllmManager::new_request_step`]: a request's first call (no tables),
 //!   adopting its hits, no external tokens: the count, the free-block check
 //!   (a refusal leaves the empty entry `remove_skipped_blocks` makes in vLLM),
-//!   every group's hits adopted, then new blocks group by group.
+//!   every group's hits adopted, then new blocks group by group; each table
+//!   allocated once, with room for a quarter more blocks.
 //!
 //! # Invariants
 //! - results, tables, cached counts, the free queue and the logs (removed
@@ -38,13 +40,20 @@ use crate::core::ids::{BlockHash, BlockId};
 /// What a step reads of one group, computed once from the layout.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct GroupConst {
-    spec: GroupSpec,
+    pub(crate) spec: GroupSpec,
     /// log2 of the block size when it is a power of two (else `u32::MAX`).
     shift: u32,
     /// A cross-attention group (counts and takes blocks for encoder tokens).
     pub(crate) cross: bool,
     /// Looked up and cached.
     pub(crate) cacheable: bool,
+    /// Caching with dense retention registers every block (no sliding-window
+    /// segment heads to leave out).
+    pub(crate) caches_all: bool,
+    /// The group's hits and caching drop the EAGLE block.
+    pub(crate) eagle: bool,
+    /// Hash blocks per block (1 for a group that is not prefix-cacheable).
+    pub(crate) scale: usize,
 }
 
 impl GroupConst {
@@ -54,11 +63,15 @@ impl GroupConst {
             .map(|g| {
                 let spec = layout.groups()[g];
                 let bs = spec.block_size;
+                let eagle = layout.group_eagle(g);
                 GroupConst {
                     spec,
                     shift: if bs.is_power_of_two() { bs.trailing_zeros() } else { u32::MAX },
                     cross: spec.kind == GroupKind::CrossAttention,
                     cacheable: spec.kind.prefix_cacheable(),
+                    caches_all: spec.caches_every_block(layout.scheduler_block_size(), eagle),
+                    eagle,
+                    scale: (bs / layout.hash_block_size()).max(1),
                 }
             })
             .collect()
@@ -203,8 +216,12 @@ impl VllmManager {
         let VllmManager { reqs, consts, pool, .. } = self;
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         for (g, c) in consts.iter().enumerate() {
+            let hits = if c.cross { &[][..] } else { new_computed.get(g).map_or(&[][..], Vec::as_slice) };
+            // One allocation per table: its hit and new blocks, and room for the
+            // blocks of a quarter more tokens (decode steps) before it grows.
+            let want = c.blocks_up(s.slot_tokens(c.cross)).max(hits.len());
+            req.g_mut(g).blocks.reserve_exact(want.saturating_add(want / 4 + 1));
             if !c.cross {
-                let hits = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 adopt_hits(pool, c.spec, req.g_mut(g), hits, total);
             }
         }

@@ -40,6 +40,7 @@
 //! point; allocation and caching O(blocks touched) per group.
 
 use std::cell::RefCell;
+use std::num::NonZeroU32;
 
 use rustc_hash::FxHashMap;
 
@@ -95,7 +96,7 @@ pub struct CachedRun {
     pub end: usize,
     /// Table indices that got a hash, in order (null and unreachable blocks
     /// left out; may be empty, vLLM still emits the event).
-    pub stored: Vec<usize>,
+    pub stored: Stored,
     /// Tokens per entry: the group's block size, or the hash block size for
     /// a prompt tail's partial entry ([`super::partial`]; `start..end` then
     /// count hash blocks).
@@ -104,6 +105,150 @@ pub struct CachedRun {
     /// or a replaced partial hash dropped, which vLLM reports just before
     /// this run's `BlockStored`); empty when the log is off.
     pub removed: (usize, usize),
+}
+
+/// Increasing table indices (a [`CachedRun`]'s stored blocks): a range while
+/// they are contiguous (most runs; no allocation), else a list. The form is
+/// a function of the indices (a contiguous list is always a range), so
+/// equal index lists compare equal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Stored {
+    /// `start..end`, in order.
+    Range(usize, usize),
+    /// Indices that are not contiguous, in order.
+    List(Vec<usize>),
+}
+
+impl Default for Stored {
+    fn default() -> Self {
+        Stored::Range(0, 0)
+    }
+}
+
+impl Stored {
+    /// Appends index `i` (larger than the last).
+    pub fn push(&mut self, i: usize) {
+        match self {
+            Stored::Range(a, b) if *a == *b => *self = Stored::Range(i, i + 1),
+            Stored::Range(_, b) if i == *b => *b += 1,
+            Stored::Range(a, b) => {
+                let mut v: Vec<usize> = (*a..*b).collect();
+                v.push(i);
+                *self = Stored::List(v);
+            }
+            Stored::List(v) => v.push(i),
+        }
+    }
+
+    /// The indices, in order.
+    #[must_use]
+    pub fn iter(&self) -> StoredIter<'_> {
+        match self {
+            Stored::Range(a, b) => StoredIter::Range(*a..*b),
+            Stored::List(v) => StoredIter::List(v.iter()),
+        }
+    }
+
+    /// How many indices.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        match self {
+            Stored::Range(a, b) => b - a,
+            Stored::List(v) => v.len(),
+        }
+    }
+
+    /// Whether there is none.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The indices as a list.
+    #[must_use]
+    pub fn to_vec(&self) -> Vec<usize> {
+        self.iter().collect()
+    }
+}
+
+/// The indices of a [`Stored`], in order.
+#[derive(Clone, Debug)]
+pub enum StoredIter<'a> {
+    /// Of a range.
+    Range(std::ops::Range<usize>),
+    /// Of a list.
+    List(std::slice::Iter<'a, usize>),
+}
+
+impl Iterator for StoredIter<'_> {
+    type Item = usize;
+    fn next(&mut self) -> Option<usize> {
+        match self {
+            StoredIter::Range(r) => r.next(),
+            StoredIter::List(l) => l.next().copied(),
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        match self {
+            StoredIter::Range(r) => r.size_hint(),
+            StoredIter::List(l) => l.size_hint(),
+        }
+    }
+}
+
+impl ExactSizeIterator for StoredIter<'_> {}
+
+/// The runs [`VllmManager::cache_plan`] returns, `(group, start, end)` in
+/// group order (a slice by deref); up to four inline, without an allocation.
+#[derive(Clone, Debug)]
+pub struct CachePlan {
+    len: usize,
+    inline: [(usize, usize, usize); 4],
+    more: Vec<(usize, usize, usize)>,
+}
+
+impl CachePlan {
+    pub(crate) fn new() -> Self {
+        CachePlan { len: 0, inline: [(0, 0, 0); 4], more: Vec::new() }
+    }
+
+    pub(crate) fn push(&mut self, run: (usize, usize, usize)) {
+        if self.more.is_empty() && self.len < self.inline.len() {
+            self.inline[self.len] = run;
+            self.len += 1;
+            return;
+        }
+        if self.more.is_empty() {
+            self.more.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.more.push(run);
+    }
+}
+
+impl std::ops::Deref for CachePlan {
+    type Target = [(usize, usize, usize)];
+    fn deref(&self) -> &Self::Target {
+        if self.more.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.more
+        }
+    }
+}
+
+impl PartialEq for CachePlan {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for CachePlan {}
+
+impl PartialEq<Vec<(usize, usize, usize)>> for CachePlan {
+    fn eq(&self, other: &Vec<(usize, usize, usize)>) -> bool {
+        **self == **other
+    }
 }
 
 /// One request in a [`ManagerSnapshot`]: its id, one table per group, one
@@ -168,39 +313,69 @@ impl VllmManager {
         let sets = self.layout.spec_sets();
         let scratch = RefCell::new((Vec::new(), Vec::new()));
         let anchor = self.anchor_run(hashes, max_tokens);
-        let mut looks: Vec<PoolLookup<'_>> = sets
-            .iter()
-            .map(|s| {
-                let scale = s.spec.block_size / hbs;
-                let side = if s.group_ids.len() > 1 {
-                    Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
-                } else {
-                    Vec::new()
-                };
-                PoolLookup {
+        // Set `si`'s lookup; past the last set an unused one (no groups, no allocation).
+        let make = |si: usize| {
+            let Some(s) = sets.get(si) else {
+                let (side, groups) = (Vec::new(), &[][..]);
+                return PoolLookup {
                     m: self,
                     hashes,
-                    scale,
-                    groups: &s.group_ids,
+                    scale: 1,
+                    groups,
                     side,
                     scratch: &scratch,
                     anchor: &anchor,
-                }
-            })
-            .collect();
-        let mut outs: Vec<Vec<Option<u32>>> =
+                };
+            };
+            let scale = s.spec.block_size / hbs;
+            let side = if s.group_ids.len() > 1 {
+                Vec::with_capacity((hashes.len() / scale + 1) * s.group_ids.len())
+            } else {
+                Vec::new()
+            };
+            PoolLookup {
+                m: self,
+                hashes,
+                scale,
+                groups: &s.group_ids,
+                side,
+                scratch: &scratch,
+                anchor: &anchor,
+            }
+        };
+        // Up to four sets' lookups on the stack.
+        let mut few: [PoolLookup<'_>; 4];
+        let mut many: Vec<PoolLookup<'_>>;
+        let looks: &mut [PoolLookup<'_>] = if sets.len() <= 4 {
+            few = std::array::from_fn(make);
+            &mut few[..sets.len()]
+        } else {
+            many = (0..sets.len()).map(make).collect();
+            &mut many
+        };
+        let mut outs: Vec<Vec<Option<NonZeroU32>>> =
             sets.iter().map(|s| Vec::with_capacity(hashes.len() / (s.spec.block_size / hbs) + 1)).collect();
-        let hit = coordinator::longest_hit(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
+        let hit = coordinator::longest_hit(&self.layout, looks, max_tokens, hashes.len(), &mut outs);
+        let one = |o: Vec<Option<NonZeroU32>>| -> Vec<BlockId> {
+            // A one-group set answers block ids (None: the null block, id 0): the
+            // list converts in place.
+            o.into_iter().map(|o| BlockId(o.map_or(0, NonZeroU32::get))).collect()
+        };
+        if sets.len() == ng && sets.iter().enumerate().all(|(si, s)| *s.group_ids == [si]) {
+            // Set `i` is group `i` alone (most layouts): the lists convert in place.
+            return GroupHit { hit, blocks: outs.into_iter().map(one).collect() };
+        }
         let mut blocks = vec![Vec::new(); ng];
         for (si, s) in sets.iter().enumerate() {
             if let [g] = *s.group_ids {
-                blocks[g] = outs[si].iter().map(|o| o.map_or(BlockId::NULL, BlockId)).collect();
+                blocks[g] = one(std::mem::take(&mut outs[si]));
                 continue;
             }
             for (m, &g) in s.group_ids.iter().enumerate() {
+                let side = &looks[si].side;
                 blocks[g] = outs[si]
                     .iter()
-                    .map(|o| o.map_or(BlockId::NULL, |off| looks[si].side[off as usize + m]))
+                    .map(|o| o.map_or(BlockId::NULL, |off| side[off.get() as usize - 1 + m]))
                     .collect();
             }
         }
@@ -233,19 +408,20 @@ impl VllmManager {
                 anchor: &anchor,
             })
             .collect();
-        let mut outs: Vec<Vec<Option<u32>>> = vec![Vec::new(); sets.len()];
+        let mut outs: Vec<Vec<Option<NonZeroU32>>> = vec![Vec::new(); sets.len()];
         let hits = coordinator::per_set_hits(&self.layout, &mut looks, max_tokens, hashes.len(), &mut outs);
         let mut blocks = vec![Vec::new(); ng];
         let mut lens = vec![0; ng];
         for (si, s) in sets.iter().enumerate() {
+            // A one-group set answers block ids, a larger one offsets (plus one) into its side list.
             for (m, &g) in s.group_ids.iter().enumerate() {
                 lens[g] = hits[si];
                 blocks[g] = outs[si]
                     .iter()
                     .map(|o| match (o, s.group_ids.len()) {
                         (None, _) => BlockId::NULL,
-                        (Some(b), 1) => BlockId(*b),
-                        (Some(off), _) => looks[si].side[*off as usize + m],
+                        (Some(b), 1) => BlockId(b.get()),
+                        (Some(off), _) => looks[si].side[off.get() as usize - 1 + m],
                     })
                     .collect();
             }
@@ -678,8 +854,8 @@ impl VllmManager {
         num_tokens: usize,
         num_hashes: usize,
         reprefillable: usize,
-    ) -> Vec<(usize, usize, usize)> {
-        let mut out = Vec::new();
+    ) -> CachePlan {
+        let mut out = CachePlan::new();
         if !self.enable_caching {
             return out;
         }
@@ -748,22 +924,23 @@ impl VllmManager {
         if !plan.is_empty() && (lo < first || hi > first + hashes.len()) {
             return Err(KvError::invalid("the hashes given do not cover the cache runs"));
         }
-        let hbs = self.layout.hash_block_size();
         let alignment = self.layout.scheduler_block_size();
+        let dense = self.retention.interval.is_none();
         let mut runs = Vec::with_capacity(plan.len());
         for &(g, start, end) in plan {
-            let spec = self.layout.groups()[g];
-            let eagle = self.layout.group_eagle(g);
-            let scale = spec.block_size / hbs;
-            let mut stored = Vec::new();
+            let c = self.consts[g];
+            let (spec, eagle, scale) = (c.spec, c.eagle, c.scale);
+            let mut stored = Stored::default();
             let mark = self.removed.len();
             let blocks = &req.g(g).blocks;
             for i in start..end {
                 let b = blocks[i];
-                if b == BlockId::NULL || !self.caches_block_at(g, i, alignment, eagle) {
+                if b == BlockId::NULL
+                    || !(dense && c.caches_all || self.caches_block_at(g, i, alignment, eagle))
+                {
                     continue;
                 }
-                if self.pool.block_hash(b).is_some() {
+                if self.pool.is_cached(b) {
                     // A partial hash (a prompt tail) is promoted: every key of the
                     // block goes first. A full one stays.
                     if self.hash_tokens[b.idx()] as usize >= (i + 1) * spec.block_size {

@@ -280,3 +280,30 @@ fn cross_attention_holds_blocks_for_the_encoder_tokens() {
     m.free("b");
     assert_eq!(m.pool().num_free(), 59);
 }
+
+/// A run's stored indices keep one form per index list (a range while
+/// contiguous), and a plan of more runs than it holds inline keeps them all.
+#[test]
+fn stored_indices_and_plans_keep_their_order() {
+    use crate::core::vllm_manager::groups::{CachePlan, Stored};
+    let build = |v: &[usize]| {
+        let mut s = Stored::default();
+        v.iter().for_each(|&i| s.push(i));
+        s
+    };
+    for v in [&[][..], &[3], &[3, 4, 5], &[3, 5], &[0, 1, 7, 8], &[2, 3, 4, 9]] {
+        let s = build(v);
+        assert_eq!(s.to_vec(), v);
+        assert_eq!((s.len(), s.iter().len()), (v.len(), v.len()));
+        let contiguous = v.windows(2).all(|w| w[1] == w[0] + 1);
+        assert_eq!(matches!(s, Stored::Range(..)), contiguous, "{v:?}");
+    }
+    assert_eq!(build(&[]), build(&[]));
+    assert_ne!(build(&[3]), build(&[4]));
+    let mut p = CachePlan::new();
+    let runs: Vec<(usize, usize, usize)> = (0..7).map(|g| (g, g, g + 1)).collect();
+    for (i, &r) in runs.iter().enumerate() {
+        p.push(r);
+        assert_eq!(p, runs[..=i].to_vec());
+    }
+}

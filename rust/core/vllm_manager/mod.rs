@@ -29,7 +29,8 @@
 //!
 //! # Costs
 //! Per block O(1) as in the pool; per request one table per group (the
-//! first inline, no allocation for the others on one group). Two groups or
+//! first two inline: no allocation beyond the tables on one or two groups;
+//! a new request's tables are sized for its first call). Two groups or
 //! more keep sibling rows (4 bytes per block and group, [`siblings`]), so a
 //! lookup probes the pool once per block, not once per group and block.
 
@@ -59,46 +60,58 @@ pub(crate) struct GroupReq {
     pub(crate) num_cached: Option<usize>,
 }
 
-/// One request's tables: group 0 inline, the others in `rest`.
+/// One request's tables: groups 0 and 1 inline (two groups need no
+/// allocation beyond the tables), the others in `rest`.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Req {
     first: GroupReq,
+    /// Group 1 (None on one group).
+    second: Option<GroupReq>,
+    /// Groups 2 and up.
     rest: Vec<GroupReq>,
 }
 
 impl Req {
     fn with_groups(n: usize) -> Self {
-        Req { first: GroupReq::default(), rest: vec![GroupReq::default(); n.saturating_sub(1)] }
+        Req {
+            first: GroupReq::default(),
+            second: (n > 1).then(GroupReq::default),
+            rest: vec![GroupReq::default(); n.saturating_sub(2)],
+        }
     }
 
     pub(crate) fn g(&self, i: usize) -> &GroupReq {
-        if i == 0 {
-            &self.first
-        } else {
-            &self.rest[i - 1]
+        match i {
+            0 => &self.first,
+            1 => self.second.as_ref().expect("a request has a table per group"),
+            _ => &self.rest[i - 2],
         }
     }
 
     pub(crate) fn g_mut(&mut self, i: usize) -> &mut GroupReq {
-        if i == 0 {
-            &mut self.first
-        } else {
-            &mut self.rest[i - 1]
+        match i {
+            0 => &mut self.first,
+            1 => self.second.as_mut().expect("a request has a table per group"),
+            _ => &mut self.rest[i - 2],
         }
     }
 
     /// Whether any group has a cached count (vLLM: the request is running).
     pub(crate) fn running(&self) -> bool {
-        self.first.num_cached.is_some() || self.rest.iter().any(|g| g.num_cached.is_some())
+        self.first.num_cached.is_some()
+            || self.second.as_ref().is_some_and(|g| g.num_cached.is_some())
+            || self.rest.iter().any(|g| g.num_cached.is_some())
     }
 
     /// Whether every group has a cached count.
     pub(crate) fn all_running(&self) -> bool {
-        self.first.num_cached.is_some() && self.rest.iter().all(|g| g.num_cached.is_some())
+        self.first.num_cached.is_some()
+            && self.second.as_ref().is_none_or(|g| g.num_cached.is_some())
+            && self.rest.iter().all(|g| g.num_cached.is_some())
     }
 
     pub(crate) fn into_groups(self) -> impl Iterator<Item = GroupReq> {
-        std::iter::once(self.first).chain(self.rest)
+        std::iter::once(self.first).chain(self.second).chain(self.rest)
     }
 }
 
@@ -644,7 +657,7 @@ impl VllmManager {
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
         self.mamba.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
-        if r.rest.is_empty() {
+        if r.second.is_none() {
             let mut b = r.first.blocks;
             let lead = b.iter().take_while(|&&x| x == BlockId::NULL).count();
             b.drain(..lead);

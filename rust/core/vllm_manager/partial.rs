@@ -54,7 +54,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::groups::CachedRun;
+use super::groups::{CachedRun, Stored};
 use super::{group_key, owner_word, unkey_owned, VllmManager};
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
@@ -357,7 +357,7 @@ impl VllmManager {
                 group: g,
                 start: j - 1,
                 end: j,
-                stored: vec![j - 1],
+                stored: Stored::Range(j - 1, j),
                 block_size: hbs,
                 removed,
             });

@@ -14,6 +14,7 @@
 //! block one probe per member (a run's probes batched).
 
 use std::cell::RefCell;
+use std::num::NonZeroU32;
 
 use super::{group_key, VllmManager};
 use crate::core::groups::coordinator::coarse_hash_index;
@@ -22,8 +23,10 @@ use crate::core::ids::{BlockHash, BlockId};
 
 /// A spec set's view of the pool: block `i` at the set's block size,
 /// cached under every member group's key. A set of one group answers its
-/// block id itself; a set of several answers an offset into `side`, where
-/// the members' block ids of that block follow in member order.
+/// block id itself (never the null block 0: an answer is non-zero, so an
+/// answer list holds 4 bytes per block and is a block list as it stands);
+/// a set of several answers one more than an offset into `side`, where the
+/// members' block ids of that block follow in member order.
 ///
 /// Runs ([`BlockLookup::get_run`], full attention and chunked local) are
 /// looked up in one [`BlockPool::lookup_run`] batch per member, whose
@@ -50,11 +53,10 @@ impl PoolLookup<'_> {
     /// The block of request hash `k` (below `anchor.len()`), from its anchor
     /// block's sibling row.
     #[inline]
-    fn via_anchor(&mut self, k: usize) -> Option<u32> {
+    fn via_anchor(&mut self, k: usize) -> Option<NonZeroU32> {
         let (rows, ab) = (&self.m.siblings, self.anchor[k]);
         if let [g] = *self.groups {
-            let b = rows.block(ab, g);
-            return (b != BlockId::NULL).then_some(b.0);
+            return NonZeroU32::new(rows.block(ab, g).0);
         }
         let off = self.side.len();
         for &g in self.groups {
@@ -65,12 +67,11 @@ impl PoolLookup<'_> {
             }
             self.side.push(b);
         }
-        #[allow(clippy::cast_possible_truncation)]
-        Some(off as u32)
+        side_answer(off)
     }
 
     /// [`BlockLookup::get_run`] from the pool (one batch per member).
-    fn pool_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<u32>>) -> usize {
+    fn pool_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<NonZeroU32>>) -> usize {
         if lo >= hi {
             return 0;
         }
@@ -91,7 +92,7 @@ impl PoolLookup<'_> {
             }
             n = ids.len();
             if self.groups.len() == 1 {
-                out.extend(ids.iter().map(|b| Some(b.0)));
+                out.extend(ids.iter().map(|b| NonZeroU32::new(b.0)));
                 return n;
             }
             // Interleave: member j's block of block k goes to side[base + k * members + j].
@@ -105,22 +106,27 @@ impl PoolLookup<'_> {
             }
         }
         let members = self.groups.len();
-        #[allow(clippy::cast_possible_truncation)]
-        out.extend((0..n).map(|k| Some((base + k * members) as u32)));
+        out.extend((0..n).map(|k| side_answer(base + k * members)));
         n
     }
 }
 
+/// The answer of a set of several groups whose blocks start at `side[off]`.
+#[inline]
+fn side_answer(off: usize) -> Option<NonZeroU32> {
+    u32::try_from(off + 1).ok().and_then(NonZeroU32::new)
+}
+
 impl BlockLookup for PoolLookup<'_> {
-    type Block = u32;
-    fn get(&mut self, i: usize) -> Option<u32> {
+    type Block = NonZeroU32;
+    fn get(&mut self, i: usize) -> Option<NonZeroU32> {
         let k = coarse_hash_index(i, self.scale);
         let h = self.hashes.get(k)?;
         if k < self.anchor.len() {
             return self.via_anchor(k);
         }
         if let [g] = *self.groups {
-            return self.m.pool.get_cached(&group_key(h, g)).map(|b| b.0);
+            return self.m.pool.get_cached(&group_key(h, g)).and_then(|b| NonZeroU32::new(b.0));
         }
         let off = self.side.len();
         for &g in self.groups {
@@ -132,11 +138,10 @@ impl BlockLookup for PoolLookup<'_> {
                 }
             }
         }
-        #[allow(clippy::cast_possible_truncation)]
-        Some(off as u32)
+        side_answer(off)
     }
 
-    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<u32>>) -> usize {
+    fn get_run(&mut self, lo: usize, hi: usize, out: &mut Vec<Option<NonZeroU32>>) -> usize {
         let hi = hi.min(self.hashes.len() / self.scale);
         let mut i = lo;
         let (rows, sc) = (&self.m.siblings, self.scale);
@@ -146,10 +151,10 @@ impl BlockLookup for PoolLookup<'_> {
                 let end = hi.min(self.anchor.len());
                 let start = out.len();
                 if Some(g) == rows.anchor() {
-                    out.extend(self.anchor[lo..end].iter().map(|b| Some(b.0)));
+                    out.extend(self.anchor[lo..end].iter().map(|b| NonZeroU32::new(b.0)));
                 } else {
-                    let run = self.anchor[lo..end].iter().map(|&ab| rows.block(ab, g));
-                    out.extend(run.take_while(|&b| b != BlockId::NULL).map(|b| Some(b.0)));
+                    let run = self.anchor[lo..end].iter().map(|&ab| NonZeroU32::new(rows.block(ab, g).0));
+                    out.extend(run.take_while(Option::is_some));
                 }
                 if out.len() - start < end - lo {
                     return out.len() - start;
@@ -179,11 +184,18 @@ mod lookup_tests {
     use crate::core::vllm_manager::SlotRequest;
 
     /// A set's answers as member block ids.
-    fn ids(l: &PoolLookup<'_>, a: &[Option<u32>]) -> Vec<Option<Vec<BlockId>>> {
+    fn ids(l: &PoolLookup<'_>, a: &[Option<NonZeroU32>]) -> Vec<Option<Vec<BlockId>>> {
         let n = l.groups.len();
         a.iter()
             .map(|o| {
-                o.map(|x| if n == 1 { vec![BlockId(x)] } else { l.side[x as usize..x as usize + n].to_vec() })
+                o.map(|x| {
+                    let x = x.get();
+                    if n == 1 {
+                        vec![BlockId(x)]
+                    } else {
+                        l.side[x as usize - 1..x as usize - 1 + n].to_vec()
+                    }
+                })
             })
             .collect()
     }

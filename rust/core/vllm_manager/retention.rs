@@ -157,7 +157,7 @@ mod tests {
         m.allocate_slots_groups("r", &[], &s).expect("valid").expect("fits");
         let plan = m.cache_plan("r", 256, hashes.len(), 0);
         let runs = m.cache_apply("r", &plan, 0, &hashes).expect("fits");
-        runs.into_iter().flat_map(|r| r.stored).collect()
+        runs.iter().flat_map(|r| r.stored.iter()).collect::<Vec<usize>>()
     }
 
     #[test]
