@@ -20,9 +20,11 @@ scheduled, as vLLM's ``CrossAttentionManager``), chunked local attention, Mamba 
 on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, retention
 intervals (not beside Mamba), blocks held by no request as
 :mod:`~kvindex.integrations.vllm.hybrid_extra` describes, and full-attention groups whose
-block is larger than the hash block (their prompt tail's partial-block prefix entry); anything
-else (partial hash hits, cross-attention with prefix caching on, HiSparse roles,
-context parallelism, the KV cache metrics collector) raises
+block is larger than the hash block (their prompt tail's partial-block prefix entry), hash
+lookahead and multi-module MTP (not beside Mamba), and the per-group hits a KV connector
+that accepts diverging hybrid hits asks for; anything else (partial hash hits,
+cross-attention with prefix caching on, HiSparse roles, context parallelism, the KV cache
+metrics collector) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -287,8 +289,18 @@ class HybridKVCacheManager(ManagerCalls):
                 "the KV cache metrics collector with one KV cache group only (its block "
                 "hooks are not called per group yet)"
             )
-        if num_hash_lookahead_tokens or num_prefill_lookahead > 1:
-            raise _unsupported("no hash lookahead or multi-module MTP over several KV cache groups")
+        if (num_hash_lookahead_tokens or num_prefill_lookahead > 1) and has_mamba(kv_cache_config):
+            raise _unsupported(
+                "no hash lookahead or multi-module MTP beside Mamba groups (their prefill "
+                "checkpoint positions move with the lookahead)"
+            )
+        eagle_groups = use_eagle or any(eagle_group_flags(kv_cache_config))
+        if enable_caching and eagle_groups and scheduler_block_size < num_prefill_lookahead:
+            raise UnsupportedVllmConfigError(
+                f"Multi-module MTP with prefix caching requires scheduler_block_size"
+                f" (={scheduler_block_size}) >= num_speculative_tokens"
+                f" (={num_prefill_lookahead})."
+            )
         if max_in_flight_tokens is None:
             max_in_flight_tokens = max_model_len
         try:

@@ -125,6 +125,10 @@ class Mix:
     eagle_groups: tuple[int, ...] = ()
     #: Prefix caching on (off for encoder-decoder models, which have cross-attention).
     caching: bool = True
+    #: vLLM's ``num_hash_lookahead_tokens`` (hashes cover that many tokens past their
+    #: block) and ``num_prefill_lookahead`` (multi-module MTP re-prefills all but one).
+    hash_lookahead: int = 0
+    prefill_lookahead: int = 0
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
@@ -154,6 +158,15 @@ MIXES: dict[str, Mix] = {
         (lambda: full(8), lambda: swa(4, 9)), 80, 37, retention=0, eagle=True, eagle_groups=(0,)
     ),
     "2full16+swa8": Mix((lambda: full(16), lambda: swa(8, 12), lambda: full(16)), 120, 36),
+    # Hash lookahead (events carry the lookahead tokens) and multi-module MTP (the
+    # re-prefilled tail is not cached), with and without EAGLE.
+    "full+swa-lookahead2": Mix((lambda: full(8), lambda: swa(8, 12)), 60, 39, hash_lookahead=2),
+    "full+swa-mtp3-eagle": Mix(
+        (lambda: full(4), lambda: swa(4, 9)), 80, 40, eagle=True, prefill_lookahead=3
+    ),
+    "full16+swa8-lookahead1-mtp2": Mix(
+        (lambda: full(16), lambda: swa(8, 24)), 80, 41, hash_lookahead=1, prefill_lookahead=2
+    ),
     # Mixed precisions split spec sets by dtype (a flagged EAGLE group drops alone).
     "2full+2swa-zero-eagle": Mix(
         (lambda: full(4), lambda: swa(4, 6), lambda: full(4), lambda: swa(4, 13)),
@@ -260,6 +273,8 @@ def make(cls: Any, mix: Mix) -> Any:
         use_eagle=mix.eagle,
         enable_kv_cache_events=True,
         log_stats=True,
+        num_hash_lookahead_tokens=mix.hash_lookahead,
+        num_prefill_lookahead=mix.prefill_lookahead,
     )
 
 
@@ -320,7 +335,9 @@ class Driver:
         # request can run alone.
         per_group = mix.num_blocks // len(mix.groups)
         self.max_prompt = per_group * min(g().block_size for g in mix.groups) // 2
-        self.hasher = kv_cache_utils.get_request_block_hasher(self.hash_bs, sha256)
+        self.hasher = kv_cache_utils.get_request_block_hasher(
+            self.hash_bs, sha256, mix.hash_lookahead
+        )
         self.system = [
             [self.rng.randrange(VOCAB) for _ in range(self.rng.randrange(4, 90))] for _ in range(3)
         ]
@@ -392,11 +409,14 @@ class Driver:
             # What a KV connector accepting diverging hybrid hits asks first.
             per_group = None
             if len(self.mix.groups) > 1 and self.mix.caching:
+                # Bounded by the hashes (vLLM's per-group sliding-window lookup indexes
+                # past them when hash lookahead holds the last ones back).
+                bound = min(req.num_tokens - 1, len(req.block_hashes) * self.hash_bs)
                 pg_blocks, pg_hits = m.coordinator.find_longest_cache_hit_per_group(
-                    req.block_hashes, req.num_tokens - 1
+                    req.block_hashes, bound
                 )
                 per_group = ([[b.block_id for b in g] for g in pg_blocks], pg_hits)
-                conn_blocks, conn_hit, _, diverged = m.get_computed_blocks_for_connector(req)
+                conn_blocks, conn_hit, _, diverged = m.get_computed_blocks_for_connector(req, bound)
                 per_group = (*per_group, ids(conn_blocks), conn_hit, diverged)
             blocks, hit, junction = m.get_computed_blocks(req)
             req.shared_prefix_boundary = junction  # as vLLM's scheduler sets it
