@@ -1183,6 +1183,13 @@ class _VllmManager:
     def extra_keys(self) -> list[tuple[bytes, int, int]]:
         """The partial-block prefix entries blocks hold beside their own hash:
         ``(hash, group, block id)``, by block id."""
+    def log_metrics(self, on: bool) -> None:
+        """Starts (``True``) or stops the log of what vLLM's KV cache metrics collector
+        hears (see :meth:`take_metrics`)."""
+    def take_metrics(self) -> list[tuple[int, bool]]:
+        """Drains the metrics log: ``(block id, accessed)`` in call order, ``accessed``
+        for a block a hit adopted (``on_block_accessed``), else one an allocation handed
+        out (``on_block_allocated``, after ``on_block_evicted`` with prefix caching)."""
     def take_removed_groups(self) -> list[tuple[bytes, int]]:
         """Drains the hashes dropped since the last call with their group, in order."""
     def block_group(self, block_id: int) -> int | None:

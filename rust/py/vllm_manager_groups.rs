@@ -305,6 +305,19 @@ impl PyVllmManager {
         self.inner.extra_keys().iter().map(|(h, g, b)| (PyBytes::new(py, h.as_bytes()), *g, b.0)).collect()
     }
 
+    /// Starts (``True``) or stops the log of what vLLM's KV cache metrics collector
+    /// hears (see :meth:`take_metrics`).
+    fn log_metrics(&mut self, on: bool) {
+        self.inner.log_metrics(on);
+    }
+
+    /// Drains the metrics log: ``(block id, accessed)`` in call order, ``accessed``
+    /// for a block a hit adopted (``on_block_accessed``), else one an allocation handed
+    /// out (``on_block_allocated``, after ``on_block_evicted`` with prefix caching).
+    fn take_metrics(&mut self) -> Vec<(u32, bool)> {
+        self.inner.take_metrics().into_iter().map(|(b, a)| (b.0, a)).collect()
+    }
+
     /// Drains the hashes dropped since the last call with their group, in order.
     fn take_removed_groups<'py>(&mut self, py: Python<'py>) -> Vec<(Bound<'py, PyBytes>, usize)> {
         self.inner.take_removed_groups().iter().map(|(h, g)| (PyBytes::new(py, h.as_bytes()), *g)).collect()

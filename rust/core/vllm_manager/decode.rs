@@ -107,6 +107,8 @@ pub(super) struct Taker<'a> {
     pub(super) hash_tokens: &'a mut [u32],
     pub(super) new_ids: &'a mut [Vec<BlockId>],
     pub(super) partial: &'a mut super::partial::PartialEntries,
+    /// The metrics hooks' log ([`super::metrics`]), when kept.
+    pub(super) metrics: &'a mut Option<Vec<u32>>,
 }
 
 impl Taker<'_> {
@@ -142,6 +144,9 @@ impl Taker<'_> {
             if let Some(log) = self.new_ids.get_mut(g) {
                 log.extend_from_slice(&out);
             }
+        }
+        if let Some(log) = self.metrics.as_mut() {
+            log.extend(out.iter().map(|b| b.0));
         }
         table.extend_from_slice(&out);
         out
@@ -213,7 +218,7 @@ impl VllmManager {
             }
             return Some(None);
         }
-        let VllmManager { reqs, consts, pool, .. } = self;
+        let VllmManager { reqs, consts, pool, metrics, .. } = self;
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         for (g, c) in consts.iter().enumerate() {
             let hits = if c.cross { &[][..] } else { new_computed.get(g).map_or(&[][..], Vec::as_slice) };
@@ -222,7 +227,7 @@ impl VllmManager {
             let want = c.blocks_up(s.slot_tokens(c.cross)).max(hits.len());
             req.g_mut(g).blocks.reserve_exact(want.saturating_add(want / 4 + 1));
             if !c.cross {
-                adopt_hits(pool, c.spec, req.g_mut(g), hits, total);
+                adopt_hits(pool, c.spec, req.g_mut(g), hits, total, metrics);
             }
         }
         Some(Some(self.take_lacking(rid, s)))
@@ -243,6 +248,7 @@ impl VllmManager {
             hash_tokens,
             new_ids,
             partial,
+            metrics,
             ..
         } = self;
         let mut out = Vec::new();
@@ -255,6 +261,7 @@ impl VllmManager {
             hash_tokens,
             new_ids,
             partial,
+            metrics,
         };
         let ng = consts.len();
         for (g, &c) in consts.iter().enumerate() {

@@ -779,7 +779,7 @@ impl VllmManager {
         let spec = self.layout.groups()[g];
         let ng = self.layout.len();
         let req = self.reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
-        super::table_ops::adopt_hits(&mut self.pool, spec, req.g_mut(g), hits, total);
+        super::table_ops::adopt_hits(&mut self.pool, spec, req.g_mut(g), hits, total, &mut self.metrics);
     }
 
     /// vLLM's `allocate_external_computed_blocks` for group `g`.

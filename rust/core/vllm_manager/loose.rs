@@ -45,6 +45,9 @@ impl VllmManager {
         for &b in &out {
             self.hash_tokens[b.idx()] = 0;
         }
+        if let Some(log) = self.metrics.as_mut() {
+            log.extend(out.iter().map(|b| b.0));
+        }
         Ok(out)
     }
 

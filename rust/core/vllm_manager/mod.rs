@@ -45,6 +45,7 @@ mod decode;
 pub mod groups;
 mod loose;
 mod mamba;
+pub mod metrics;
 mod partial;
 mod pool_lookup;
 pub mod retention;
@@ -200,6 +201,8 @@ pub struct VllmManager {
     mamba: mamba::MambaState,
     /// Partial-block prefix entries of full-attention groups ([`partial`]).
     partial: partial::PartialEntries,
+    /// The metrics hooks' log, when a KV cache metrics collector listens ([`metrics`]).
+    metrics: Option<Vec<u32>>,
 }
 
 fn cdiv(a: usize, b: usize) -> usize {
@@ -372,6 +375,7 @@ impl VllmManager {
             siblings,
             mamba,
             partial,
+            metrics: None,
         })
     }
 
@@ -579,6 +583,7 @@ impl VllmManager {
             hash_tokens,
             new_ids,
             partial,
+            metrics,
             ..
         } = self;
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
@@ -594,6 +599,7 @@ impl VllmManager {
             hash_tokens,
             new_ids,
             partial,
+            metrics,
         };
         taker.take(&mut req.g_mut(g).blocks, g, n, log_new)
     }

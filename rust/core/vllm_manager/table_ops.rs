@@ -37,11 +37,15 @@ pub(super) fn adopt_hits(
     t: &mut GroupReq,
     hits: &[BlockId],
     total: usize,
+    metrics: &mut Option<Vec<u32>>,
 ) {
     let skipped = spec.skipped_tokens(total) / spec.block_size;
     let rest = &hits[skipped.min(hits.len())..];
     for b in rest.iter().filter(|&&b| b != BlockId::NULL) {
         pool.touch(std::slice::from_ref(b));
+        if let Some(log) = metrics.as_mut() {
+            log.push(b.0 | super::metrics::ACCESSED);
+        }
     }
     t.blocks.extend(std::iter::repeat_n(BlockId::NULL, skipped));
     t.blocks.extend_from_slice(rest);

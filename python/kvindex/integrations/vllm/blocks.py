@@ -533,8 +533,15 @@ class BlockPoolView:
         )
 
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
-        """Takes one reference on each block (KV connectors pin what they read)."""
-        self._core.touch([b.block_id for b in blocks])
+        """Takes one reference on each block (KV connectors pin what they read); the
+        metrics collector hears each non-null one accessed, as vLLM's."""
+        touched = list(blocks)
+        self._core.touch([b.block_id for b in touched])
+        collector = self.metrics_collector
+        if collector is not None:
+            for b in touched:
+                if not b.is_null:
+                    collector.on_block_accessed(b)
 
     def free_blocks(self, ordered_blocks: Iterable[KVCacheBlock]) -> None:
         self._core.free_blocks([b.block_id for b in ordered_blocks])

@@ -23,8 +23,7 @@ intervals (not beside Mamba), blocks held by no request as
 block is larger than the hash block (their prompt tail's partial-block prefix entry), hash
 lookahead and multi-module MTP (not beside Mamba), and the per-group hits a KV connector
 that accepts diverging hybrid hits asks for; anything else (partial hash hits,
-cross-attention with prefix caching on, HiSparse roles, context parallelism, the KV cache
-metrics collector) raises
+cross-attention with prefix caching on, HiSparse roles, context parallelism) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -284,11 +283,6 @@ class HybridKVCacheManager(ManagerCalls):
         check_mamba_retention(kv_cache_config)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
-        if metrics_collector is not None:
-            raise _unsupported(
-                "the KV cache metrics collector with one KV cache group only (its block "
-                "hooks are not called per group yet)"
-            )
         if (num_hash_lookahead_tokens or num_prefill_lookahead > 1) and has_mamba(kv_cache_config):
             raise _unsupported(
                 "no hash lookahead or multi-module MTP beside Mamba groups (their prefill "
@@ -320,6 +314,8 @@ class HybridKVCacheManager(ManagerCalls):
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        if metrics_collector is not None:
+            self._core.log_metrics(True)
         self._core.set_retention_interval(retention)
         # The prompt length goes to Rust before caching: sparse retention reads its
         # replay boundaries from it, full-attention groups larger than the hash block
@@ -500,6 +496,8 @@ class HybridKVCacheManager(ManagerCalls):
             main,
             num_encoder_tokens,
         )
+        if self.metrics_collector is not None:
+            self._replay_metrics(self.metrics_collector)
         if new is None:
             if self.enable_kv_cache_events:
                 self._drain_removed()
@@ -575,8 +573,23 @@ class HybridKVCacheManager(ManagerCalls):
         elif collector is not None:
             self._core.take_removed_groups()
 
+    def _replay_metrics(self, collector: KVCacheMetricsCollector) -> None:
+        """vLLM's metrics hooks for the blocks the last core call adopted or handed out,
+        in its order."""
+        blocks = self._blocks
+        for b, accessed in self._core.take_metrics():
+            block = blocks[b]
+            if accessed:
+                collector.on_block_accessed(block)
+                continue
+            if self.enable_caching:
+                collector.on_block_evicted(block)
+            collector.on_block_allocated(block)
+
     def _take_loose_blocks(self, num_blocks: int) -> list[KVCacheBlock]:
         ids = take_loose_ids(self._core, num_blocks)
+        if self.metrics_collector is not None:
+            self._replay_metrics(self.metrics_collector)
         if self.enable_kv_cache_events:
             self._drain_removed()
         else:

@@ -49,6 +49,7 @@ with warnings.catch_warnings():
     from vllm.utils.hashing import sha256
     from vllm.v1.core import kv_cache_utils
     from vllm.v1.core.kv_cache_manager import KVCacheManager as VllmManager
+    from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
         CrossAttentionSpec,
@@ -262,6 +263,31 @@ def config(mix: Mix) -> tuple[Any, int, int]:
     return kv, lcm(*sizes), gcd(*sizes)
 
 
+class RecordingCollector(KVCacheMetricsCollector):
+    """vLLM's metrics collector (sampling every block) that also records each hook call,
+    so both managers' calls can be compared one for one."""
+
+    def __init__(self) -> None:
+        super().__init__(sample_rate=1.0)
+        self.calls: list[tuple[str, int]] = []
+
+    def on_block_allocated(self, block: Any) -> None:
+        self.calls.append(("allocated", block.block_id))
+        super().on_block_allocated(block)
+
+    def on_block_accessed(self, block: Any) -> None:
+        self.calls.append(("accessed", block.block_id))
+        super().on_block_accessed(block)
+
+    def on_block_evicted(self, block: Any) -> None:
+        self.calls.append(("evicted", block.block_id))
+        super().on_block_evicted(block)
+
+    def take(self) -> list[tuple[str, int]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
 def make(cls: Any, mix: Mix) -> Any:
     kv, sched_bs, hash_bs = config(mix)
     return cls(
@@ -275,6 +301,7 @@ def make(cls: Any, mix: Mix) -> Any:
         log_stats=True,
         num_hash_lookahead_tokens=mix.hash_lookahead,
         num_prefill_lookahead=mix.prefill_lookahead,
+        metrics_collector=RecordingCollector(),
     )
 
 
@@ -301,6 +328,9 @@ def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
         "usage": m.usage,
         "events": m.take_events(),
         "new_block_ids": m.take_new_block_ids(),
+        # Every hook call of the KV cache metrics collector, in order, and what it kept.
+        "metrics": m.metrics_collector.take(),
+        "sampled": sorted(m.metrics_collector.block_metrics),
     }
 
 
@@ -354,6 +384,7 @@ class Driver:
             "partial_entries": 0,
             "extra_keys": 0,
             "diverged": 0,
+            "metrics_calls": 0,
         }
 
     # ---------------------------------------------------------------- requests
@@ -506,6 +537,7 @@ class Driver:
             op = self.step()
             a, b = (snapshot(m, self.running) for m in self.sides)
             assert a == b, f"op {i} ({op}): {first_difference(a, b)}"
+            self.stats["metrics_calls"] += len(a["metrics"])
             self.stats["null_blocks"] += sum(
                 1 for t in a["tables"].values() for g in t for x in g if x == 0
             )
@@ -558,7 +590,7 @@ def test_hybrid_differential(name: str) -> None:
     # The workload did what it is for: finishes, hits (Mamba states too, once the step
     # that cached them is over) and preemption under the small pool; windowed groups
     # freed blocks out of the window.
-    assert d.stats["finished"] > 5, d.stats
+    assert d.stats["finished"] > 5 and d.stats["metrics_calls"] > 0, d.stats
     assert d.stats["preempted"] > 0 and (d.stats["hit_tokens"] > 0 or not mix.caching), d.stats
     windowed = any(
         not isinstance(g(), (FullAttentionSpec, MambaSpec, CrossAttentionSpec)) for g in mix.groups
