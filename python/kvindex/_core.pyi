@@ -1173,6 +1173,10 @@ class _VllmManager:
         fell out of its window for ``processed_tokens`` computed tokens."""
     def group_blocks(self, request_id: str) -> list[npt.NDArray[np.int32]]:
         """Each group's table of the request."""
+    def estimate_cached_tokens(self, request_id: str) -> int:
+        """vLLM's ``estimate_cached_tokens``: the fewest tokens any prefix-cacheable
+        group's table (cross-attention aside) holds a cached block for; 0 for an
+        unknown request."""
     def num_cached_groups(self, request_id: str) -> list[int | None]:
         """Each group's ``num_cached_block`` entry of the request."""
     @property

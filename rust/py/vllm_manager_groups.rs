@@ -9,7 +9,7 @@ use pyo3::types::PyBytes;
 use super::arrays::block_ids as read_ids;
 use super::errors::{invalid, IntoPyResult};
 use super::vllm_manager::{count, group_arrays, read_hashes, runs_out, PyVllmManager, RunOut};
-use crate::core::ids::BlockId;
+use crate::core::ids::{BlockHash, BlockId};
 use crate::core::vllm_manager::SlotRequest;
 
 type Arrays<'py> = Vec<Bound<'py, PyArray1<i32>>>;
@@ -24,6 +24,18 @@ impl PyVllmManager {
             out.push(ids.iter().map(|&i| self.inner.check_block(i)).collect::<Result<Vec<_>, _>>().py()?);
         }
         Ok(out)
+    }
+
+    /// A lookup's bound and the request hashes it can read: enough for the bound
+    /// plus one block of the largest group (the EAGLE margin reads that far; the core
+    /// bounds it by the hashes it gets).
+    fn lookup_hashes(&self, hashes: &Bound<'_, PyAny>, max_tokens: i64) -> PyResult<(usize, Vec<BlockHash>)> {
+        let max_tokens = count(max_tokens, "max_tokens")?;
+        let l = self.inner.layout();
+        let hbs = l.hash_block_size();
+        let max_bs = l.groups().iter().map(|g| g.block_size).max().unwrap_or(hbs);
+        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(max_bs / hbs + 1));
+        Ok((max_tokens, read_hashes(hashes, 0, n)?))
     }
 
     /// Caches as [`Self::cache_groups`] and keeps the runs.
@@ -110,14 +122,7 @@ impl PyVllmManager {
         hashes: &Bound<'py, PyAny>,
         max_tokens: i64,
     ) -> PyResult<(usize, usize, Arrays<'py>)> {
-        let max_tokens = count(max_tokens, "max_tokens")?;
-        // Enough hashes for the bound plus one block of the largest group (the EAGLE
-        // margin reads that far; the core bounds it by the hashes it gets).
-        let l = self.inner.layout();
-        let hbs = l.hash_block_size();
-        let max_bs = l.groups().iter().map(|g| g.block_size).max().unwrap_or(hbs);
-        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(max_bs / hbs + 1));
-        let hs = read_hashes(hashes, 0, n)?;
+        let (max_tokens, hs) = self.lookup_hashes(hashes, max_tokens)?;
         let h = self.inner.find_hit_groups(&hs, max_tokens);
         Ok((h.hit.tokens, h.hit.uncached_common_prefix, group_arrays(py, &h.blocks)?))
     }
@@ -131,12 +136,7 @@ impl PyVllmManager {
         hashes: &Bound<'py, PyAny>,
         max_tokens: i64,
     ) -> PyResult<(Arrays<'py>, Vec<usize>)> {
-        let max_tokens = count(max_tokens, "max_tokens")?;
-        let l = self.inner.layout();
-        let hbs = l.hash_block_size();
-        let max_bs = l.groups().iter().map(|g| g.block_size).max().unwrap_or(hbs);
-        let n = hashes.len()?.min(max_tokens.div_ceil(hbs).saturating_add(max_bs / hbs + 1));
-        let hs = read_hashes(hashes, 0, n)?;
+        let (max_tokens, hs) = self.lookup_hashes(hashes, max_tokens)?;
         let (blocks, lens) = self.inner.find_hit_per_group(&hs, max_tokens);
         Ok((group_arrays(py, &blocks)?, lens))
     }
@@ -284,6 +284,13 @@ impl PyVllmManager {
         let tables: Vec<Vec<BlockId>> =
             (0..self.inner.num_groups()).map(|g| self.inner.group_blocks(request_id, g).to_vec()).collect();
         group_arrays(py, &tables)
+    }
+
+    /// vLLM's ``estimate_cached_tokens``: the fewest tokens any prefix-cacheable
+    /// group's table (cross-attention aside) holds a cached block for; 0 for an
+    /// unknown request.
+    fn estimate_cached_tokens(&self, request_id: &str) -> usize {
+        self.inner.estimate_cached_tokens(request_id)
     }
 
     /// Each group's ``num_cached_block`` entry of the request.

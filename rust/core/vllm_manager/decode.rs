@@ -153,7 +153,41 @@ impl Taker<'_> {
     }
 }
 
+/// A manager's request map, as its fields are borrowed apart.
+pub(super) type ReqMap = hashbrown::HashMap<String, Req, rustc_hash::FxBuildHasher>;
+
 impl VllmManager {
+    /// The request map, the group constants and a [`Taker`] over the fields
+    /// an allocation touches, borrowed apart (a table is then filled with
+    /// one request lookup).
+    pub(super) fn split_for_taking(&mut self) -> (&mut ReqMap, &[GroupConst], Taker<'_>) {
+        let VllmManager {
+            reqs,
+            consts,
+            pool,
+            removed,
+            log_removed,
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+            partial,
+            metrics,
+            ..
+        } = self;
+        let taker = Taker {
+            pool,
+            removed: if *log_removed { Some(removed) } else { None },
+            owner,
+            siblings,
+            hash_tokens,
+            new_ids,
+            partial,
+            metrics,
+        };
+        (reqs, consts, taker)
+    }
+
     /// `allocate_slots_groups` for a running request with no hit lists (see
     /// the module header); `None` when the call is not one (nothing changed).
     pub(super) fn running_step(&mut self, rid: &str, s: &SlotRequest) -> Option<Option<Vec<Vec<BlockId>>>> {
@@ -237,32 +271,9 @@ impl VllmManager {
     /// request exists; no align-mode Mamba group): one request lookup.
     fn take_lacking(&mut self, rid: &str, s: &SlotRequest) -> Vec<Vec<BlockId>> {
         let (log_new, zero_mask) = (self.log_new, self.zero_mask);
-        let VllmManager {
-            reqs,
-            consts,
-            pool,
-            removed,
-            log_removed,
-            owner,
-            siblings,
-            hash_tokens,
-            new_ids,
-            partial,
-            metrics,
-            ..
-        } = self;
+        let (reqs, consts, mut taker) = self.split_for_taking();
         let mut out = Vec::new();
         let Some(req) = reqs.get_mut(rid) else { return out };
-        let mut taker = Taker {
-            pool,
-            removed: if *log_removed { Some(removed) } else { None },
-            owner,
-            siblings,
-            hash_tokens,
-            new_ids,
-            partial,
-            metrics,
-        };
         let ng = consts.len();
         for (g, &c) in consts.iter().enumerate() {
             let table = &mut req.g_mut(g).blocks;

@@ -382,6 +382,31 @@ impl VllmManager {
         GroupHit { hit, blocks }
     }
 
+    /// vLLM's `estimate_cached_tokens`: over the prefix-cacheable groups (not
+    /// cross-attention), the fewest tokens any group's table holds a cached
+    /// block for (the most tokens a block's hash covers in that table); 0 for
+    /// an unknown request. O(the request's blocks).
+    #[must_use]
+    pub fn estimate_cached_tokens(&self, rid: &str) -> usize {
+        let Some(req) = self.reqs.get(rid) else { return 0 };
+        let mut cached: Option<usize> = None;
+        for (g, c) in self.consts.iter().enumerate() {
+            if !c.cacheable || c.cross {
+                continue;
+            }
+            let n = req
+                .g(g)
+                .blocks
+                .iter()
+                .filter(|&&b| b != BlockId::NULL && self.pool.is_cached(b))
+                .map(|&b| self.hash_tokens[b.idx()] as usize)
+                .max()
+                .unwrap_or(0);
+            cached = Some(cached.map_or(n, |m| m.min(n)));
+        }
+        cached.unwrap_or(0)
+    }
+
     /// vLLM's `find_longest_cache_hit_per_group`: each group's blocks and
     /// hit length with every spec set looked up on its own (groups in no
     /// spec set: none, 0). No side effects.
@@ -946,15 +971,7 @@ impl VllmManager {
                     if self.hash_tokens[b.idx()] as usize >= (i + 1) * spec.block_size {
                         continue;
                     }
-                    partial::HashDrop {
-                        pool: &mut self.pool,
-                        partial: &mut self.partial,
-                        removed: if self.log_removed { Some(&mut self.removed) } else { None },
-                        owner: &self.owner,
-                        siblings: &mut self.siblings,
-                        hash_tokens: &mut self.hash_tokens,
-                    }
-                    .drop_all(b);
+                    partial::hash_drop!(self).drop_all(b);
                 }
                 let h = hashes[coarse_hash_index(i, scale) - first];
                 let first = self.pool.cache_block(b, group_key(&h, g));

@@ -179,7 +179,7 @@ pub struct VllmManager {
     /// Per group: the constants a step reads ([`decode::GroupConst`]).
     consts: Vec<decode::GroupConst>,
     /// Per request id (hashbrown's map: a lookup by `&str` that inserts copies the id only then).
-    reqs: hashbrown::HashMap<String, Req, rustc_hash::FxBuildHasher>,
+    reqs: decode::ReqMap,
     /// Per block: tokens its cached hash covers (0: no hash).
     hash_tokens: Vec<u32>,
     /// Per block: the group its cached hash belongs to and the hash's length.
@@ -573,34 +573,12 @@ impl VllmManager {
         log_new: bool,
     ) -> Vec<BlockId> {
         let ng = self.layout.len();
-        let VllmManager {
-            reqs,
-            pool,
-            removed,
-            log_removed,
-            owner,
-            siblings,
-            hash_tokens,
-            new_ids,
-            partial,
-            metrics,
-            ..
-        } = self;
+        let (reqs, _, mut taker) = self.split_for_taking();
         let req = reqs.entry_ref(rid).or_insert_with(|| Req::with_groups(ng));
         let n = count(req.g(g).blocks.len());
         if n == 0 {
             return Vec::new();
         }
-        let mut taker = decode::Taker {
-            pool,
-            removed: if *log_removed { Some(removed) } else { None },
-            owner,
-            siblings,
-            hash_tokens,
-            new_ids,
-            partial,
-            metrics,
-        };
         taker.take(&mut req.g_mut(g).blocks, g, n, log_new)
     }
 

@@ -239,17 +239,26 @@ fn tokens_u32(n: usize) -> u32 {
     n.min(u32::MAX as usize) as u32
 }
 
+/// A [`HashDrop`] over a manager's fields (a macro, so that a caller that
+/// holds a request's table borrowed keeps it: the fields are borrowed apart).
+macro_rules! hash_drop {
+    ($m:expr) => {
+        super::partial::HashDrop {
+            pool: &mut $m.pool,
+            partial: &mut $m.partial,
+            removed: if $m.log_removed { Some(&mut $m.removed) } else { None },
+            owner: &$m.owner,
+            siblings: &mut $m.siblings,
+            hash_tokens: &mut $m.hash_tokens,
+        }
+    };
+}
+pub(super) use hash_drop;
+
 impl VllmManager {
     /// The fields [`HashDrop`] borrows.
     pub(super) fn hash_drop(&mut self) -> HashDrop<'_> {
-        HashDrop {
-            pool: &mut self.pool,
-            partial: &mut self.partial,
-            removed: if self.log_removed { Some(&mut self.removed) } else { None },
-            owner: &self.owner,
-            siblings: &mut self.siblings,
-            hash_tokens: &mut self.hash_tokens,
-        }
+        hash_drop!(self)
     }
 
     /// The prompt tails a caching call for `num_tokens` computed tokens (less

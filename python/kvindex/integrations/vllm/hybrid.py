@@ -423,13 +423,7 @@ class HybridKVCacheManager(ManagerCalls):
     def estimate_cached_tokens(self, request: Request) -> int:
         """The fewest tokens any prefix-cacheable group's table of the request holds cached
         blocks for."""
-        cached: int | None = None
-        for table, spec in zip(self._tables(request.request_id), self._specs, strict=True):
-            if not spec.prefix_cacheable or isinstance(spec, CrossAttentionSpec):
-                continue
-            n = max((b.block_hash_num_tokens or 0 for b in table), default=0)
-            cached = n if cached is None else min(cached, n)
-        return cached or 0
+        return int(self._core.estimate_cached_tokens(request.request_id))
 
     # -------------------------------------------------------------- allocation
 

@@ -537,6 +537,11 @@ class Driver:
             op = self.step()
             a, b = (snapshot(m, self.running) for m in self.sides)
             assert a == b, f"op {i} ({op}): {first_difference(a, b)}"
+            est = [
+                [m.estimate_cached_tokens(self.reqs[rid][side]) for rid in self.running]
+                for side, m in enumerate(self.sides)
+            ]
+            assert est[0] == est[1], f"op {i} ({op}): estimate_cached_tokens {est}"
             self.stats["metrics_calls"] += len(a["metrics"])
             self.stats["null_blocks"] += sum(
                 1 for t in a["tables"].values() for g in t for x in g if x == 0
