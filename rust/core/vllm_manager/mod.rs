@@ -49,6 +49,7 @@ pub mod metrics;
 mod partial;
 mod pool_lookup;
 pub mod retention;
+mod runs;
 mod siblings;
 mod table_ops;
 mod zeroing;

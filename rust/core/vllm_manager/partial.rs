@@ -54,7 +54,7 @@
 
 use rustc_hash::FxHashMap;
 
-use super::groups::{CachedRun, Stored};
+use super::runs::{CachedRun, Stored};
 use super::{group_key, owner_word, unkey_owned, VllmManager};
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
