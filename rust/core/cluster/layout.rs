@@ -13,7 +13,11 @@
 //! `B` (the engine's hash block size, vLLM's `hash_block_size`); its block `j`
 //! carries the hash of the prompt's `B`-token block `(j + 1) * B_g / B - 1`
 //! (vLLM's `BlockHashListWithBlockSize`), so one hashing of the prompt at `B`
-//! serves every group.
+//! serves every group. A `BlockStored` of one `B`-token block with one hash
+//! in a group whose blocks are larger is the engine's partial-block prefix
+//! entry for a prompt ending inside a block (vLLM's `cache_partial_block`):
+//! kept under that hash, as the engine's pool keeps it, never scored (hits
+//! are whole blocks).
 //!
 //! # Invariants
 //! - A worker's declared block sizes are multiples of the index's block size
