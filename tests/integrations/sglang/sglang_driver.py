@@ -27,6 +27,7 @@ with warnings.catch_warnings():
         PagedTokenToKVPoolAllocator,
         TokenToKVPoolAllocator,
     )
+    from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
     from sglang.srt.mem_cache.base_prefix_cache import DecLockRefParams
     from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.common import (
@@ -37,10 +38,52 @@ with warnings.catch_warnings():
     )
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
     from sglang.srt.mem_cache.unified_cache.components import ComponentType
     from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
 
 BACKENDS = ("radix", "unified", "kvindex")
+
+
+def token_allocator(size: int, page_size: int, kvcache: Any) -> Any:
+    """SGLang's token allocator over ``kvcache``: per token at page 1, else paged."""
+    if page_size == 1:
+        return TokenToKVPoolAllocator(
+            size=size, dtype=torch.bfloat16, device="cpu", kvcache=kvcache, need_sort=False
+        )
+    return PagedTokenToKVPoolAllocator(
+        size=size,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        device="cpu",
+        kvcache=kvcache,
+        need_sort=False,
+    )
+
+
+def swa_allocator(size: int, size_swa: int, page_size: int) -> Any:
+    """SGLang's SWA allocator over an ``SWAKVPool`` of one sliding-window layer (0) and
+    one full-attention layer (1)."""
+    pool = SWAKVPool(
+        size=size,
+        size_swa=size_swa,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        head_num=1,
+        head_dim=1,
+        swa_attention_layer_ids=[0],
+        full_attention_layer_ids=[1],
+        device="cpu",
+    )
+    return SWATokenToKVPoolAllocator(
+        size=size,
+        size_swa=size_swa,
+        page_size=page_size,
+        dtype=torch.bfloat16,
+        device="cpu",
+        kvcache=pool,
+        need_sort=False,
+    )
 
 
 def make_cache(
@@ -70,19 +113,7 @@ def make_cache(
         device="cpu",
         enable_memory_saver=False,
     )
-    if page_size == 1:
-        alloc: Any = TokenToKVPoolAllocator(
-            size=kv_size, dtype=torch.bfloat16, device="cpu", kvcache=kv, need_sort=False
-        )
-    else:
-        alloc = PagedTokenToKVPoolAllocator(
-            size=kv_size,
-            page_size=page_size,
-            dtype=torch.bfloat16,
-            device="cpu",
-            kvcache=kv,
-            need_sort=False,
-        )
+    alloc = token_allocator(kv_size, page_size, kv)
     params = CacheInitParams(
         req_to_token_pool=rtp,
         token_to_kv_pool_allocator=alloc,

@@ -22,8 +22,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import torch
-from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
     InsertParams,
@@ -32,11 +30,10 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang_driver import release_newest_lock
+from sglang_driver import release_newest_lock, swa_allocator
 
 import kvindex
 
@@ -53,26 +50,7 @@ class Pair:
     def __init__(self, window: int) -> None:
         set_global_server_args_for_scheduler(ServerArgs(model_path="dummy", page_size=1))
         rtp = ReqToTokenPool(size=4, max_context_len=512, device="cpu", enable_memory_saver=False)
-        pool = SWAKVPool(
-            size=SIZE,
-            size_swa=SIZE_SWA,
-            page_size=1,
-            dtype=torch.bfloat16,
-            head_num=1,
-            head_dim=1,
-            swa_attention_layer_ids=[0],
-            full_attention_layer_ids=[1],
-            device="cpu",
-        )
-        self.alloc = SWATokenToKVPoolAllocator(
-            size=SIZE,
-            size_swa=SIZE_SWA,
-            page_size=1,
-            dtype=torch.bfloat16,
-            device="cpu",
-            kvcache=pool,
-            need_sort=False,
-        )
+        self.alloc = swa_allocator(SIZE, SIZE_SWA, 1)
         params = CacheInitParams(
             req_to_token_pool=rtp,
             token_to_kv_pool_allocator=self.alloc,

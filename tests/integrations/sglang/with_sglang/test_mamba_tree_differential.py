@@ -38,9 +38,6 @@ import pytest
 import torch
 from sglang.srt.configs.mamba_utils import Mamba2CacheParams, Mamba2StateShape
 from sglang.srt.environ import envs
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-from sglang.srt.mem_cache.allocator.swa import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.base_prefix_cache import (
     EvictParams,
     InsertParams,
@@ -49,11 +46,10 @@ from sglang.srt.mem_cache.base_prefix_cache import (
 from sglang.srt.mem_cache.cache_init_params import CacheInitParams
 from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
 from sglang.srt.mem_cache.radix_cache import RadixKey
-from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.mem_cache.unified_cache.components import ComponentType
 from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 from sglang.srt.server_args import ServerArgs, set_global_server_args_for_scheduler
-from sglang_driver import release_newest_lock
+from sglang_driver import release_newest_lock, swa_allocator, token_allocator
 
 import kvindex
 
@@ -114,41 +110,10 @@ class Pair:
                 enable_memory_saver=False,
                 mamba_pool=self.rtp.mamba_pool,
             )
-            if page == 1:
-                self.alloc: Any = TokenToKVPoolAllocator(
-                    size=SIZE, dtype=torch.bfloat16, device="cpu", kvcache=kv_pool, need_sort=False
-                )
-            else:
-                self.alloc = PagedTokenToKVPoolAllocator(
-                    size=SIZE,
-                    page_size=page,
-                    dtype=torch.bfloat16,
-                    device="cpu",
-                    kvcache=kv_pool,
-                    need_sort=False,
-                )
+            self.alloc: Any = token_allocator(SIZE, page, kv_pool)
             components = (ComponentType.FULL, MAMBA)
         else:
-            swa_pool = SWAKVPool(
-                size=SIZE,
-                size_swa=SIZE_SWA,
-                page_size=page,
-                dtype=torch.bfloat16,
-                head_num=1,
-                head_dim=1,
-                swa_attention_layer_ids=[0],
-                full_attention_layer_ids=[1],
-                device="cpu",
-            )
-            self.alloc = SWATokenToKVPoolAllocator(
-                size=SIZE,
-                size_swa=SIZE_SWA,
-                page_size=page,
-                dtype=torch.bfloat16,
-                device="cpu",
-                kvcache=swa_pool,
-                need_sort=False,
-            )
+            self.alloc = swa_allocator(SIZE, SIZE_SWA, page)
             components = (ComponentType.FULL, ComponentType.SWA, MAMBA)
         params = CacheInitParams(
             req_to_token_pool=self.rtp,
