@@ -320,7 +320,7 @@ class HybridKVCacheManager(ManagerCalls):
         # The prompt length goes to Rust before caching: sparse retention reads its
         # replay boundaries from it, full-attention groups larger than the hash block
         # their prompt tail's partial-block prefix entry.
-        self._retention = retention is not None or self._core.registers_prompt_tails
+        self._cache_context = retention is not None or self._core.registers_prompt_tails
         zeroing = zeroing_groups(kv_cache_config)
         if zeroing:
             self._core.set_zeroing_groups(zeroing)
@@ -469,7 +469,7 @@ class HybridKVCacheManager(ManagerCalls):
         processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
-        if self._retention:
+        if self._cache_context:
             self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         new = self._core.allocate_slots_groups(
             request.request_id,
@@ -492,21 +492,16 @@ class HybridKVCacheManager(ManagerCalls):
         )
         if self.metrics_collector is not None:
             self._replay_metrics(self.metrics_collector)
-        if new is None:
-            if self.enable_kv_cache_events:
-                self._drain_removed()
-            elif self.metrics_collector is not None:
-                self._core.take_removed_groups()
-            return None
-        if self._offloads.groups:
+        runs: Sequence[Any] = ()
+        if new is not None and (self.enable_kv_cache_events or self._offloads.groups):
             runs = self._core.last_cached_runs
-            if runs:
-                self._offload_runs(request.request_id, runs)
+        if runs and self._offloads.groups:
+            self._offload_runs(request.request_id, runs)
         if self.enable_kv_cache_events:
-            self._emit_runs(request, self._core.last_cached_runs)
+            self._emit_runs(request, runs)
         elif self.metrics_collector is not None:
             self._core.take_removed_groups()
-        return self.create_kv_cache_blocks(self._wrap(new))
+        return None if new is None else self.create_kv_cache_blocks(self._wrap(new))
 
     def _offload_runs(self, request_id: str, runs: Sequence[Any]) -> None:
         tables = [t.tolist() for t in self._core.group_blocks(request_id)]
@@ -521,7 +516,7 @@ class HybridKVCacheManager(ManagerCalls):
         """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
         if not self.enable_caching:
             return
-        if self._retention:
+        if self._cache_context:
             self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
