@@ -1123,11 +1123,14 @@ class _VllmManager:
         apply_admission_cap: bool = False,
         num_tokens_main_model: int | None = None,
         num_encoder_tokens: int = 0,
+        num_local_computed: int | None = None,
     ) -> int:
         """vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
         ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
         groups count, ``num_encoder_tokens`` what cross-attention groups count; the
-        sum may be negative, as in vLLM."""
+        sum may be negative, as in vLLM. ``num_local_computed`` (default
+        ``total_computed``) is the local hit's length: one ending inside a block
+        counts the block's copy."""
     def new_step_starts(self) -> None:
         """vLLM's ``new_step_starts``: forgets the Mamba state blocks cached in the
         step that ended."""
@@ -1181,9 +1184,10 @@ class _VllmManager:
         """Each group's ``num_cached_block`` entry of the request."""
     @property
     def registers_prompt_tails(self) -> bool:
-        """Whether some full-attention group registers partial-block prefix entries for
-        prompt tails (its block is larger than the hash block): the caller then gives
-        the prompt length to :meth:`set_cache_context` before each caching call."""
+        """Whether some group registers partial-block prefix entries for prompt tails
+        (a full-attention group larger than the hash block, or an align-mode Mamba
+        group under partial hash hits): the caller then gives the prompt length to
+        :meth:`set_cache_context` before each caching call."""
     def extra_keys(self) -> list[tuple[bytes, int, int]]:
         """The partial-block prefix entries blocks hold beside their own hash:
         ``(hash, group, block id)``, by block id."""
@@ -1289,6 +1293,24 @@ class _VllmManager:
         """Whether group ``group`` logs its new blocks for zeroing."""
     def take_new_ids_group(self, group: int) -> list[int]:
         """Drains group ``group``'s zeroing log alone."""
+    @property
+    def partial_hits(self) -> bool:
+        """Whether hits may end at hash-block boundaries inside blocks (vLLM's
+        ``enable_partial_hash_hits``): an align-mode Mamba group is larger than the
+        hash block."""
+    def take_cow_copies(self, group: int) -> list[tuple[int, int]]:
+        """Drains group ``group``'s queued block copies ``(source, copy)``, oldest
+        first. Each endpoint holds one reference for the copy; free both once it ran."""
+    def take_cow_offers(self) -> list[tuple[str, int, int, int]]:
+        """Drains the copies producers of a prompt tail offered as boundary states:
+        ``(request_id, group, block_id, boundary_tokens)``, oldest first."""
+    def finalize_partial_tails(
+        self, request_id: str, num_computed: int, num_in_flight: int
+    ) -> list[tuple[int, int, int]]:
+        """vLLM's ``finalize_partial_tail_offloads`` for a finishing request: each
+        Mamba group's prompt tail it produced, ``(group, block_id, boundary_tokens)``,
+        when nothing past the boundary was computed (``num_computed``) or is in
+        flight; its tails are forgotten either way."""
     def record_for_zeroing_groups(self, request_id: str, start_token: int) -> None:
         """vLLM's ``record_blocks_for_zeroing``: each logging group logs the request's
         blocks from token ``start_token`` on (a multiple of its block size)."""

@@ -20,6 +20,7 @@ pub mod lifecycle;
 pub mod radix;
 pub mod radix_hybrid;
 pub mod sglang;
+pub mod vllm_cow;
 pub mod vllm_front;
 pub mod vllm_hashing;
 pub mod vllm_manager;

@@ -144,8 +144,10 @@ impl PyVllmManager {
     /// vLLM's coordinator ``get_num_blocks_to_allocate`` (the sum over groups).
     /// ``num_tokens_main_model`` (default ``num_tokens``) is what align-mode Mamba
     /// groups count, ``num_encoder_tokens`` what cross-attention groups count; the
-    /// sum may be negative, as in vLLM.
-    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false, num_tokens_main_model = None, num_encoder_tokens = 0))]
+    /// sum may be negative, as in vLLM. ``num_local_computed`` (default
+    /// ``total_computed``) is the local hit's length: one ending inside a block
+    /// counts the block's copy.
+    #[pyo3(signature = (request_id, num_tokens, new_computed, total_computed, apply_admission_cap = false, num_tokens_main_model = None, num_encoder_tokens = 0, num_local_computed = None))]
     #[allow(clippy::too_many_arguments)]
     fn num_blocks_to_allocate_groups(
         &self,
@@ -156,7 +158,10 @@ impl PyVllmManager {
         apply_admission_cap: bool,
         num_tokens_main_model: Option<i64>,
         num_encoder_tokens: i64,
+        num_local_computed: Option<i64>,
     ) -> PyResult<isize> {
+        let total = count(total_computed, "total_computed")?;
+        let local = num_local_computed.map(|l| count(l, "num_local_computed")).transpose()?.unwrap_or(total);
         let hits = self.hit_lists(new_computed)?;
         let n = count(num_tokens, "num_tokens")?;
         let main = num_tokens_main_model.map(|m| count(m, "num_tokens_main_model")).transpose()?.unwrap_or(n);
@@ -166,7 +171,7 @@ impl PyVllmManager {
             main,
             count(num_encoder_tokens, "num_encoder_tokens")?,
             &hits,
-            count(total_computed, "total_computed")?,
+            (total, local),
             apply_admission_cap,
         ))
     }
@@ -298,9 +303,10 @@ impl PyVllmManager {
         (0..self.inner.num_groups()).map(|g| self.inner.group_num_cached(request_id, g)).collect()
     }
 
-    /// Whether some full-attention group registers partial-block prefix entries for
-    /// prompt tails (its block is larger than the hash block): the caller then gives
-    /// the prompt length to :meth:`set_cache_context` before each caching call.
+    /// Whether some group registers partial-block prefix entries for prompt tails
+    /// (a full-attention group larger than the hash block, or an align-mode Mamba
+    /// group under partial hash hits): the caller then gives the prompt length to
+    /// :meth:`set_cache_context` before each caching call.
     #[getter]
     fn registers_prompt_tails(&self) -> bool {
         self.inner.registers_prompt_tails()

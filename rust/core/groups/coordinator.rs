@@ -183,11 +183,17 @@ pub fn per_set_hits<L: BlockLookup>(
 
 /// vLLM's `get_num_cacheable_tokens` for group `g`: `num_computed` less
 /// the re-prefillable tail, rounded down to the scheduler block size on
-/// hybrid layouts (a group that drops the EAGLE block keeps one block more).
+/// hybrid layouts (a group that drops the EAGLE block keeps one block more);
+/// unrounded under partial hash hits.
 #[must_use]
 pub fn cacheable_tokens(layout: &GroupLayout, g: usize, num_computed: usize, reprefillable: usize) -> usize {
     if layout.len() == 1 {
         return num_computed.saturating_sub(reprefillable);
+    }
+    if layout.partial_hits() {
+        // vLLM's `_align_cacheable` rounds nothing then: rounding even to the hash block
+        // would register a copied Mamba tail again (EAGLE is refused with partial hits).
+        return num_computed;
     }
     let block_size = layout.groups().get(g).map_or(1, |s| s.block_size);
     let sb = layout.scheduler_block_size();

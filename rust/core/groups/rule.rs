@@ -11,11 +11,18 @@
 //! its latest state block; cross-attention never hits (its blocks hold one
 //! request's encoder states).
 //!
+//! Under partial hash hits the query's alignment is the hash block, smaller
+//! than a full-attention or Mamba block: full attention then extends its run
+//! into the next block at its interior hash boundaries, and Mamba takes the
+//! latest state at any hash boundary ([`BlockLookup::get_fine`]); the last
+//! block of such a hit is only partly reused.
+//!
 //! # Invariants
-//! - a rule never asks its lookup for a block at or past `max_tokens / B`;
+//! - a rule never asks its lookup for a block at or past `max_tokens / B`,
+//!   nor for a fine index at or past `max_tokens / alignment`;
 //! - the hit length returned is a multiple of the query's alignment (except
-//!   chunked local, whose vLLM rule asserts `alignment == B`) and equals the
-//!   number of blocks written times `B`.
+//!   chunked local, whose vLLM rule asserts `alignment == B`) and needs
+//!   exactly the blocks written: `ceil(hit / B)` of them.
 //!
 //! Costs: full attention and chunked local O(hit blocks) lookups; sliding
 //! window and Mamba scan right to left, O(blocks scanned) lookups, stopping
@@ -43,6 +50,15 @@ pub trait BlockLookup {
             }
         }
         out.len() - start
+    }
+
+    /// The block cached under fine hash index `k` (the prefix of `k + 1`
+    /// hash blocks) in every member group: a block's own hash or a
+    /// partial-block entry inside it. Asked only when hits may end inside a
+    /// block (the query's alignment below the block size); a lookup without
+    /// partial-block entries answers none.
+    fn get_fine(&mut self, _k: usize) -> Option<Self::Block> {
+        None
     }
 }
 
@@ -107,6 +123,13 @@ pub fn window_blocks(window: usize, block_size: usize, use_eagle: bool) -> usize
     cdiv(window.saturating_sub(1), block_size) + usize::from(use_eagle)
 }
 
+/// Whether a group of block size `bs` looks up hash boundaries inside its
+/// blocks for `q` (vLLM's fine-grained mode: the alignment, the hash block
+/// under partial hash hits, divides the block and is smaller).
+fn fine_grained(bs: usize, q: &HitQuery) -> bool {
+    q.alignment < bs && bs.is_multiple_of(q.alignment)
+}
+
 fn full_hit<L: BlockLookup>(
     bs: usize,
     lookup: &mut L,
@@ -116,6 +139,20 @@ fn full_hit<L: BlockLookup>(
     out.clear();
     lookup.get_run(0, q.max_tokens / bs, out);
     let mut hit = out.len() * bs;
+    if fine_grained(bs, q) {
+        // vLLM's phase 2: the first block not wholly cached, probed at its interior
+        // hash boundaries from the longest down.
+        let scale = bs / q.alignment;
+        let first = out.len() * scale;
+        let end = (first + scale - 1).min(q.max_tokens / q.alignment);
+        for k in (first..end).rev() {
+            if let Some(b) = lookup.get_fine(k) {
+                out.push(Some(b));
+                hit = (k + 1) * q.alignment;
+                break;
+            }
+        }
+    }
     if q.drop_eagle && hit > 0 {
         hit -= q.alignment.min(bs);
     }
@@ -243,6 +280,18 @@ fn mamba_hit<L: BlockLookup>(
     out: &mut Vec<Option<L::Block>>,
 ) -> usize {
     out.clear();
+    if fine_grained(bs, q) {
+        // The latest state at any hash boundary: block `k / scale` holds it.
+        let scale = bs / q.alignment;
+        for k in (0..q.max_tokens / q.alignment).rev() {
+            if let Some(b) = lookup.get_fine(k) {
+                out.resize(k / scale, None);
+                out.push(Some(b));
+                return (k + 1) * q.alignment;
+            }
+        }
+        return 0;
+    }
     for i in (0..q.max_tokens / bs).rev() {
         if let Some(b) = lookup.get(i) {
             if bs != q.alignment && !((i + 1) * bs).is_multiple_of(q.alignment) {

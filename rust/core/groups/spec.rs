@@ -67,8 +67,9 @@ pub struct LayoutOptions {
     /// EAGLE / MTP drops the last matched block of every group (vLLM's
     /// `use_eagle` with no group flagged: all groups are EAGLE groups).
     pub use_eagle: bool,
-    /// vLLM's `allow_partial_hash_hits`; a layout that would turn them on is
-    /// rejected (partial hits need copy-on-write, which kvindex lacks).
+    /// vLLM's `allow_partial_hash_hits`: a layout with an align-mode Mamba
+    /// group larger than the hash block then hits at hash-block boundaries
+    /// inside blocks ([`GroupLayout::partial_hits`]); refused with EAGLE.
     pub allow_partial_hash_hits: bool,
 }
 
@@ -91,6 +92,9 @@ pub struct GroupLayout {
     scheduler_block_size: usize,
     enable_caching: bool,
     use_eagle: bool,
+    /// vLLM's `enable_partial_hash_hits`: hits may end at any hash-block
+    /// boundary (inside a block), with copy-on-write of the shared tail.
+    partial_hits: bool,
     /// Per group: whether its hits and caching drop the EAGLE block.
     eagle: Vec<bool>,
     /// Spec sets of the prefix-cacheable groups, full attention first, then
@@ -131,7 +135,7 @@ impl GroupLayout {
     /// size, a hash block size that does not divide every group's, a
     /// scheduler block size that is not a common multiple, Mamba caching
     /// outside "align" mode, chunked local attention with differing block
-    /// sizes or EAGLE, or a layout that needs partial hash hits.
+    /// sizes or EAGLE, or partial hash hits with EAGLE.
     pub fn new(groups: Vec<GroupSpec>, opt: LayoutOptions) -> KvResult<Self> {
         if groups.is_empty() {
             return Err(KvError::invalid("a KV cache needs at least one group"));
@@ -197,6 +201,7 @@ impl GroupLayout {
                 hashed().map(|s| s.block_size).collect::<Vec<_>>()
             )));
         }
+        let mut partial = false;
         if opt.enable_caching && groups.len() > 1 {
             for (i, s) in groups.iter().enumerate() {
                 if let GroupKind::ChunkedLocal { .. } = s.kind {
@@ -213,13 +218,17 @@ impl GroupLayout {
                     }
                 }
             }
-            let partial = groups.iter().any(|s| {
+            // vLLM's `partial_hash_hits_enabled`: an align-mode Mamba group larger than the
+            // hash block, and every prefix-cacheable group able to look up interior hash
+            // boundaries (or as small as the hash block).
+            partial = groups.iter().any(|s| {
                 matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hash
-            }) && groups.iter().all(|s| s.kind.fine_grained_lookup() || s.block_size == hash);
-            if partial && opt.allow_partial_hash_hits {
+            }) && hashed().all(|s| s.kind.fine_grained_lookup() || s.block_size == hash);
+            partial &= opt.allow_partial_hash_hits;
+            if partial && opt.use_eagle {
                 return Err(KvError::invalid(
-                    "partial hash hits (sub-block Mamba hits with copy-on-write) are not supported by kvindex; \
-                     pass allow_partial_hash_hits=False or make the Mamba block size the hash block size",
+                    "partial hash hits (a Mamba block larger than the hash block) with EAGLE / MTP \
+                     are not supported by kvindex",
                 ));
             }
         }
@@ -241,6 +250,7 @@ impl GroupLayout {
             scheduler_block_size: scheduler,
             enable_caching: opt.enable_caching,
             use_eagle: opt.use_eagle,
+            partial_hits: partial,
             sets,
         };
         layout.spread_eagle();
@@ -349,11 +359,22 @@ impl GroupLayout {
     /// the block size itself for one group).
     #[must_use]
     pub fn alignment(&self) -> usize {
-        if self.groups.len() == 1 {
+        if self.partial_hits {
+            self.hash_block_size
+        } else if self.groups.len() == 1 {
             self.groups[0].block_size
         } else {
             self.scheduler_block_size
         }
+    }
+
+    /// vLLM's `enable_partial_hash_hits`: hits are aligned to the hash block
+    /// ([`Self::alignment`]) and may end inside a block; a hit ending inside
+    /// a block copies it on write, and align-mode Mamba groups register the
+    /// prompt's last hash boundary.
+    #[must_use]
+    pub fn partial_hits(&self) -> bool {
+        self.partial_hits
     }
 
     /// Whether prefix caching is on.
@@ -442,8 +463,19 @@ mod tests {
         assert!(GroupLayout::new(vec![GroupSpec::full(32), cl], on()).is_err());
         let mamba = GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: 64 };
         let partial = LayoutOptions { allow_partial_hash_hits: true, ..on() };
-        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], partial).is_err());
-        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], on()).is_ok());
+        // Partial hash hits: on when allowed (hits aligned to the hash block), refused with EAGLE,
+        // off beside a sliding window larger than the hash block.
+        let l = GroupLayout::new(vec![GroupSpec::full(16), mamba], partial).expect("partial hits");
+        assert!(l.partial_hits());
+        assert_eq!((l.alignment(), l.scheduler_block_size()), (16, 64));
+        let eagle = LayoutOptions { use_eagle: true, ..partial };
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], eagle).is_err());
+        let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 64 }, block_size: 32 };
+        let l = GroupLayout::new(vec![GroupSpec::full(16), swa, mamba], partial).expect("no partial hits");
+        assert!(!l.partial_hits());
+        let l = GroupLayout::new(vec![GroupSpec::full(16), mamba], on()).expect("not allowed");
+        assert!(!l.partial_hits());
+        assert_eq!(l.alignment(), 64);
         assert!(GroupLayout::new(vec![], on()).is_err());
         assert!(GroupLayout::new(vec![GroupSpec::full(0)], on()).is_err());
         let bad_hash = LayoutOptions { hash_block_size: Some(3), ..on() };

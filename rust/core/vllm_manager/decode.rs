@@ -241,7 +241,7 @@ impl VllmManager {
         }
         let (total, main) = (s.num_local_computed, s.num_tokens_main_model.unwrap_or(s.num_tokens_need_slot));
         let (need_slot, enc) = (s.num_tokens_need_slot, s.num_encoder_tokens);
-        let need = self.blocks_needed(None, rid, need_slot, main, enc, new_computed, total, false);
+        let need = self.blocks_needed(None, rid, need_slot, main, enc, new_computed, (total, total), false);
         let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         let ng = self.consts.len();
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {

@@ -51,25 +51,12 @@ use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::GroupRule;
-use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, MambaMode};
+use crate::core::groups::spec::{GroupLayout, GroupSpec};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
 /// Rejects what the manager does not implement, naming it.
 pub(crate) fn check_supported(layout: &GroupLayout) -> KvResult<()> {
-    for (i, g) in layout.groups().iter().enumerate() {
-        if let GroupKind::Mamba { mode: MambaMode::Align } = g.kind {
-            if layout.enable_caching() && g.block_size != layout.hash_block_size() {
-                return Err(KvError::invalid(format!(
-                    "group {i}: a Mamba block size ({}) other than the hash block size ({}) needs \
-                     partial-block Mamba state entries (several hashes per block), which kvindex \
-                     does not support",
-                    g.block_size,
-                    layout.hash_block_size()
-                )));
-            }
-        }
-    }
     if layout.len() > 64 {
         return Err(KvError::invalid("at most 64 KV cache groups are supported"));
     }
@@ -372,7 +359,15 @@ impl VllmManager {
         total_computed: usize,
         apply_cap: bool,
     ) -> usize {
-        self.blocks_to_allocate(self.reqs.get(rid), g, num_tokens, new_computed, total_computed, apply_cap)
+        self.blocks_to_allocate(
+            self.reqs.get(rid),
+            g,
+            num_tokens,
+            new_computed,
+            total_computed,
+            total_computed,
+            apply_cap,
+        )
     }
 
     /// Whether group `g` is a cross-attention group.
@@ -382,6 +377,7 @@ impl VllmManager {
 
     /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
     /// (`None`: it has none), looked up by the caller.
+    #[allow(clippy::too_many_arguments)]
     fn blocks_to_allocate(
         &self,
         req: Option<&Req>,
@@ -389,6 +385,7 @@ impl VllmManager {
         num_tokens: usize,
         new_computed: &[BlockId],
         total_computed: usize,
+        local: usize,
         apply_cap: bool,
     ) -> usize {
         let spec = self.layout.groups()[g];
@@ -404,11 +401,12 @@ impl VllmManager {
             return required.saturating_sub(held);
         }
         let skipped = spec.skipped_tokens(total_computed) / bs;
-        let local = new_computed.len() + held;
-        let new = required.saturating_sub(skipped.max(local));
+        let local_blocks = new_computed.len() + held;
+        let new = required.saturating_sub(skipped.max(local_blocks));
         let skip_new = skipped.saturating_sub(held).min(new_computed.len());
         let evictable = new_computed[skip_new..].iter().filter(|&&b| self.pool.is_free(b)).count();
-        new + evictable
+        // A hit ending inside a block reserves its copy ([`super::cow`]).
+        new + evictable + usize::from(self.partial_local_hit(new_computed, local, bs))
     }
 
     /// vLLM's coordinator `get_num_blocks_to_allocate`: the sum over groups
@@ -453,14 +451,16 @@ impl VllmManager {
             main_tokens,
             0,
             new_computed,
-            total_computed,
+            (total_computed, total_computed),
             apply_cap,
         )
     }
 
     /// [`Self::num_blocks_to_allocate_signed`] with vLLM's
     /// `num_encoder_tokens`, what cross-attention groups count (no hit, no
-    /// computed tokens).
+    /// computed tokens), and `computed`: vLLM's `(total_computed_tokens,
+    /// num_local_computed_tokens)` (a local hit ending inside a block counts
+    /// its copy).
     #[must_use]
     #[allow(clippy::too_many_arguments)]
     pub fn num_blocks_to_allocate_encoder(
@@ -470,7 +470,7 @@ impl VllmManager {
         main_tokens: usize,
         encoder_tokens: usize,
         new_computed: &[Vec<BlockId>],
-        total_computed: usize,
+        computed: (usize, usize),
         apply_cap: bool,
     ) -> isize {
         self.blocks_needed(
@@ -480,7 +480,7 @@ impl VllmManager {
             main_tokens,
             encoder_tokens,
             new_computed,
-            total_computed,
+            computed,
             apply_cap,
         )
     }
@@ -496,20 +496,20 @@ impl VllmManager {
         main_tokens: usize,
         encoder_tokens: usize,
         new_computed: &[Vec<BlockId>],
-        total_computed: usize,
+        (total_computed, local): (usize, usize),
         apply_cap: bool,
     ) -> isize {
         (0..self.layout.len())
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 if self.mamba.is_align(g) {
-                    return self.mamba_blocks_needed(rid, g, main_tokens, nc);
+                    return self.mamba_blocks_needed(rid, g, main_tokens, nc, local);
                 }
                 if self.is_cross(g) {
-                    let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, apply_cap);
+                    let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, 0, apply_cap);
                     return isize::try_from(n).unwrap_or(isize::MAX);
                 }
-                let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, apply_cap);
+                let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, local, apply_cap);
                 isize::try_from(n).unwrap_or(isize::MAX)
             })
             .fold(0isize, isize::saturating_add)
@@ -608,7 +608,8 @@ impl VllmManager {
         if let Some(full) = s.full_sequence_tokens {
             let gate_total = s.full_sequence_computed.unwrap_or(total);
             let enc = s.num_encoder_tokens;
-            let n = self.num_blocks_to_allocate_encoder(rid, full, full, enc, new_computed, gate_total, true);
+            let computed = (gate_total, local);
+            let n = self.num_blocks_to_allocate_encoder(rid, full, full, enc, new_computed, computed, true);
             if n.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) {
                 return Ok(None);
             }
@@ -620,13 +621,13 @@ impl VllmManager {
         let need = match (s.processed_tokens, req) {
             (Some(p), Some(r)) if !self.skipped_noop(r, p) => {
                 self.remove_skipped_blocks(rid, p);
-                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, total, false)
+                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, (total, local), false)
             }
             (Some(p), None) => {
                 self.remove_skipped_blocks(rid, p);
-                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, total, false)
+                self.num_blocks_to_allocate_encoder(rid, need_slot, main, enc, hits, (total, local), false)
             }
-            _ => self.blocks_needed(req, rid, need_slot, main, enc, hits, total, false),
+            _ => self.blocks_needed(req, rid, need_slot, main, enc, hits, (total, local), false),
         };
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
@@ -640,6 +641,11 @@ impl VllmManager {
                 }
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 self.add_local_computed(rid, g, nc, total);
+                if self.cow.on() {
+                    let spec = self.layout.groups()[g];
+                    let skipped = spec.skipped_tokens(total) / spec.block_size;
+                    self.note_partial_hit(rid, g, &nc[skipped.min(nc.len())..], local);
+                }
             }
             if s.num_external_computed > 0 {
                 for g in 0..ng {
@@ -656,7 +662,10 @@ impl VllmManager {
         // count is `needed - held` per group: a count of 0 needs no lookup for that.
         let want = |g: usize, spec: GroupSpec| cdiv(s.slot_tokens(self.is_cross(g)), spec.block_size);
         let all_held = all_running && need == 0 && !self.mamba.any();
-        let enough = if all_held {
+        let enough = if self.cow.any_partial(rid) {
+            // A pending partial hit takes its copy even when the table is long enough.
+            0
+        } else if all_held {
             u64::MAX
         } else {
             self.reqs.get(rid).map_or(0u64, |r| {
@@ -676,7 +685,14 @@ impl VllmManager {
             } else {
                 let record = self.records_new(g);
                 let n = cdiv(s.slot_tokens(self.is_cross(g)), self.layout.groups()[g].block_size);
-                self.take_upto(rid, g, n, record)
+                match self.cow_take(rid, g) {
+                    Some(copy) => {
+                        let mut v = vec![copy];
+                        v.extend(self.take_upto(rid, g, n, record));
+                        v
+                    }
+                    None => self.take_upto(rid, g, n, record),
+                }
             };
             if !new.is_empty() {
                 out.resize(ng, Vec::new());
@@ -936,6 +952,7 @@ impl VllmManager {
         }
         self.siblings.check(&self.pool, &self.owner)?;
         self.partial.check(&self.pool)?;
+        self.check_cow_invariants()?;
         self.check_mamba_invariants()
     }
 }

@@ -145,14 +145,6 @@ fn errors_change_nothing() {
     assert!(m.allocate_slots_groups("a", &[], &slots(40, 0)).expect("ok").is_none());
     assert_eq!(m.pool().free_queue().collect::<Vec<_>>(), q);
     assert!(!m.has_request("a"));
-    let mamba = GroupSpec {
-        kind: GroupKind::Mamba { mode: crate::core::groups::spec::MambaMode::Align },
-        block_size: 8,
-    };
-    // A Mamba block larger than the hash block needs partial-block state entries.
-    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
-    let l = GroupLayout::new(vec![GroupSpec::full(4), mamba], opt).expect("layout");
-    assert!(VllmManager::with_layout(8, l, false, false, None).is_err());
     assert!(m.cache_apply("zz", &[(0, 0, 1)], 0, &hashes(1)).is_err());
 }
 
@@ -256,7 +248,7 @@ fn cross_attention_holds_blocks_for_the_encoder_tokens() {
     let l =
         GroupLayout::new(vec![GroupSpec::full(16), cross], LayoutOptions::default()).expect("caching off");
     let mut m = VllmManager::with_layout(60, l, false, true, None).expect("manager");
-    assert_eq!(m.num_blocks_to_allocate_encoder("a", 100, 100, 200, &[], 0, false), 7 + 13);
+    assert_eq!(m.num_blocks_to_allocate_encoder("a", 100, 100, 200, &[], (0, 0), false), 7 + 13);
     let s = SlotRequest {
         num_tokens_need_slot: 100,
         num_encoder_tokens: 200,

@@ -20,10 +20,13 @@
 //! "none" mode (no Mamba prefix caching) is the generic single-type rule
 //! with the Mamba skipped-token count, handled by [`super::groups`].
 //!
+//! Under partial hash hits (a Mamba block larger than the hash block) the
+//! prompt's last hash boundary is registered inside a block and hits there
+//! are copied on write ([`super::cow`]).
+//!
 //! Not implemented (refused by the layout checks or the Python drop-in):
 //! speculative state blocks (`num_speculative_blocks`), prefill checkpoint
-//! blocks, retention intervals (sparse state retention), partial-block state entries (a Mamba block size larger than the
-//! hash block size) and the boundary-state hand-offs to KV connectors.
+//! blocks, retention intervals (sparse state retention).
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
 //! - per-request state exists only for align-mode Mamba groups;
@@ -145,6 +148,7 @@ impl VllmManager {
         g: usize,
         main_tokens: usize,
         new_computed: &[BlockId],
+        local: usize,
     ) -> isize {
         let m = self.mamba.group(g);
         if let Some(&last) = new_computed.last() {
@@ -160,9 +164,15 @@ impl VllmManager {
         let held = self.reqs.get(rid).map_or(0, |r| r.g(g).blocks.len());
         let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
         let mut new = sig(cdiv(main_tokens, bs)) - sig(new_computed.len()) - sig(held);
+        // A hit ending inside a block, or a producer's tail, takes its copy too.
+        let partial =
+            self.partial_local_hit(new_computed, local, bs) || self.cow.partial_of(g, rid).is_some();
+        if partial {
+            new = new.max(0) + 1;
+        }
         if new > 0 {
-            // One state block per call (speculative blocks are not supported).
-            new = new.min(1);
+            // One state block per call (speculative blocks are not supported), and the copy.
+            new = new.min(1 + isize::from(partial));
         }
         let evictable = new_computed.iter().filter(|&&b| b != BlockId::NULL && self.pool.is_free(b)).count();
         new + sig(evictable)
@@ -176,23 +186,45 @@ impl VllmManager {
         let ng = self.layout.len();
         let required = cdiv(main_tokens, bs);
         let prev = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g(g).blocks.len();
+        let partial = self.cow.partial_of(g, rid);
         let st = self.mamba.group_mut(g).reqs.entry(rid.to_owned()).or_default();
-        if required <= prev {
+        if required <= prev && partial.is_none() {
             st.allocated = true;
             return Vec::new();
         }
+        let producer = st.allocated;
         if prev > 0 {
             st.last_state = Some(prev - 1);
         }
         st.allocated = true;
-        let skipped = required - 1;
+        let skipped = required.saturating_sub(1);
         let table = &mut self.reqs.get_mut(rid).expect("inserted above").g_mut(g).blocks;
         if prev < skipped {
             table.resize(skipped, BlockId::NULL);
         }
-        let n = required - table.len();
-        self.take_new(rid, g, n, false);
-        self.reqs[rid].g(g).blocks[prev..].to_vec()
+        let n = required.saturating_sub(table.len());
+        let Some(hit) = partial else {
+            self.take_new(rid, g, n, false);
+            return self.reqs[rid].g(g).blocks[prev..].to_vec();
+        };
+        let mut out = self.reqs[rid].g(g).blocks[prev..].to_vec();
+        let (new, copy) = self.mamba_cow(rid, g, n + 1, hit, producer);
+        if let Some(c) = copy {
+            out.insert(0, c);
+        }
+        if let Some(r) = self.reqs.get_mut(rid) {
+            r.g_mut(g).blocks.extend_from_slice(&new);
+        }
+        out.extend(new);
+        out
+    }
+
+    /// Counts key `k` as cached in this step in Mamba group `g` (a moved or
+    /// registered prompt tail).
+    pub(crate) fn mamba_note_key(&mut self, g: usize, k: BlockHash) {
+        if let Some(Some(m)) = self.mamba.groups.get_mut(g) {
+            m.this_step.insert(k);
+        }
     }
 
     /// Align-mode `remove_skipped_blocks` of Mamba group `g` at `processed`

@@ -126,11 +126,62 @@ fn mamba_hits_land_on_the_scheduler_block() {
 }
 
 #[test]
-fn a_mamba_block_larger_than_the_hash_block_is_refused_by_name() {
-    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
-    let l = GroupLayout::new(vec![GroupSpec::full(4), mamba(8)], opt).expect("layout");
-    let e = check_supported(&l).expect_err("refused");
-    assert!(e.to_string().contains("partial-block Mamba state"), "{e}");
+fn a_mamba_block_larger_than_the_hash_block_registers_its_prompt_tail_and_copies_it() {
+    // Full attention of 2 tokens, Mamba of 4 (vLLM's partial hash hit example): a prompt
+    // of 7 tokens computed to 6 registers the Mamba state there, inside block 1.
+    let opt =
+        LayoutOptions { enable_caching: true, allow_partial_hash_hits: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(vec![GroupSpec::full(2), mamba(4)], opt).expect("layout");
+    check_supported(&l).expect("supported");
+    let mut m = VllmManager::with_layout(20, l, true, true, None).expect("manager");
+    assert!(m.partial_hits());
+    let hs: Vec<BlockHash> = (1..=4).map(h).collect();
+    let cache = |m: &mut VllmManager, rid: &str, n: usize, prompt: usize| {
+        m.set_cache_context(prompt, 0);
+        let plan = m.cache_plan(rid, n, hs.len(), 0);
+        let (lo, hi) = m.plan_hash_range(&plan);
+        m.cache_apply(rid, &plan, lo, &hs[lo..hi]).expect("cache");
+        let tails = m.tail_plan(rid, n, hs.len(), 0);
+        m.cache_tails(rid, &tails, 0, &hs).expect("tails");
+        m.check_invariants().expect("invariants");
+    };
+    let new = m.allocate_slots_groups("p", &[], &slots(6, 0, 0)).expect("ok").expect("fits");
+    let s = new[1][1];
+    cache(&mut m, "p", 6, 7);
+    assert_eq!(m.cached_block_of(&h(3), 1), Some(s));
+    assert_eq!(m.group_num_cached("p", 1), Some(1));
+    // The producer continues: its state stays in `s`, the entry moves to a copy.
+    let new = m.allocate_slots_groups("p", &[], &slots(7, 6, 6)).expect("ok").expect("fits");
+    assert!(new.get(1).is_none_or(Vec::is_empty));
+    let copies = m.take_cow_copies(1);
+    assert_eq!(copies.len(), 1);
+    let (src, copy) = copies[0];
+    assert_eq!(src, s);
+    assert_eq!(m.cached_block_of(&h(3), 1), Some(copy));
+    assert_eq!(m.take_cow_offers(), vec![("p".to_owned(), 1, copy, 6)]);
+    m.check_invariants().expect("invariants");
+    // A hit there is deferred to the next step (the copy runs with this one).
+    let hit = m.find_hit_groups(&hs, 7);
+    assert_eq!(hit.hit.tokens, 6);
+    assert!(m.num_blocks_to_allocate_encoder("c", 8, 8, 0, &hit.blocks, (6, 6), false) > 20);
+    m.free("p");
+    m.free_blocks(&[src, copy]).expect("the copy's references");
+    m.new_step_starts();
+    // A consumer hits 6 tokens: full attention's 3 blocks, Mamba's copy; its first
+    // allocation copies that block again into its own table.
+    let hit = m.find_hit_groups(&hs, 7);
+    assert_eq!(hit.hit.tokens, 6);
+    assert_eq!(hit.blocks[1], vec![N, copy]);
+    let mut s8 = slots(8, 6, 6);
+    s8.num_tokens_main_model = Some(8);
+    let new = m.allocate_slots_groups("c", &hit.blocks, &s8).expect("ok").expect("fits");
+    let mine = new[1][0];
+    assert_eq!(m.group_blocks("c", 1), &[N, mine]);
+    assert_eq!(m.take_cow_copies(1), vec![(copy, mine)]);
+    m.check_invariants().expect("invariants");
+    m.free("c");
+    m.free_blocks(&[copy, mine]).expect("the copy's references");
+    m.check_invariants().expect("invariants");
 }
 
 #[test]

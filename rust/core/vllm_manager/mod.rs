@@ -41,6 +41,7 @@ use crate::core::error::{ErrorKind, KvError, KvResult};
 use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 
+mod cow;
 mod decode;
 pub mod groups;
 mod loose;
@@ -202,6 +203,8 @@ pub struct VllmManager {
     mamba: mamba::MambaState,
     /// Partial-block prefix entries of full-attention groups ([`partial`]).
     partial: partial::PartialEntries,
+    /// Copy-on-write of partly reused blocks under partial hash hits ([`cow`]).
+    cow: cow::CowState,
     /// The metrics hooks' log, when a KV cache metrics collector listens ([`metrics`]).
     metrics: Option<Vec<u32>>,
 }
@@ -356,6 +359,7 @@ impl VllmManager {
         let mamba = mamba::MambaState::new(&layout);
         let siblings = siblings::Siblings::new(&layout, num_blocks)?;
         let partial = partial::PartialEntries::new(&layout);
+        let cow = cow::CowState::new(&layout);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -376,6 +380,7 @@ impl VllmManager {
             siblings,
             mamba,
             partial,
+            cow,
             metrics: None,
         })
     }
@@ -641,6 +646,7 @@ impl VllmManager {
     /// blocks, in group order.
     pub fn pop_blocks(&mut self, rid: &str) -> Vec<BlockId> {
         self.mamba.forget(rid);
+        self.cow.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return Vec::new() };
         if r.second.is_none() {
             let mut b = r.first.blocks;
@@ -659,6 +665,7 @@ impl VllmManager {
     /// 0 first (vLLM's coordinator `free`).
     pub fn free(&mut self, rid: &str) {
         self.mamba.forget(rid);
+        self.cow.forget(rid);
         let Some(r) = self.reqs.remove(rid) else { return };
         let mut scratch = std::mem::take(&mut self.scratch);
         for g in r.into_groups() {

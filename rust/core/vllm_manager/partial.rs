@@ -59,7 +59,7 @@ use super::{group_key, owner_word, unkey_owned, VllmManager};
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator;
-use crate::core::groups::spec::GroupLayout;
+use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
@@ -74,8 +74,11 @@ pub(crate) struct ExtraKey {
 /// The partial entries' state (module header).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct PartialEntries {
-    /// Groups that register prompt tails, ascending.
+    /// Full-attention groups that register prompt tails, ascending.
     groups: Vec<usize>,
+    /// Align-mode Mamba groups that register prompt tails (under partial
+    /// hash hits), ascending.
+    mamba: Vec<usize>,
     /// Per block: its extra keys, oldest first.
     by_block: FxHashMap<BlockId, Vec<ExtraKey>>,
     /// Per key: the blocks holding it as an extra key, oldest first.
@@ -96,12 +99,27 @@ impl PartialEntries {
         } else {
             Vec::new()
         };
-        PartialEntries { groups, ..PartialEntries::default() }
+        let mamba = if super::cow::has_mamba_tails(layout) {
+            (0..layout.len())
+                .filter(|&g| {
+                    let s = layout.groups()[g];
+                    matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hbs
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        PartialEntries { groups, mamba, ..PartialEntries::default() }
     }
 
     /// Whether any group registers prompt tails.
     pub(crate) fn active(&self) -> bool {
-        !self.groups.is_empty()
+        !self.groups.is_empty() || !self.mamba.is_empty()
+    }
+
+    /// Whether group `g` registers prompt tails.
+    fn registers(&self, g: usize) -> bool {
+        self.groups.contains(&g) || self.mamba.contains(&g)
     }
 
     /// Whether no block holds an extra key.
@@ -182,7 +200,7 @@ impl PartialEntries {
             ensure_inv!(!keys.is_empty(), "block {} has an empty extra-key list", b.0);
             for (i, e) in keys.iter().enumerate() {
                 let g = (e.owner & 0xffff) as usize;
-                ensure_inv!(self.groups.contains(&g), "block {} holds an extra key of group {g}", b.0);
+                ensure_inv!(self.registers(g), "block {} holds an extra key of group {g}", b.0);
                 ensure_inv!(
                     !keys[..i].iter().any(|x| x.key == e.key),
                     "block {} holds one extra key twice",
@@ -300,6 +318,22 @@ impl VllmManager {
             }
             out.push((g, boundary));
         }
+        for &g in &self.partial.mamba {
+            // Align-mode Mamba's `_cache_partial_tail_block`: only a call ending exactly at
+            // the prompt's last hash boundary, whose state block holds no hash there yet.
+            let bs = self.layout.groups()[g].block_size;
+            let boundary = prompt.saturating_sub(1) / hbs * hbs;
+            let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
+            if nt == 0 || nt != boundary || nt / hbs > num_hashes {
+                continue;
+            }
+            let Some(&b) = req.g(g).blocks.get(nt.div_ceil(bs) - 1) else { continue };
+            if b == BlockId::NULL || self.hash_tokens[b.idx()] as usize == nt {
+                continue;
+            }
+            out.push((g, boundary));
+        }
+        out.sort_by_key(|&(g, _)| g);
         out
     }
 
@@ -323,11 +357,18 @@ impl VllmManager {
         let hbs = self.layout.hash_block_size();
         let mut targets = Vec::with_capacity(tails.len());
         for &(g, boundary) in tails {
-            let Some(spec) = self.layout.groups().get(g).filter(|_| self.partial.groups.contains(&g)) else {
+            let Some(spec) = self.layout.groups().get(g).filter(|_| self.partial.registers(g)) else {
                 return Err(KvError::invalid(format!("group {g} registers no prompt tails")));
             };
+            // Full attention: the block the boundary lies in; Mamba: the state block ending
+            // at or after it.
+            let idx = if self.partial.mamba.contains(&g) {
+                boundary.div_ceil(spec.block_size).saturating_sub(1)
+            } else {
+                boundary / spec.block_size
+            };
             let b = (boundary.is_multiple_of(hbs) && boundary > 0)
-                .then(|| req.g(g).blocks.get(boundary / spec.block_size).copied())
+                .then(|| req.g(g).blocks.get(idx).copied())
                 .flatten()
                 .filter(|&b| b != BlockId::NULL);
             let j = boundary / hbs;
@@ -336,14 +377,20 @@ impl VllmManager {
                     "prompt tail ({g}, {boundary}) does not fit the request"
                 )));
             };
-            targets.push((g, boundary, b, *h));
+            targets.push((g, boundary, b, *h, idx));
         }
         let mut runs = Vec::with_capacity(targets.len());
-        for (g, boundary, b, h) in targets {
+        for (g, boundary, b, h, idx) in targets {
             let key = group_key(&h, g);
             let t = tokens_u32(boundary);
             let mark = self.removed.len();
             let already = self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b);
+            if self.partial.mamba.contains(&g) {
+                // Mamba counts the key as cached this step and, inside a block, makes the
+                // request the tail's producer, registered now or before.
+                self.mamba_note_key(g, key);
+                self.note_mamba_tail(rid, g, idx, b, boundary);
+            }
             if already {
                 continue;
             }
@@ -372,6 +419,32 @@ impl VllmManager {
             });
         }
         Ok(runs)
+    }
+
+    /// Moves every key of block `src` (its own hash, then its extra keys)
+    /// to `dst`, which holds none, without logging (vLLM's
+    /// `move_block_hashes`): the entries stay live on the copy.
+    pub(super) fn move_keys(&mut self, src: BlockId, dst: BlockId) {
+        let Some(k) = self.pool.block_hash(src) else { return };
+        if self.pool.block_hash(dst).is_some() {
+            return;
+        }
+        let (w, t) = (self.owner[src.idx()], self.hash_tokens[src.idx()]);
+        self.pool.drop_hash(src);
+        self.siblings.dropped(&self.pool, &k, w, src);
+        self.hash_tokens[src.idx()] = 0;
+        let extras = self.partial.by_block.remove(&src).unwrap_or_default();
+        for e in &extras {
+            self.partial.unlist(&e.key, src);
+        }
+        let first = self.pool.cache_block(dst, k);
+        self.hash_tokens[dst.idx()] = t;
+        self.owner[dst.idx()] = w;
+        let (h, g) = unkey_owned(&k, w);
+        self.siblings.cached(&self.pool, &h, g, dst, first);
+        for e in extras {
+            self.partial.add(dst, e);
+        }
     }
 
     /// Drops `key` (a pool key, vLLM's hash under group `g`) from block `b`
@@ -421,7 +494,7 @@ impl VllmManager {
             self.siblings.cached(&self.pool, h, g, b, first);
             return true;
         }
-        let fits = self.partial.groups.contains(&g)
+        let fits = self.partial.registers(g)
             && self.pool.block_hash(b).is_some_and(|k| k != key)
             && !self.partial.holds(&key, b);
         if fits {

@@ -10,8 +10,13 @@
 //!   those copies (the sibling rows agree with the pool for the anchor's
 //!   run, [`super::siblings`]).
 //!
+//! Under partial hash hits a fine index (a hash boundary, inside a block or
+//! at its end) is probed per member under its own hash and its partial-block
+//! entries ([`VllmManager::cached_block_of`]).
+//!
 //! Costs: a block of the anchor's run is one row read per member; another
-//! block one probe per member (a run's probes batched).
+//! block one probe per member (a run's probes batched); a fine index one or
+//! two probes per member.
 
 use std::cell::RefCell;
 use std::num::NonZeroU32;
@@ -131,6 +136,26 @@ impl BlockLookup for PoolLookup<'_> {
         let off = self.side.len();
         for &g in self.groups {
             match self.m.pool.get_cached(&group_key(h, g)) {
+                Some(b) => self.side.push(b),
+                None => {
+                    self.side.truncate(off);
+                    return None;
+                }
+            }
+        }
+        side_answer(off)
+    }
+
+    fn get_fine(&mut self, k: usize) -> Option<NonZeroU32> {
+        // Own hashes and partial-block entries alike, probed per member (no sibling rows:
+        // they follow block ends only).
+        let h = self.hashes.get(k)?;
+        if let [g] = *self.groups {
+            return self.m.cached_block_of(h, g).and_then(|b| NonZeroU32::new(b.0));
+        }
+        let off = self.side.len();
+        for &g in self.groups {
+            match self.m.cached_block_of(h, g) {
                 Some(b) => self.side.push(b),
                 None => {
                     self.side.truncate(off);

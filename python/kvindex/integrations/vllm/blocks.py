@@ -575,14 +575,21 @@ class GroupManagerView:
         self.num_cached_block = _NumCached(core, group)
         self._null_block = manager.block_pool.null_block
         self.retains_longer_hit = False
-        # Copy-on-write block pairs awaiting the worker (vLLM's partial-hit copies).
-        # kvindex makes none (partial-block hits are refused at construction); the
-        # list exists so that copies queued by others reach the scheduler's output.
+        # Where hits land (vLLM's coordinator sets it on every manager).
+        self.cache_hit_alignment_tokens: int = self.block_size
+        self._group = group
+        # Copy-on-write block pairs queued from Python (vLLM's partial-hit copies are
+        # queued in Rust and drained after these).
         self._pending_cow_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
 
     def take_pending_cow_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
         pending = self._pending_cow_copies
         self._pending_cow_copies = []
+        if self._group is not None:
+            blocks = self._blocks
+            pending.extend(
+                (blocks[s], blocks[d]) for s, d in self._core.take_cow_copies(self._group)
+            )
         return pending
 
     @property

@@ -1,7 +1,7 @@
 """The errors the vLLM integration raises: for configurations it does not run, and for
 writes to its block objects that would corrupt the index."""
 
-from kvindex.exceptions import KvIndexError
+from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 
 class UnsupportedVllmConfigError(KvIndexError, ValueError):
@@ -16,3 +16,9 @@ class BlockFieldWriteError(KvIndexError, AttributeError):
     than by one held reference): kvindex's Rust pool owns that state, and the block is
     left unchanged. The message names the field, as does ``name`` (an ``AttributeError``
     too, as writing a read-only attribute of vLLM's own block is)."""
+
+
+class ComputedBlocksTruncationError(InvalidArgumentError, AssertionError):
+    """``truncate_computed_blocks`` at a token count a group's block size does not divide,
+    or past the blocks a group's hit holds (a Mamba group may hold fewer). The lookup
+    result is left unchanged; an ``AssertionError`` too, as vLLM's own check raises."""

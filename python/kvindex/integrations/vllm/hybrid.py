@@ -21,9 +21,11 @@ on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, re
 intervals (not beside Mamba), blocks held by no request as
 :mod:`~kvindex.integrations.vllm.hybrid_extra` describes, and full-attention groups whose
 block is larger than the hash block (their prompt tail's partial-block prefix entry), hash
-lookahead and multi-module MTP (not beside Mamba), and the per-group hits a KV connector
-that accepts diverging hybrid hits asks for; anything else (partial hash hits,
-cross-attention with prefix caching on, HiSparse roles, context parallelism) raises
+lookahead and multi-module MTP (not beside Mamba), the per-group hits a KV connector
+that accepts diverging hybrid hits asks for, and partial hash hits (an align-mode Mamba
+group larger than the hash block: hits at hash-block boundaries inside blocks, copied on
+write, and the Mamba prompt tail's producer copy; not with EAGLE); anything else
+(cross-attention with prefix caching on, HiSparse roles, context parallelism) raises
 :class:`~kvindex.integrations.vllm.errors.UnsupportedVllmConfigError` at construction.
 """
 
@@ -69,7 +71,7 @@ from kvindex._core import _VllmManager
 from kvindex.exceptions import InvalidArgumentError, KvIndexError
 
 from .blocks import BlockPoolView, GroupManagerView
-from .errors import UnsupportedVllmConfigError
+from .errors import ComputedBlocksTruncationError, UnsupportedVllmConfigError
 from .hybrid_extra import (
     CrossAttentionManagerView,
     cache_loose,
@@ -148,8 +150,6 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
 class _HybridCoordinatorView:
     """The members of vLLM's hybrid coordinator the scheduler and tests read."""
 
-    enable_partial_hash_hits = False
-
     def __init__(self, manager: HybridKVCacheManager, core: _VllmManager, specs: list[Any]) -> None:
         self._manager = manager
         self._core = core
@@ -157,6 +157,11 @@ class _HybridCoordinatorView:
         self.block_pool = manager.block_pool
         self.hash_block_size = core.hash_block_size
         self.scheduler_block_size = core.scheduler_block_size
+        # Partial hash hits: hits land on hash-block boundaries (else scheduler blocks).
+        self.enable_partial_hash_hits = bool(core.partial_hits)
+        self._cache_hit_alignment_tokens = (
+            self.hash_block_size if self.enable_partial_hash_hits else self.scheduler_block_size
+        )
         self.dcp_world_size = 1
         self.pcp_world_size = 1
         flags = eagle_group_flags(manager.kv_cache_config)
@@ -178,6 +183,7 @@ class _HybridCoordinatorView:
         )
         for view, eagle in zip(self.single_type_managers, core.group_eagle_flags, strict=True):
             view.use_eagle = eagle
+            view.cache_hit_alignment_tokens = self._cache_hit_alignment_tokens
         # The spec sets the Rust lookup walks, as vLLM's ``SpecGroup``s.
         self.attention_groups = [
             SpecGroup(
@@ -213,6 +219,7 @@ class _HybridCoordinatorView:
             apply_admission_cap,
             num_tokens_main_model,
             num_encoder_tokens,
+            num_local_computed_tokens,
         )
 
     def find_longest_cache_hit(
@@ -344,6 +351,7 @@ class HybridKVCacheManager(ManagerCalls):
             align_groups(kv_cache_config, enable_caching), self._group_sizes
         )
         self._hash_block_size = self._core.hash_block_size
+        self._partial_hits = bool(self._core.partial_hits)
         self._events: list[KVCacheEvent] = []
         self._loose = 0
         self.block_pool: BlockPoolView = BlockPoolView(
@@ -492,6 +500,10 @@ class HybridKVCacheManager(ManagerCalls):
         )
         if self.metrics_collector is not None:
             self._replay_metrics(self.metrics_collector)
+        if self._partial_hits:
+            # A prompt tail's producer offers its copy before this call's cached states.
+            for offer in self._core.take_cow_offers():
+                self._offloads.add_offer(*offer)
         runs: Sequence[Any] = ()
         if new is not None and (self.enable_kv_cache_events or self._offloads.groups):
             runs = self._core.last_cached_runs
@@ -736,7 +748,7 @@ class HybridKVCacheManager(ManagerCalls):
                 # An external hit can supply the final Mamba state past the local one.
                 n = min(n, len(group))
             if num_computed_tokens % bs != 0 or n > len(group):
-                raise InvalidArgumentError(
+                raise ComputedBlocksTruncationError(
                     f"cannot truncate {len(group)} blocks of {bs} tokens at {num_computed_tokens}"
                 )
             out.append(list(group[:n]))
@@ -745,8 +757,10 @@ class HybridKVCacheManager(ManagerCalls):
     # ------------------------------------------------------- worker hand-offs
 
     def take_kv_cache_block_copies(self) -> tuple[list[KVCacheBlockCopy], list[KVCacheBlock]]:
-        """Drain pending copy-on-write copies (kvindex queues none: partial-block hits are
-        refused at construction) and their retained endpoints."""
+        """Drains the copy-on-write copies queued by partial hash hits (a hit ending
+        inside a block copies it; so does a Mamba prompt tail's producer): the copies
+        and their endpoints, which hold one reference each until the caller frees
+        them once the copies ran."""
         pending = [
             pair
             for m in self.coordinator.single_type_managers
@@ -758,14 +772,24 @@ class HybridKVCacheManager(ManagerCalls):
         return copies, [b for pair in pending for b in pair]
 
     def take_boundary_state_offloads(self) -> dict[str, list[tuple[int, int, int]]]:
-        """Drains the state blocks align-mode Mamba groups cached since the last call:
+        """Drains the state blocks align-mode Mamba groups cached since the last call,
+        and the copies a prompt tail's producer made:
         ``{request_id: [(group_id, block_id, boundary_tokens), ...]}``."""
         return self._offloads.take()
 
     def finalize_partial_tail_offloads(self, request: Request) -> list[tuple[int, int, int]]:
-        """Mamba partial tails: none (partial-block Mamba states are refused at
-        construction)."""
-        return []
+        """The Mamba prompt tails a finishing request produced and still holds in its
+        table, ``[(group_id, block_id, boundary_tokens)]``, when nothing past the
+        boundary was computed or is in flight; forgotten either way."""
+        if not self._partial_hits:
+            return []
+        in_flight = getattr(request, "num_in_flight_tokens", 0)
+        return [
+            (g, b, t)
+            for g, b, t in self._core.finalize_partial_tails(
+                request.request_id, request.num_computed_tokens, in_flight
+            )
+        ]
 
     def new_step_starts(self) -> None:
         """A new scheduler step starts: Mamba states cached in the last one become hits."""

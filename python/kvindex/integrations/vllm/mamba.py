@@ -89,6 +89,11 @@ class BoundaryStateOffloads:
             for i in stored:
                 self._pending.append((request_id, g, int(table[i]), (int(i) + 1) * bs))
 
+    def add_offer(self, request_id: str, group: int, block_id: int, tokens: int) -> None:
+        """Records one hand-off: a prompt tail's copy (``block_id`` of ``group``,
+        the state after ``tokens`` tokens)."""
+        self._pending.append((request_id, group, block_id, tokens))
+
     def drop(self, request_id: str) -> None:
         """Forgets the request's hand-offs not yet taken (its blocks go back to the pool)."""
         if any(e[0] == request_id for e in self._pending):

@@ -233,6 +233,9 @@ MIXES: dict[str, Mix] = {
         eagle=True,
         eagle_groups=(0, 1),
     ),
+    # Partial hash hits: a Mamba block larger than the hash block (hits inside blocks,
+    # copied on write; the Mamba prompt tail's producer copy).
+    "full+mamba-partial": Mix((lambda: full(4), lambda: mamba(8)), 80, 32),
     # Encoder-decoder: cross-attention beside the decoder's groups, prefix caching off.
     "full+cross": Mix((lambda: full(8), lambda: cross(8)), 80, 28, caching=False),
     "full+swa+cross-zero": Mix(
@@ -261,6 +264,14 @@ def config(mix: Mix) -> tuple[Any, int, int]:
     )
     assert kv.needs_kv_cache_zeroing or not mix.zeroing
     return kv, lcm(*sizes), gcd(*sizes)
+
+
+def drain_copies(m: Any, side: int) -> list[tuple[int, int]]:
+    """The manager's queued copy-on-write copies; their retained endpoints are freed, as
+    vLLM's scheduler does once the step that ran them is processed."""
+    copies, retained = m.take_kv_cache_block_copies()
+    m.block_pool.free_blocks(retained)
+    return [(c.src_block_id, c.dst_block_id) for c in copies]
 
 
 class RecordingCollector(KVCacheMetricsCollector):
@@ -360,6 +371,13 @@ class Driver:
         self.sides = [make(VllmManager, mix), make(other, mix)]
         _, self.sched_bs, self.hash_bs = config(mix)
         self.aligned = any(isinstance(g(), MambaSpec) for g in mix.groups)
+        # Partial hash hits: some chunks end at the prompt's last hash boundary, where
+        # vLLM's scheduler stops a Mamba prefill so that its state there is cached.
+        self.partial = any(
+            isinstance(g(), MambaSpec)
+            and g().block_size > gcd(*(h().block_size for h in mix.groups))
+            for g in mix.groups
+        )
         self.encoder = any(isinstance(g(), CrossAttentionSpec) for g in mix.groups)
         # Prompts fit the pool a few times over, so that the load preempts but every
         # request can run alone.
@@ -385,6 +403,8 @@ class Driver:
             "extra_keys": 0,
             "diverged": 0,
             "metrics_calls": 0,
+            "cow_copies": 0,
+            "finished_tails": 0,
         }
 
     # ---------------------------------------------------------------- requests
@@ -430,8 +450,14 @@ class Driver:
             return self.sched_bs * self.rng.choice([1, 2, 4, 16])
         return self.rng.choice([1, 4, 16, 64, 512])
 
+    def to_tail(self, computed: int, req: Any, n: int) -> int:
+        """``n``, or (drawn beforehand) the tokens up to the prompt's last hash boundary."""
+        tail = (req.num_prompt_tokens - 1) // self.hash_bs * self.hash_bs
+        return tail - computed if computed < tail else n
+
     def admit(self, rid: str) -> None:
         chunk = self.chunk()
+        tail = self.partial and self.rng.random() < 0.4
         # The encoder inputs scheduled with the first chunk (cross-attention slots).
         encoder = self.rng.randrange(0, 200) if self.encoder else 0
 
@@ -452,6 +478,8 @@ class Driver:
             blocks, hit, junction = m.get_computed_blocks(req)
             req.shared_prefix_boundary = junction  # as vLLM's scheduler sets it
             n = min(chunk, req.num_tokens - hit)
+            if tail:
+                n = self.to_tail(hit, req, n)
             new = m.allocate_slots(req, n, hit, blocks, num_encoder_tokens=encoder)
             if new is not None:
                 req.status = RequestStatus.RUNNING
@@ -469,6 +497,7 @@ class Driver:
 
     def advance(self, rid: str) -> None:
         chunk = self.chunk()
+        tail = self.partial and self.rng.random() < 0.4
         token = self.rng.randrange(VOCAB)
         stock = self.reqs[rid][0]
         decode = stock.num_computed_tokens >= stock.num_tokens
@@ -481,6 +510,8 @@ class Driver:
             if decode:
                 req.append_output_token_ids(token)
             n = min(chunk, req.num_tokens - req.num_computed_tokens)
+            if tail and not decode:
+                n = self.to_tail(req.num_computed_tokens, req, n)
             new = m.allocate_slots(req, n)
             if new is not None:
                 req.num_computed_tokens += n
@@ -502,7 +533,14 @@ class Driver:
         self.stats["preempted"] += 1
 
     def finish(self, rid: str) -> None:
-        self.both(f"finish {rid}", lambda m, side: m.free(self.reqs[rid][side]))
+        def go(m: Any, side: int) -> Any:
+            req = self.reqs[rid][side]
+            tails = m.finalize_partial_tail_offloads(req)
+            m.free(req)
+            return tails
+
+        if self.both(f"finish {rid}", go):
+            self.stats["finished_tails"] += 1
         self.running.remove(rid)
         if len(self.history) < 16:
             self.history.append(list(self.reqs[rid][0].all_token_ids))
@@ -533,6 +571,12 @@ class Driver:
     def run(self) -> None:
         for i in range(self.ops):
             if self.step_rng.random() < 0.5:
+                # The step's copies ran: the scheduler frees their retained endpoints.
+                copies = self.both("take_kv_cache_block_copies", drain_copies)
+                self.stats["cow_copies"] += len(copies)
+                self.both(
+                    "take_boundary_state_offloads", lambda m, side: m.take_boundary_state_offloads()
+                )
                 self.both("new_step_starts", lambda m, side: m.new_step_starts())
             op = self.step()
             a, b = (snapshot(m, self.running) for m in self.sides)
@@ -597,6 +641,10 @@ def test_hybrid_differential(name: str) -> None:
     # freed blocks out of the window.
     assert d.stats["finished"] > 5 and d.stats["metrics_calls"] > 0, d.stats
     assert d.stats["preempted"] > 0 and (d.stats["hit_tokens"] > 0 or not mix.caching), d.stats
+    if d.partial:
+        # Partial hash hits: prompt tails registered inside Mamba blocks, copied on write.
+        assert d.stats["cow_copies"] > 0 and d.stats["partial_entries"] > 0, d.stats
+        assert ours.enable_partial_hash_hits and stock.enable_partial_hash_hits
     windowed = any(
         not isinstance(g(), (FullAttentionSpec, MambaSpec, CrossAttentionSpec)) for g in mix.groups
     )

@@ -259,8 +259,8 @@ def test_events_have_vllm_content() -> None:
         ),
         (
             config(10, 4, full_attention(4), mamba(8)),
-            {"scheduler_block_size": 8},
-            "partial",
+            {"scheduler_block_size": 8, "use_eagle": True},
+            "partial hash hits .* with EAGLE",
         ),
         (config(10, 4), {"dcp_world_size": 2}, "context parallelism"),
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),
