@@ -10,6 +10,13 @@ timed calls), ``estimate_cached_tokens`` and ``free``. Both managers run twice,
 interleaved; the best of the two runs is printed. Fails unless both found the same hits.
 
     python benches/bench_vllm_manager.py --requests 1024 --steps 30
+    python benches/bench_vllm_manager.py --requests 512 --steps 30 --mamba 64
+
+``--mamba B`` adds an align-mode Mamba group of block ``B`` (scheduler block ``B``): with
+``B`` above the hash block (16) vLLM turns on partial hash hits (hits inside blocks,
+copied on write). Admission then stops at the prompt's last hash boundary first (as
+vLLM's scheduler splits a Mamba prefill), every fourth request continues an earlier one,
+and the pool is twice as large.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     FullAttentionSpec,
     KVCacheConfig,
     KVCacheGroupSpec,
+    MambaSpec,
 )
 from vllm.v1.request import Request, RequestStatus  # noqa: E402
 
@@ -39,18 +47,23 @@ from kvindex.integrations.vllm.manager import KVCacheManager  # noqa: E402
 BLOCK = 16
 
 
-def config(num_blocks: int) -> Any:
+def config(num_blocks: int, mamba: int) -> Any:
     spec = FullAttentionSpec(block_size=BLOCK, num_kv_heads=1, head_size=1, dtype=torch.float32)
-    group = KVCacheGroupSpec(["layer"], spec)
-    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=[group])
+    groups = [KVCacheGroupSpec(["layer"], spec)]
+    if mamba:
+        state = MambaSpec(
+            block_size=mamba, shapes=((1, 1),), dtypes=(torch.float32,), mamba_cache_mode="align"
+        )
+        groups.append(KVCacheGroupSpec(["state"], state))
+    return KVCacheConfig(num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups)
 
 
-def run(cls: Any, prompts: list[list[int]], steps: int) -> tuple[list[float], int]:
+def run(cls: Any, prompts: list[list[int]], steps: int, mamba: int) -> tuple[list[float], int]:
     num_blocks = sum(len(p) // BLOCK + 2 + steps // BLOCK + 1 for p in prompts) + 8
     m = cls(
-        config(num_blocks),
+        config(num_blocks * (2 if mamba else 1), mamba),
         max_model_len=1 << 20,
-        scheduler_block_size=BLOCK,
+        scheduler_block_size=mamba or BLOCK,
         hash_block_size=BLOCK,
         enable_caching=True,
     )
@@ -64,8 +77,20 @@ def run(cls: Any, prompts: list[list[int]], steps: int) -> tuple[list[float], in
     hits = 0
     t0 = pc()
     for r in reqs:
+        if mamba:
+            # One scheduler step per admission: its copies ran, the states it cached hit.
+            _, retained = m.take_kv_cache_block_copies()
+            m.block_pool.free_blocks(retained)
+            m.new_step_starts()
         blocks, n, _ = m.get_computed_blocks(r)
-        if m.allocate_slots(r, r.num_tokens - n, n, blocks) is None:
+        tail = (r.num_tokens - 1) // BLOCK * BLOCK
+        if mamba and n < tail:
+            # vLLM's scheduler stops a Mamba prefill at the prompt's last hash boundary.
+            if m.allocate_slots(r, tail - n, n, blocks) is None:
+                raise SystemExit("admission refused: the pool is sized to fit")
+            r.num_computed_tokens = tail
+            n, blocks = tail, None
+        if m.allocate_slots(r, r.num_tokens - n, 0 if blocks is None else n, blocks) is None:
             raise SystemExit("admission refused: the pool is sized to fit")
         r.num_computed_tokens = r.num_tokens
         r.status = RequestStatus.RUNNING
@@ -97,6 +122,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=1024)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--mamba", type=int, default=0, help="Mamba block size (0: none)")
     args = ap.parse_args()
     init_none_hash(sha256)
     rng = random.Random(0)
@@ -107,15 +133,24 @@ def main() -> None:
         rng.choice(systems) + [rng.randrange(30000) for _ in range(rng.randint(1000, 4000))]
         for _ in range(args.requests)
     ]
+    if args.mamba:
+        # Every fourth request continues an earlier one (a next turn): Mamba hits its
+        # prompt tail, inside a state block.
+        for i in range(3, len(prompts), 4):
+            prompts[i] = prompts[i - 3] + [rng.randrange(30000) for _ in range(100)]
     best: dict[str, list[float]] = {}
     hits: dict[str, int] = {}
     for name, cls in (("vllm", vllm_manager.KVCacheManager), ("kvindex", KVCacheManager)) * 2:
-        t, h = run(cls, prompts, args.steps)
+        t, h = run(cls, prompts, args.steps, args.mamba)
         best[name] = [min(x, y) for x, y in zip(best.get(name, t), t, strict=True)]
         hits[name] = h
     if hits["vllm"] != hits["kvindex"]:
         raise SystemExit(f"different work: hits {hits}")
-    print(f"{args.requests} requests, {args.steps} decode steps, {hits['vllm']} hit tokens (both)")
+    layout = f", Mamba block {args.mamba}" if args.mamba else ""
+    print(
+        f"{args.requests} requests, {args.steps} decode steps{layout}, "
+        f"{hits['vllm']} hit tokens (both)"
+    )
     print(f"{'us per call':12s} {'admit':>9s} {'decode':>8s} {'estimate':>9s} {'free':>8s}")
     for name, t in best.items():
         print(f"{name:12s} {t[0]:9.1f} {t[1]:8.2f} {t[2]:9.2f} {t[3]:8.1f}")
