@@ -1298,6 +1298,13 @@ class _VllmManager:
         """Whether hits may end at hash-block boundaries inside blocks (vLLM's
         ``enable_partial_hash_hits``): an align-mode Mamba group is larger than the
         hash block."""
+    @property
+    def mamba_shared_prefix_checkpoint(self) -> bool:
+        """vLLM's ``mamba_shared_prefix_checkpoint`` as the manager narrows it: Mamba
+        prompt tails register at the scheduler's shared-prefix junction too (off
+        without an align-mode Mamba group larger than the hash block)."""
+    @mamba_shared_prefix_checkpoint.setter
+    def mamba_shared_prefix_checkpoint(self, on: bool) -> None: ...
     def take_cow_copies(self, group: int) -> list[tuple[int, int]]:
         """Drains group ``group``'s queued block copies ``(source, copy)``, oldest
         first. Each endpoint holds one reference for the copy; free both once it ran."""
@@ -1319,9 +1326,12 @@ class _VllmManager:
     @property
     def retention_interval(self) -> int | None:
         """The retention interval (None: dense)."""
-    def set_cache_context(self, num_prompt_tokens: int, shared_prefix_boundary: int) -> None:
+    def set_cache_context(
+        self, num_prompt_tokens: int, shared_prefix_boundary: int, num_computed_tokens: int = 0
+    ) -> None:
         """The prompt length and shared-prefix junction the next caching steps use
-        under a retention interval."""
+        (a retention interval, prompt tails), and the request's computed tokens
+        before the step being cached (a Mamba tail at the junction needs it)."""
     def take_loose(self, num_blocks: int) -> list[int]:
         """Takes ``num_blocks`` free blocks held by no request (``free_blocks`` them)."""
     def cache_loose(

@@ -48,4 +48,17 @@ impl PyVllmManager {
             .map(|(g, b, t)| (g, b.0, t))
             .collect())
     }
+
+    /// vLLM's ``mamba_shared_prefix_checkpoint`` as the manager narrows it: Mamba
+    /// prompt tails register at the scheduler's shared-prefix junction too (off
+    /// without an align-mode Mamba group larger than the hash block).
+    #[getter]
+    fn mamba_shared_prefix_checkpoint(&self) -> bool {
+        self.inner.mamba_shared_prefix_checkpoint()
+    }
+
+    #[setter]
+    fn set_mamba_shared_prefix_checkpoint(&mut self, on: bool) {
+        self.inner.set_mamba_shared_prefix_checkpoint(on);
+    }
 }

@@ -106,7 +106,7 @@ pub fn longest_hit<L: BlockLookup>(
             let drop = set.use_eagle && !st[idx].verified;
             let mut max_len = curr;
             if drop && !matches!(spec.kind, GroupKind::Mamba { .. }) {
-                max_len = (curr + spec.block_size).min(num_hashes.saturating_mul(hash_bs));
+                max_len = (curr + eagle_margin(layout, spec)).min(num_hashes.saturating_mul(hash_bs));
             }
             let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: drop };
             // A rule is a pure function of its query: a later round asking the same
@@ -143,6 +143,19 @@ pub fn longest_hit<L: BlockLookup>(
     HybridHit { tokens: hit_length, uncached_common_prefix: longest - hit_length }
 }
 
+/// vLLM's `eagle_proof_margin`: how far past a candidate an EAGLE group
+/// looks before dropping — one hash block where it looks up interior hash
+/// boundaries (partial hash hits, a block larger than the hash block), else
+/// one of its blocks.
+fn eagle_margin(layout: &GroupLayout, spec: crate::core::groups::spec::GroupSpec) -> usize {
+    let hbs = layout.hash_block_size();
+    if layout.partial_hits() && spec.kind.fine_grained_lookup() && spec.block_size > hbs {
+        hbs
+    } else {
+        spec.block_size
+    }
+}
+
 /// vLLM's `find_longest_cache_hit_per_group` (what a KV connector that
 /// accepts diverging hybrid hits asks): each spec set's own longest hit for
 /// `max_tokens`, no fixed point; a set that drops the EAGLE block (not
@@ -173,7 +186,7 @@ pub fn per_set_hits<L: BlockLookup>(
         let spec = set.spec;
         let mut max_len = max_tokens;
         if set.use_eagle && !matches!(spec.kind, GroupKind::Mamba { .. }) {
-            max_len = (max_tokens + spec.block_size).min(cap);
+            max_len = (max_tokens + eagle_margin(layout, spec)).min(cap);
         }
         let q = HitQuery { max_tokens: max_len, alignment, drop_eagle: set.use_eagle };
         hits[idx] = spec.longest_hit(&mut lookups[idx], &q, &mut out[idx]);

@@ -69,7 +69,7 @@ pub struct LayoutOptions {
     pub use_eagle: bool,
     /// vLLM's `allow_partial_hash_hits`: a layout with an align-mode Mamba
     /// group larger than the hash block then hits at hash-block boundaries
-    /// inside blocks ([`GroupLayout::partial_hits`]); refused with EAGLE.
+    /// inside blocks ([`GroupLayout::partial_hits`]).
     pub allow_partial_hash_hits: bool,
 }
 
@@ -135,7 +135,7 @@ impl GroupLayout {
     /// size, a hash block size that does not divide every group's, a
     /// scheduler block size that is not a common multiple, Mamba caching
     /// outside "align" mode, chunked local attention with differing block
-    /// sizes or EAGLE, or partial hash hits with EAGLE.
+    /// sizes or EAGLE.
     pub fn new(groups: Vec<GroupSpec>, opt: LayoutOptions) -> KvResult<Self> {
         if groups.is_empty() {
             return Err(KvError::invalid("a KV cache needs at least one group"));
@@ -225,12 +225,6 @@ impl GroupLayout {
                 matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hash
             }) && hashed().all(|s| s.kind.fine_grained_lookup() || s.block_size == hash);
             partial &= opt.allow_partial_hash_hits;
-            if partial && opt.use_eagle {
-                return Err(KvError::invalid(
-                    "partial hash hits (a Mamba block larger than the hash block) with EAGLE / MTP \
-                     are not supported by kvindex",
-                ));
-            }
         }
         let mut sets: Vec<SpecSet> = Vec::new();
         for (i, s) in groups.iter().enumerate() {
@@ -463,13 +457,13 @@ mod tests {
         assert!(GroupLayout::new(vec![GroupSpec::full(32), cl], on()).is_err());
         let mamba = GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: 64 };
         let partial = LayoutOptions { allow_partial_hash_hits: true, ..on() };
-        // Partial hash hits: on when allowed (hits aligned to the hash block), refused with EAGLE,
+        // Partial hash hits: on when allowed (hits aligned to the hash block), with EAGLE too,
         // off beside a sliding window larger than the hash block.
         let l = GroupLayout::new(vec![GroupSpec::full(16), mamba], partial).expect("partial hits");
         assert!(l.partial_hits());
         assert_eq!((l.alignment(), l.scheduler_block_size()), (16, 64));
         let eagle = LayoutOptions { use_eagle: true, ..partial };
-        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], eagle).is_err());
+        assert!(GroupLayout::new(vec![GroupSpec::full(16), mamba], eagle).expect("eagle").partial_hits());
         let swa = GroupSpec { kind: GroupKind::SlidingWindow { window: 64 }, block_size: 32 };
         let l = GroupLayout::new(vec![GroupSpec::full(16), swa, mamba], partial).expect("no partial hits");
         assert!(!l.partial_hits());

@@ -909,7 +909,7 @@ impl VllmManager {
     #[must_use]
     pub fn cached_block_of(&self, h: &BlockHash, g: usize) -> Option<BlockId> {
         let key = group_key(h, g);
-        self.pool.get_cached(&key).or_else(|| self.partial.first(&key))
+        self.partial.resolve(&key, self.pool.get_cached(&key))
     }
 
     /// Checks the module header's invariants (and the pool's). O(blocks + tables).

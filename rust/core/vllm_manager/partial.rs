@@ -23,28 +23,31 @@
 //! logged after its own hash; a [`VllmManager::pop_cached_key`] drops one
 //! key silently.
 //!
-//! On the layouts kvindex accepts, hits are block-aligned (vLLM's
-//! fine-grained partial hits need an align-mode Mamba group larger than the
-//! hash block, which the layout refuses), so these keys are never looked
-//! up by a hit: they are what vLLM's pool holds and reports
-//! (`BlockStored` / `BlockRemoved` of block size `hash_block_size`,
-//! `get_cached_block`).
+//! Under partial hash hits ([`GroupLayout::partial_hits`]) lookups read
+//! these keys at hash boundaries inside blocks ([`super::cow`] copies such a
+//! hit's last block); otherwise hits are block-aligned and the keys are what
+//! vLLM's pool holds and reports (`BlockStored` / `BlockRemoved` of block
+//! size `hash_block_size`, `get_cached_block`). Align-mode Mamba groups
+//! larger than the hash block register the prompt's last hash boundary too
+//! ([`super::cow`] has their rule).
 //!
 //! Within one block the boundary fixes the key: a block holds the same
 //! prefix for every request that holds it, so a registered boundary is
 //! known without the request's hashes ([`VllmManager::tail_plan`] reads none
 //! on the steps after the first).
 //!
-//! Where vLLM's map holds one key as an extra key of a block registered
-//! before another block's own hash, `get_cached_block` answers the block
-//! with the own hash (vLLM: the first registered). No hit reads these keys.
+//! A key held by several blocks answers the first registered still holding
+//! it, as vLLM's map does: each registration (own or extra) takes a sequence
+//! number.
 //!
 //! # Invariants (checked by [`PartialEntries::check`])
 //! - `holders[k]` lists exactly the blocks whose extra keys include `k`,
 //!   each once, in registration order; no key is listed twice on a block,
 //!   and none is the block's own hash;
-//! - only groups in `groups` (full attention, block larger than the hash
-//!   block, prefix-cacheable) own extra keys.
+//! - only groups that register prompt tails (full attention or align-mode
+//!   Mamba, block larger than the hash block, prefix-cacheable) own extra
+//!   keys;
+//! - an extra key's sequence number is below the registration counter.
 //!
 //! # Costs
 //! Nothing on layouts without such a group. With one: per caching call
@@ -69,6 +72,8 @@ pub(crate) struct ExtraKey {
     pub(crate) key: BlockHash,
     pub(crate) owner: u32,
     pub(crate) tokens: u32,
+    /// When it was registered ([`PartialEntries::next_seq`]).
+    pub(crate) seq: u64,
 }
 
 /// The partial entries' state (module header).
@@ -79,10 +84,20 @@ pub(crate) struct PartialEntries {
     /// Align-mode Mamba groups that register prompt tails (under partial
     /// hash hits), ascending.
     mamba: Vec<usize>,
+    /// vLLM's `shared_prefix_checkpoint`: Mamba tails register at the
+    /// shared-prefix junction too.
+    shared_checkpoint: bool,
     /// Per block: its extra keys, oldest first.
     by_block: FxHashMap<BlockId, Vec<ExtraKey>>,
     /// Per key: the blocks holding it as an extra key, oldest first.
     holders: FxHashMap<BlockHash, Vec<BlockId>>,
+    /// Registrations so far: orders the holders of one key across own hashes
+    /// and extra keys, as vLLM's map answers the first registered.
+    counter: u64,
+    /// Per block whose own hash is a prompt tail's entry: when it was
+    /// registered (stale once the block's hash changed; read only for keys
+    /// that also have extra holders, which only prompt tails can be).
+    own_seq: FxHashMap<BlockId, u64>,
 }
 
 impl PartialEntries {
@@ -137,9 +152,28 @@ impl PartialEntries {
         self.by_block.get(&b).is_some_and(|v| v.iter().any(|e| e.key == *key))
     }
 
-    /// The first block holding `key` as an extra key.
-    pub(crate) fn first(&self, key: &BlockHash) -> Option<BlockId> {
-        self.holders.get(key).and_then(|v| v.first().copied())
+    /// The next registration's sequence number.
+    fn next_seq(&mut self) -> u64 {
+        self.counter += 1;
+        self.counter
+    }
+
+    /// Notes that block `b` took a prompt tail's entry as its own hash now.
+    fn own_registered(&mut self, b: BlockId) {
+        let s = self.next_seq();
+        self.own_seq.insert(b, s);
+    }
+
+    /// The block vLLM's map answers for `key`, given `own`, the pool's first
+    /// block holding it as its own hash: the earlier registered of `own` and
+    /// the first extra holder.
+    pub(crate) fn resolve(&self, key: &BlockHash, own: Option<BlockId>) -> Option<BlockId> {
+        let Some(&extra) = self.holders.get(key).and_then(|v| v.first()) else { return own };
+        let Some(own) = own else { return Some(extra) };
+        let extra_seq =
+            self.by_block.get(&extra).and_then(|v| v.iter().find(|e| e.key == *key)).map_or(0, |e| e.seq);
+        let own_seq = self.own_seq.get(&own).copied().unwrap_or(0);
+        Some(if extra_seq < own_seq { extra } else { own })
     }
 
     /// Whether block `b` holds an extra key covering `tokens`.
@@ -191,6 +225,7 @@ impl PartialEntries {
     pub(crate) fn clear(&mut self) {
         self.by_block.clear();
         self.holders.clear();
+        self.own_seq.clear();
     }
 
     /// Checks the module header's invariants against the pool.
@@ -201,6 +236,7 @@ impl PartialEntries {
             for (i, e) in keys.iter().enumerate() {
                 let g = (e.owner & 0xffff) as usize;
                 ensure_inv!(self.registers(g), "block {} holds an extra key of group {g}", b.0);
+                ensure_inv!(e.seq <= self.counter, "block {}'s extra key was registered in the future", b.0);
                 ensure_inv!(
                     !keys[..i].iter().any(|x| x.key == e.key),
                     "block {} holds one extra key twice",
@@ -253,6 +289,19 @@ impl HashDrop<'_> {
 }
 
 #[allow(clippy::cast_possible_truncation)]
+/// vLLM's `get_mamba_prefill_checkpoint_position` for a prompt of `prompt`
+/// tokens (no hash lookahead beside Mamba): the last hash boundary a resend
+/// can hit — below the prompt's last token, or one hash block below the
+/// prompt's end under EAGLE.
+#[must_use]
+pub(crate) fn mamba_tail_boundary(prompt: usize, hbs: usize, use_eagle: bool) -> usize {
+    if use_eagle {
+        (prompt / hbs * hbs).saturating_sub(hbs)
+    } else {
+        prompt.saturating_sub(1) / hbs * hbs
+    }
+}
+
 fn tokens_u32(n: usize) -> u32 {
     n.min(u32::MAX as usize) as u32
 }
@@ -322,16 +371,22 @@ impl VllmManager {
             // Align-mode Mamba's `_cache_partial_tail_block`: only a call ending exactly at
             // the prompt's last hash boundary, whose state block holds no hash there yet.
             let bs = self.layout.groups()[g].block_size;
-            let boundary = prompt.saturating_sub(1) / hbs * hbs;
+            let boundary = mamba_tail_boundary(prompt, hbs, self.layout.use_eagle());
             let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
-            if nt == 0 || nt != boundary || nt / hbs > num_hashes {
+            // ... or at the scheduler's shared-prefix junction, inside this step's chunk.
+            let r = &self.retention;
+            let junction = self.partial.shared_checkpoint
+                && nt == r.shared_boundary
+                && r.num_computed < nt
+                && nt <= prompt;
+            if nt == 0 || !nt.is_multiple_of(hbs) || (nt != boundary && !junction) || nt / hbs > num_hashes {
                 continue;
             }
             let Some(&b) = req.g(g).blocks.get(nt.div_ceil(bs) - 1) else { continue };
             if b == BlockId::NULL || self.hash_tokens[b.idx()] as usize == nt {
                 continue;
             }
-            out.push((g, boundary));
+            out.push((g, nt));
         }
         out.sort_by_key(|&(g, _)| g);
         out
@@ -374,7 +429,10 @@ impl VllmManager {
             let j = boundary / hbs;
             let (Some(b), Some(h)) = (b, j.checked_sub(1 + first).and_then(|i| hashes.get(i))) else {
                 return Err(KvError::invalid(format!(
-                    "prompt tail ({g}, {boundary}) does not fit the request"
+                    "prompt tail ({g}, {boundary}) does not fit the request (block {idx} of {}, \
+                     hash {j} of {first}..{})",
+                    req.g(g).blocks.len(),
+                    first + hashes.len()
                 )));
             };
             targets.push((g, boundary, b, *h, idx));
@@ -404,8 +462,10 @@ impl VllmManager {
                 self.hash_tokens[b.idx()] = t;
                 self.owner[b.idx()] = w;
                 self.siblings.cached(&self.pool, &h, g, b, first_copy);
+                self.partial.own_registered(b);
             } else {
-                self.partial.add(b, ExtraKey { key, owner: w, tokens: t });
+                let seq = self.partial.next_seq();
+                self.partial.add(b, ExtraKey { key, owner: w, tokens: t, seq });
             }
             let removed = if self.log_removed { (mark, self.removed.len()) } else { (0, 0) };
             let j = boundary / hbs;
@@ -442,8 +502,10 @@ impl VllmManager {
         self.owner[dst.idx()] = w;
         let (h, g) = unkey_owned(&k, w);
         self.siblings.cached(&self.pool, &h, g, dst, first);
+        self.partial.own_registered(dst);
         for e in extras {
-            self.partial.add(dst, e);
+            let seq = self.partial.next_seq();
+            self.partial.add(dst, ExtraKey { seq, ..e });
         }
     }
 
@@ -492,13 +554,15 @@ impl VllmManager {
             self.hash_tokens[b.idx()] = tokens_u32(tokens);
             self.owner[b.idx()] = w;
             self.siblings.cached(&self.pool, h, g, b, first);
+            self.partial.own_registered(b);
             return true;
         }
         let fits = self.partial.registers(g)
             && self.pool.block_hash(b).is_some_and(|k| k != key)
             && !self.partial.holds(&key, b);
         if fits {
-            self.partial.add(b, ExtraKey { key, owner: w, tokens: tokens_u32(tokens) });
+            let seq = self.partial.next_seq();
+            self.partial.add(b, ExtraKey { key, owner: w, tokens: tokens_u32(tokens), seq });
         }
         fits
     }
@@ -510,6 +574,21 @@ impl VllmManager {
         let key = group_key(h, g);
         b.idx() < self.pool.num_blocks()
             && (self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b))
+    }
+
+    /// vLLM's `enable_mamba_shared_prefix_checkpoint` as the manager narrows
+    /// it (EAGLE groups, partial hash hits, no re-prefilled tokens): Mamba
+    /// prompt tails register at the scheduler's shared-prefix junction too.
+    /// The caller gives the request's computed tokens to
+    /// [`Self::set_cache_computed`] before each caching call.
+    pub fn set_mamba_shared_prefix_checkpoint(&mut self, on: bool) {
+        self.partial.shared_checkpoint = on && !self.partial.mamba.is_empty();
+    }
+
+    /// Whether Mamba prompt tails register at the shared-prefix junction.
+    #[must_use]
+    pub fn mamba_shared_prefix_checkpoint(&self) -> bool {
+        self.partial.shared_checkpoint
     }
 
     /// Whether some group registers prompt tails (callers then give the

@@ -32,6 +32,8 @@ pub(crate) struct Retention {
     pub(crate) num_prompt: usize,
     /// The scheduler's shared-prefix junction of that request (0: none).
     pub(crate) shared_boundary: usize,
+    /// That request's computed tokens before the step being cached.
+    pub(crate) num_computed: usize,
 }
 
 /// vLLM's `replay_boundaries`: positions a later request replaying a prompt
@@ -95,11 +97,20 @@ impl VllmManager {
         self.retention.interval
     }
 
-    /// The request context the next caching steps use under an interval:
-    /// its prompt length and the shared-prefix junction (0: none).
+    /// The request context the next caching steps use (a retention interval,
+    /// prompt tails): its prompt length and the shared-prefix junction (0:
+    /// none).
     pub fn set_cache_context(&mut self, num_prompt: usize, shared_boundary: usize) {
         self.retention.num_prompt = num_prompt;
         self.retention.shared_boundary = shared_boundary;
+    }
+
+    /// The request's computed tokens before the step the next caching calls
+    /// cache (vLLM's `request.num_computed_tokens` there): a Mamba prompt
+    /// tail at the shared-prefix junction registers only within the step's
+    /// chunk.
+    pub fn set_cache_computed(&mut self, num_computed: usize) {
+        self.retention.num_computed = num_computed;
     }
 
     /// Whether caching registers group `g`'s table index `i` (vLLM's

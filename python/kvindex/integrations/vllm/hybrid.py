@@ -360,7 +360,14 @@ class HybridKVCacheManager(ManagerCalls):
         self._blocks = self.block_pool.blocks
         view = _HybridCoordinatorView if len(specs) > 1 else UnitaryKVCacheCoordinator
         self.coordinator = view(self, self._core, specs)
-        self.mamba_shared_prefix_checkpoint = False
+        # vLLM narrows the flag to EAGLE groups, partial hash hits and no re-prefill.
+        self.mamba_shared_prefix_checkpoint = (
+            enable_mamba_shared_prefix_checkpoint
+            and bool(getattr(self.coordinator, "eagle_group_ids", ()))
+            and self._partial_hits
+            and self._num_reprefillable == 0
+        )
+        self._core.mamba_shared_prefix_checkpoint = self.mamba_shared_prefix_checkpoint
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.kv_cache_event_metadata = tuple(
@@ -478,7 +485,11 @@ class HybridKVCacheManager(ManagerCalls):
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
         if self._cache_context:
-            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
+            self._core.set_cache_context(
+                request.num_prompt_tokens,
+                request.shared_prefix_boundary,
+                request.num_computed_tokens,
+            )
         new = self._core.allocate_slots_groups(
             request.request_id,
             hits,
@@ -529,7 +540,11 @@ class HybridKVCacheManager(ManagerCalls):
         if not self.enable_caching:
             return
         if self._cache_context:
-            self._core.set_cache_context(request.num_prompt_tokens, request.shared_prefix_boundary)
+            self._core.set_cache_context(
+                request.num_prompt_tokens,
+                request.shared_prefix_boundary,
+                request.num_computed_tokens,
+            )
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
         )

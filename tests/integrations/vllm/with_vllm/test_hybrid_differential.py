@@ -130,6 +130,8 @@ class Mix:
     #: block) and ``num_prefill_lookahead`` (multi-module MTP re-prefills all but one).
     hash_lookahead: int = 0
     prefill_lookahead: int = 0
+    #: vLLM's ``enable_mamba_shared_prefix_checkpoint`` (Mamba tails at the junction).
+    shared_checkpoint: bool = False
 
 
 #: name -> the groups (in group order), the pool size, the seed. Windows: below a block
@@ -236,6 +238,13 @@ MIXES: dict[str, Mix] = {
     # Partial hash hits: a Mamba block larger than the hash block (hits inside blocks,
     # copied on write; the Mamba prompt tail's producer copy).
     "full+mamba-partial": Mix((lambda: full(4), lambda: mamba(8)), 80, 32),
+    "full+mamba-partial-eagle": Mix(
+        (lambda: full(4), lambda: mamba(8)), 80, 34, eagle=True, shared_checkpoint=True
+    ),
+    # ... beside a full-attention group larger than the hash block: its prompt tails too.
+    "full+full16+mamba-partial": Mix(
+        (lambda: full(4), lambda: full(16), lambda: mamba(8)), 120, 33
+    ),
     # Encoder-decoder: cross-attention beside the decoder's groups, prefix caching off.
     "full+cross": Mix((lambda: full(8), lambda: cross(8)), 80, 28, caching=False),
     "full+swa+cross-zero": Mix(
@@ -313,6 +322,7 @@ def make(cls: Any, mix: Mix) -> Any:
         num_hash_lookahead_tokens=mix.hash_lookahead,
         num_prefill_lookahead=mix.prefill_lookahead,
         metrics_collector=RecordingCollector(),
+        enable_mamba_shared_prefix_checkpoint=mix.shared_checkpoint,
     )
 
 
@@ -451,8 +461,16 @@ class Driver:
         return self.rng.choice([1, 4, 16, 64, 512])
 
     def to_tail(self, computed: int, req: Any, n: int) -> int:
-        """``n``, or (drawn beforehand) the tokens up to the prompt's last hash boundary."""
-        tail = (req.num_prompt_tokens - 1) // self.hash_bs * self.hash_bs
+        """``n``, or (drawn beforehand) the tokens up to the scheduler's shared-prefix
+        junction, else up to the prompt's last hash boundary (one hash block lower under
+        EAGLE)."""
+        junction = req.shared_prefix_boundary
+        if self.mix.shared_checkpoint and computed < junction <= req.num_prompt_tokens:
+            return junction - computed
+        if self.mix.eagle:
+            tail = req.num_prompt_tokens // self.hash_bs * self.hash_bs - self.hash_bs
+        else:
+            tail = (req.num_prompt_tokens - 1) // self.hash_bs * self.hash_bs
         return tail - computed if computed < tail else n
 
     def admit(self, rid: str) -> None:

@@ -259,8 +259,8 @@ def test_events_have_vllm_content() -> None:
         ),
         (
             config(10, 4, full_attention(4), mamba(8)),
-            {"scheduler_block_size": 8, "use_eagle": True},
-            "partial hash hits .* with EAGLE",
+            {"scheduler_block_size": 8, "num_hash_lookahead_tokens": 2},
+            "no hash lookahead or multi-module MTP beside Mamba",
         ),
         (config(10, 4), {"dcp_world_size": 2}, "context parallelism"),
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),
