@@ -1194,10 +1194,11 @@ class _VllmManager:
     def log_metrics(self, on: bool) -> None:
         """Starts (``True``) or stops the log of what vLLM's KV cache metrics collector
         hears (see :meth:`take_metrics`)."""
-    def take_metrics(self) -> list[tuple[int, bool]]:
-        """Drains the metrics log: ``(block id, accessed)`` in call order, ``accessed``
-        for a block a hit adopted (``on_block_accessed``), else one an allocation handed
-        out (``on_block_allocated``, after ``on_block_evicted`` with prefix caching)."""
+    def take_metrics(self) -> list[tuple[int, int]]:
+        """Drains the metrics log: ``(block id, event)`` in call order; event 0: an
+        allocation handed it out (``on_block_allocated``, after ``on_block_evicted`` with
+        prefix caching), 1: a hit adopted it (``on_block_accessed``), 2: its hashes were
+        dropped in place (``on_block_evicted``)."""
     def take_removed_groups(self) -> list[tuple[bytes, int]]:
         """Drains the hashes dropped since the last call with their group, in order."""
     def block_group(self, block_id: int) -> int | None:
@@ -1321,6 +1322,17 @@ class _VllmManager:
     def record_for_zeroing_groups(self, request_id: str, start_token: int) -> None:
         """vLLM's ``record_blocks_for_zeroing``: each logging group logs the request's
         blocks from token ``start_token`` on (a multiple of its block size)."""
+    def set_mamba_speculative_blocks(self, counts: Sequence[int]) -> None:
+        """Sets each group's ``num_speculative_blocks`` (MTP / EAGLE beside Mamba: state
+        blocks for the draft tokens), one count per group, 0 outside Mamba groups;
+        before any request."""
+    def set_mamba_prefill_checkpoints(self, alignments: Sequence[int | None]) -> None:
+        """Sets each group's prefill checkpoints: the ``prefill_checkpoint_alignment`` of an
+        align-mode Mamba group with ``num_prefill_checkpoint_blocks > 0``, else None; one
+        entry per group, before any request."""
+    def mamba_checkpoints(self, group: int) -> list[tuple[str, int, int]]:
+        """Group ``group``'s prefill checkpoints: ``{request_id: (position, reserved index)}``
+        (vLLM's ``MambaManager._checkpoints``)."""
     def set_retention_interval(self, interval: int | None) -> None:
         """Sets vLLM's ``prefix_cache_retention_interval`` (None: dense caching)."""
     @property

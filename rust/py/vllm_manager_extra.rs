@@ -41,6 +41,33 @@ impl PyVllmManager {
         self.inner.record_for_zeroing_groups(request_id, s).py()
     }
 
+    /// Sets each group's ``num_speculative_blocks`` (MTP / EAGLE beside Mamba: state
+    /// blocks for the draft tokens), one count per group, 0 outside Mamba groups;
+    /// before any request.
+    fn set_mamba_speculative_blocks(&mut self, counts: Vec<i64>) -> PyResult<()> {
+        let counts =
+            counts.into_iter().map(|n| count(n, "num_speculative_blocks")).collect::<PyResult<Vec<_>>>()?;
+        self.inner.set_mamba_speculative_blocks(&counts).py()
+    }
+
+    /// Sets each group's prefill checkpoints: the ``prefill_checkpoint_alignment`` of an
+    /// align-mode Mamba group with ``num_prefill_checkpoint_blocks > 0``, else None; one
+    /// entry per group, before any request.
+    fn set_mamba_prefill_checkpoints(&mut self, alignments: Vec<Option<i64>>) -> PyResult<()> {
+        let a = alignments
+            .into_iter()
+            .map(|x| x.map(|n| count(n, "prefill_checkpoint_alignment")).transpose())
+            .collect::<PyResult<Vec<_>>>()?;
+        self.inner.set_mamba_prefill_checkpoints(&a).py()
+    }
+
+    /// Group ``group``'s prefill checkpoints: ``{request_id: (position, reserved index)}``
+    /// (vLLM's ``MambaManager._checkpoints``).
+    fn mamba_checkpoints(&self, group: i64) -> PyResult<Vec<(String, usize, usize)>> {
+        let g = count(group, "group")?;
+        Ok(self.inner.mamba_checkpoints(g))
+    }
+
     /// Sets vLLM's ``prefix_cache_retention_interval`` (None: dense caching).
     fn set_retention_interval(&mut self, interval: Option<i64>) -> PyResult<()> {
         let n = match interval {

@@ -56,6 +56,10 @@ impl PyVllmManager {
         }
         // After the runs: a run that promoted a block's partial hash lets its tail
         // register again, as vLLM's group does right after its run.
+        // Transient Mamba prefill checkpoints lose their keys before any tail registers.
+        let evicted = self.inner.mamba_checkpoint_evictions(rid);
+        let any_evicted = !evicted.is_empty();
+        self.last_runs.extend(evicted);
         let tails = self.inner.tail_plan(rid, num_tokens, num_hashes, reprefillable);
         if !tails.is_empty() {
             let hbs = self.inner.layout().hash_block_size();
@@ -64,6 +68,8 @@ impl PyVllmManager {
             let hs = read_hashes(hashes, lo, hi)?;
             let more = self.inner.cache_tails(rid, &tails, lo, &hs).py()?;
             self.last_runs.extend(more);
+        }
+        if any_evicted || !tails.is_empty() {
             // vLLM caches group by group: a group's prompt tail right after its run.
             self.last_runs.sort_by_key(|r| r.group);
         }
@@ -324,11 +330,18 @@ impl PyVllmManager {
         self.inner.log_metrics(on);
     }
 
-    /// Drains the metrics log: ``(block id, accessed)`` in call order, ``accessed``
-    /// for a block a hit adopted (``on_block_accessed``), else one an allocation handed
-    /// out (``on_block_allocated``, after ``on_block_evicted`` with prefix caching).
-    fn take_metrics(&mut self) -> Vec<(u32, bool)> {
-        self.inner.take_metrics().into_iter().map(|(b, a)| (b.0, a)).collect()
+    /// Drains the metrics log: ``(block id, event)`` in call order; event 0: an
+    /// allocation handed it out (``on_block_allocated``, after ``on_block_evicted`` with
+    /// prefix caching), 1: a hit adopted it (``on_block_accessed``), 2: its hashes were
+    /// dropped in place (``on_block_evicted``).
+    fn take_metrics(&mut self) -> Vec<(u32, u8)> {
+        use crate::core::vllm_manager::metrics::MetricEvent;
+        let code = |e: MetricEvent| match e {
+            MetricEvent::Allocated => 0,
+            MetricEvent::Accessed => 1,
+            MetricEvent::Evicted => 2,
+        };
+        self.inner.take_metrics().into_iter().map(|(b, e)| (b.0, code(e))).collect()
     }
 
     /// Drains the hashes dropped since the last call with their group, in order.

@@ -503,13 +503,14 @@ impl VllmManager {
             .map(|g| {
                 let nc = new_computed.get(g).map_or(&[][..], Vec::as_slice);
                 if self.mamba.is_align(g) {
-                    return self.mamba_blocks_needed(rid, g, main_tokens, nc, local);
+                    return self.mamba_blocks_needed(rid, g, main_tokens, nc, (total_computed, local));
                 }
                 if self.is_cross(g) {
                     let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, 0, apply_cap);
                     return isize::try_from(n).unwrap_or(isize::MAX);
                 }
-                let n = self.blocks_to_allocate(req, g, num_tokens, nc, total_computed, local, apply_cap);
+                let tokens = num_tokens + self.mamba_extra_tokens(g);
+                let n = self.blocks_to_allocate(req, g, tokens, nc, total_computed, local, apply_cap);
                 isize::try_from(n).unwrap_or(isize::MAX)
             })
             .fold(0isize, isize::saturating_add)
@@ -629,6 +630,10 @@ impl VllmManager {
             }
             _ => self.blocks_needed(req, rid, need_slot, main, enc, hits, (total, local), false),
         };
+        if !self.mamba.ckpt.is_empty() {
+            // vLLM's count remembers each chunk's prefill checkpoint, even when refused.
+            self.mamba_note_checkpoints(rid, new_computed, total, main);
+        }
         if need.saturating_add(sig(s.watermark_blocks)) > sig(self.pool.num_free()) - sig(s.reserved_blocks) {
             return Ok(None);
         }
@@ -660,7 +665,9 @@ impl VllmManager {
         // Bit `g`: group `g` already holds the blocks it needs (most decode steps);
         // it takes none. When every group has a cached count and none is Mamba, the
         // count is `needed - held` per group: a count of 0 needs no lookup for that.
-        let want = |g: usize, spec: GroupSpec| cdiv(s.slot_tokens(self.is_cross(g)), spec.block_size);
+        let want = |g: usize, spec: GroupSpec| {
+            cdiv(s.slot_tokens(self.is_cross(g)) + self.mamba_extra_tokens(g), spec.block_size)
+        };
         let all_held = all_running && need == 0 && !self.mamba.any();
         let enough = if self.cow.any_partial(rid) {
             // A pending partial hit takes its copy even when the table is long enough.
@@ -684,7 +691,8 @@ impl VllmManager {
                 self.mamba_allocate(rid, g, main)
             } else {
                 let record = self.records_new(g);
-                let n = cdiv(s.slot_tokens(self.is_cross(g)), self.layout.groups()[g].block_size);
+                let tokens = s.slot_tokens(self.is_cross(g)) + self.mamba_extra_tokens(g);
+                let n = cdiv(tokens, self.layout.groups()[g].block_size);
                 match self.cow_take(rid, g) {
                     Some(copy) => {
                         let mut v = vec![copy];

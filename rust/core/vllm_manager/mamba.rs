@@ -53,6 +53,16 @@ pub(crate) struct MambaReq {
     retired: usize,
     /// Whether the request is in vLLM's `_allocated_block_reqs`.
     allocated: bool,
+    /// vLLM's `_checkpoints` entry: the prefill checkpoint position and the
+    /// table index of its reserved block ([`super::mamba_checkpoint`]).
+    pub(super) checkpoint: Option<(usize, usize)>,
+}
+
+impl MambaReq {
+    /// Whether the request is in vLLM's `_allocated_block_reqs`.
+    pub(super) fn allocated(&self) -> bool {
+        self.allocated
+    }
 }
 
 /// One align-mode Mamba group's bookkeeping.
@@ -68,6 +78,11 @@ pub(crate) struct MambaGroup {
 #[derive(Clone, Debug, Default)]
 pub(crate) struct MambaState {
     groups: Vec<Option<MambaGroup>>,
+    /// Per Mamba group: vLLM's `num_speculative_blocks` (empty: none anywhere).
+    spec: Vec<usize>,
+    /// Per group: the `prefill_checkpoint_alignment` of an align-mode Mamba
+    /// group with prefill checkpoint blocks (empty: none anywhere).
+    pub(super) ckpt: Vec<Option<usize>>,
 }
 
 impl MambaState {
@@ -79,13 +94,23 @@ impl MambaState {
         }
         MambaState {
             groups: layout.groups().iter().map(|g| is_align(g.kind).then(MambaGroup::default)).collect(),
+            spec: Vec::new(),
+            ckpt: Vec::new(),
         }
     }
 
-    /// Whether the layout has an align-mode Mamba group.
+    /// Whether the layout has an align-mode Mamba group, or a Mamba group
+    /// with speculative state blocks (the one-lookup step paths serve
+    /// neither).
     #[inline]
     pub(crate) fn any(&self) -> bool {
-        !self.groups.is_empty()
+        !self.groups.is_empty() || !self.spec.is_empty()
+    }
+
+    /// Group `g`'s speculative state blocks (0 outside Mamba groups).
+    #[inline]
+    pub(crate) fn spec(&self, g: usize) -> usize {
+        self.spec.get(g).copied().unwrap_or(0)
     }
 
     /// Whether group `g` is an align-mode Mamba group.
@@ -99,6 +124,21 @@ impl MambaState {
         for m in self.groups.iter_mut().flatten() {
             m.reqs.remove(rid);
         }
+    }
+
+    /// Request `rid`'s bookkeeping in align-mode group `g`, if any.
+    pub(super) fn req(&self, g: usize, rid: &str) -> Option<&MambaReq> {
+        self.groups.get(g)?.as_ref()?.reqs.get(rid)
+    }
+
+    /// Every request's bookkeeping in align-mode group `g`.
+    pub(super) fn reqs_of(&self, g: usize) -> impl Iterator<Item = (&String, &MambaReq)> {
+        self.groups.get(g).and_then(Option::as_ref).into_iter().flat_map(|m| m.reqs.iter())
+    }
+
+    /// Request `rid`'s bookkeeping in align-mode group `g`, made if absent.
+    pub(super) fn req_mut(&mut self, g: usize, rid: &str) -> &mut MambaReq {
+        self.group_mut(g).reqs.entry(rid.to_owned()).or_default()
     }
 
     fn group_mut(&mut self, g: usize) -> &mut MambaGroup {
@@ -115,6 +155,46 @@ fn is_align(k: GroupKind) -> bool {
 }
 
 impl VllmManager {
+    /// Sets vLLM's `num_speculative_blocks` of each group (MTP / EAGLE with
+    /// Mamba: state blocks for the draft tokens): one entry per group, 0
+    /// outside Mamba groups.
+    ///
+    /// # Errors
+    /// `InvalidArgument` (nothing changed) for a list of another length, a
+    /// count on a group that is not Mamba, or a change once requests exist.
+    pub fn set_mamba_speculative_blocks(&mut self, counts: &[usize]) -> KvResult<()> {
+        if counts.len() != self.layout.len() {
+            return Err(KvError::invalid(format!(
+                "{} speculative block counts for {} KV cache groups",
+                counts.len(),
+                self.layout.len()
+            )));
+        }
+        for (g, &n) in counts.iter().enumerate() {
+            if n > 0 && !matches!(self.layout.groups()[g].kind, GroupKind::Mamba { .. }) {
+                return Err(KvError::invalid(format!(
+                    "group {g} is not a Mamba group: it has no speculative blocks"
+                )));
+            }
+        }
+        if !self.reqs.is_empty() {
+            return Err(KvError::invalid("speculative block counts are set before any request"));
+        }
+        self.mamba.spec = if counts.iter().any(|&n| n > 0) { counts.to_vec() } else { Vec::new() };
+        Ok(())
+    }
+
+    /// Tokens a Mamba group in "none" mode counts past the request's for its
+    /// speculative blocks (vLLM adds `block_size * num_speculative_blocks`).
+    #[inline]
+    pub(crate) fn mamba_extra_tokens(&self, g: usize) -> usize {
+        let n = self.mamba.spec(g);
+        if n == 0 || self.mamba.is_align(g) {
+            return 0;
+        }
+        n * self.layout.groups()[g].block_size
+    }
+
     /// vLLM's scheduler `new_step_starts`: forgets which Mamba state blocks
     /// were cached in the step that ended.
     pub fn new_step_starts(&mut self) {
@@ -148,34 +228,40 @@ impl VllmManager {
         g: usize,
         main_tokens: usize,
         new_computed: &[BlockId],
-        local: usize,
+        (total, local): (usize, usize),
     ) -> isize {
         let m = self.mamba.group(g);
-        if let Some(&last) = new_computed.last() {
-            if last != BlockId::NULL {
-                if let Some(k) = self.pool.block_hash(last) {
-                    if m.this_step.contains(&k) {
-                        return isize::try_from(self.pool.num_blocks() + 1).unwrap_or(isize::MAX);
-                    }
-                }
-            }
+        if new_computed.last().is_some_and(|&b| self.mamba_cached_this_step(g, b)) {
+            return isize::try_from(self.pool.num_blocks() + 1).unwrap_or(isize::MAX);
         }
         let bs = self.layout.groups()[g].block_size;
+        let spec = self.mamba.spec(g);
         let held = self.reqs.get(rid).map_or(0, |r| r.g(g).blocks.len());
         let sig = |n: usize| isize::try_from(n).unwrap_or(isize::MAX);
-        let mut new = sig(cdiv(main_tokens, bs)) - sig(new_computed.len()) - sig(held);
+        let mut new = sig(cdiv(main_tokens, bs) + spec) - sig(new_computed.len()) - sig(held);
         // A hit ending inside a block, or a producer's tail, takes its copy too.
         let partial =
             self.partial_local_hit(new_computed, local, bs) || self.cow.partial_of(g, rid).is_some();
         if partial {
             new = new.max(0) + 1;
         }
+        let ckpt = usize::from(self.mamba_checkpoint_for(rid, g, total, main_tokens).is_some());
         if new > 0 {
-            // One state block per call (speculative blocks are not supported), and the copy.
-            new = new.min(1 + isize::from(partial));
+            // One state block per call, the copy and the checkpoint; a first allocation its
+            // speculative blocks.
+            let allocated = m.reqs.get(rid).is_some_and(|st| st.allocated);
+            let cap = 1 + usize::from(partial) + ckpt + if allocated { 0 } else { spec };
+            new = new.min(sig(cap));
         }
         let evictable = new_computed.iter().filter(|&&b| b != BlockId::NULL && self.pool.is_free(b)).count();
         new + sig(evictable)
+    }
+
+    /// Whether hit block `b`'s hash was cached in this step in group `g`
+    /// (vLLM's `cached_blocks_this_step`: such a hit waits for the next step).
+    pub(crate) fn mamba_cached_this_step(&self, g: usize, b: BlockId) -> bool {
+        b != BlockId::NULL
+            && self.pool.block_hash(b).is_some_and(|k| self.mamba.group(g).this_step.contains(&k))
     }
 
     /// Align-mode `allocate_new_blocks` of Mamba group `g`: the table's new
@@ -184,23 +270,41 @@ impl VllmManager {
     pub(crate) fn mamba_allocate(&mut self, rid: &str, g: usize, main_tokens: usize) -> Vec<BlockId> {
         let bs = self.layout.groups()[g].block_size;
         let ng = self.layout.len();
-        let required = cdiv(main_tokens, bs);
+        let spec = self.mamba.spec(g);
+        let required = cdiv(main_tokens, bs) + spec;
         let prev = self.reqs.entry(rid.to_owned()).or_insert_with(|| Req::with_groups(ng)).g(g).blocks.len();
         let partial = self.cow.partial_of(g, rid);
         let st = self.mamba.group_mut(g).reqs.entry(rid.to_owned()).or_default();
-        if required <= prev && partial.is_none() {
+        // A prefill checkpoint keeps one block before the state ([`super::mamba_checkpoint`]).
+        let ckpt = usize::from(st.checkpoint.is_some());
+        if required <= prev && partial.is_none() && ckpt == 0 {
             st.allocated = true;
             return Vec::new();
         }
         let producer = st.allocated;
-        if prev > 0 {
+        if producer {
+            // The running state sits before the speculative blocks.
+            st.last_state = prev.checked_sub(1 + spec);
+        } else if prev > 0 {
             st.last_state = Some(prev - 1);
         }
         st.allocated = true;
-        let skipped = required.saturating_sub(1);
+        let skipped = required.saturating_sub(spec + 1).saturating_sub(ckpt);
         let table = &mut self.reqs.get_mut(rid).expect("inserted above").g_mut(g).blocks;
         if prev < skipped {
             table.resize(skipped, BlockId::NULL);
+        }
+        if producer {
+            // The last step's speculative blocks this step leaves behind move to the
+            // table's end (vLLM's `_relocate_speculative_block`).
+            for idx in prev.saturating_sub(spec)..prev {
+                if idx >= skipped {
+                    break;
+                }
+                let b = table[idx];
+                table.push(b);
+                table[idx] = BlockId::NULL;
+            }
         }
         let n = required.saturating_sub(table.len());
         let Some(hit) = partial else {

@@ -197,3 +197,56 @@ fn none_mode_without_caching_allocates_like_a_window_of_one_token() {
     assert_ne!(t[2], N);
     m.check_invariants().expect("invariants");
 }
+
+#[test]
+fn speculative_blocks_follow_the_state_and_move_behind_it() {
+    // Full 8 + Mamba 8 with two speculative state blocks (MTP beside Mamba).
+    let mut m = manager(vec![GroupSpec::full(8), mamba(8)], 30);
+    assert!(m.set_mamba_speculative_blocks(&[1, 0]).is_err(), "not a Mamba group");
+    m.set_mamba_speculative_blocks(&[0, 2]).expect("set");
+    let hs: Vec<BlockHash> = (1..=4).map(h).collect();
+    let new = step(&mut m, "a", &[], &slots(8, 0, 0), &hs).expect("fits");
+    assert_eq!(new[1].len(), 3, "the state and its two speculative blocks");
+    let (s, s1, s2) = (new[1][0], new[1][1], new[1][2]);
+    // Two blocks further: the first speculative block falls behind the new state and
+    // moves to the table's end; one new block.
+    let new = step(&mut m, "a", &[], &slots(24, 8, 8), &hs).expect("fits");
+    let t = m.group_blocks("a", 1).to_vec();
+    assert_eq!(&t[..4], &[s, N, s2, s1]);
+    assert_eq!(t.len(), 5);
+    assert_eq!(new[1], vec![s1, t[4]]);
+    assert!(m.set_mamba_speculative_blocks(&[0, 1]).is_err(), "requests exist");
+    m.free("a");
+    m.check_invariants().expect("invariants");
+}
+
+#[test]
+fn a_prefill_checkpoint_reserves_the_block_before_the_state_and_rekeys_it() {
+    // vLLM's internal checkpoint example: full 16 + Mamba 32, hash 16, partial hits on,
+    // a 120-token prompt in one chunk exports the state at 112 into table index 2.
+    let opt =
+        LayoutOptions { enable_caching: true, allow_partial_hash_hits: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(vec![GroupSpec::full(16), mamba(32)], opt).expect("layout");
+    let mut m = VllmManager::with_layout(30, l, true, true, None).expect("manager");
+    assert!(m.set_mamba_prefill_checkpoints(&[Some(16), None]).is_err(), "not Mamba");
+    m.set_mamba_prefill_checkpoints(&[None, Some(16)]).expect("set");
+    let hs: Vec<BlockHash> = (1..=7).map(h).collect();
+    let new = m.allocate_slots_groups("p", &[], &slots(120, 0, 0)).expect("ok").expect("fits");
+    assert_eq!(m.mamba_checkpoints(1), vec![("p".to_owned(), 112, 2)]);
+    let t = m.group_blocks("p", 1).to_vec();
+    assert_eq!((t[0], t[1]), (N, N));
+    assert!(t[2] != N && t[3] != N && t[2] != t[3]);
+    assert_eq!(new[1][2..], t[2..]);
+    m.set_cache_context(120, 0);
+    let plan = m.cache_plan("p", 120, hs.len(), 0);
+    let (lo, hi) = m.plan_hash_range(&plan);
+    m.cache_apply("p", &plan, lo, &hs[lo..hi]).expect("cache");
+    assert_eq!(m.cached_block_of(&h(6), 1), Some(t[2]), "the full block's key at 96 first");
+    assert!(m.mamba_checkpoint_evictions("p").is_empty(), "the prompt's checkpoint is kept");
+    let tails = m.tail_plan("p", 120, hs.len(), 0);
+    assert_eq!(tails, vec![(1, 112)]);
+    m.cache_tails("p", &tails, 0, &hs).expect("tails");
+    assert_eq!(m.cached_block_of(&h(7), 1), Some(t[2]), "re-keyed at 112");
+    assert_eq!(m.cached_block_of(&h(6), 1), None);
+    m.check_invariants().expect("invariants");
+}

@@ -46,6 +46,7 @@ mod decode;
 pub mod groups;
 mod loose;
 mod mamba;
+mod mamba_checkpoint;
 pub mod metrics;
 mod partial;
 mod pool_lookup;

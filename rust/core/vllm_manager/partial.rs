@@ -132,6 +132,17 @@ impl PartialEntries {
         !self.groups.is_empty() || !self.mamba.is_empty()
     }
 
+    /// Makes align-mode Mamba groups `groups` register prompt tails and
+    /// checkpoints too.
+    pub(crate) fn add_mamba_groups(&mut self, groups: &[usize]) {
+        for &g in groups {
+            if !self.mamba.contains(&g) {
+                self.mamba.push(g);
+            }
+        }
+        self.mamba.sort_unstable();
+    }
+
     /// Whether group `g` registers prompt tails.
     fn registers(&self, g: usize) -> bool {
         self.groups.contains(&g) || self.mamba.contains(&g)
@@ -368,6 +379,13 @@ impl VllmManager {
             out.push((g, boundary));
         }
         for &g in &self.partial.mamba {
+            if let Some(c) = self.checkpoint_cache(rid, g) {
+                // A prefill checkpoint replaces the prompt-tail rule ([`super::mamba_checkpoint`]).
+                if let super::mamba_checkpoint::CheckpointCache::Register(pos, _, _) = c {
+                    out.push((g, pos));
+                }
+                continue;
+            }
             // Align-mode Mamba's `_cache_partial_tail_block`: only a call ending exactly at
             // the prompt's last hash boundary, whose state block holds no hash there yet.
             let bs = self.layout.groups()[g].block_size;
@@ -417,7 +435,10 @@ impl VllmManager {
             };
             // Full attention: the block the boundary lies in; Mamba: the state block ending
             // at or after it.
-            let idx = if self.partial.mamba.contains(&g) {
+            let ckpt = self.mamba_checkpoint_of(g, rid).filter(|&(pos, _)| pos == boundary);
+            let idx = if let Some((_, i)) = ckpt {
+                i
+            } else if self.partial.mamba.contains(&g) {
                 boundary.div_ceil(spec.block_size).saturating_sub(1)
             } else {
                 boundary / spec.block_size
@@ -435,15 +456,20 @@ impl VllmManager {
                     first + hashes.len()
                 )));
             };
-            targets.push((g, boundary, b, *h, idx));
+            targets.push((g, boundary, b, *h, idx, ckpt.is_some()));
         }
         let mut runs = Vec::with_capacity(targets.len());
-        for (g, boundary, b, h, idx) in targets {
+        for (g, boundary, b, h, idx, ckpt) in targets {
             let key = group_key(&h, g);
             let t = tokens_u32(boundary);
             let mark = self.removed.len();
-            let already = self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b);
-            if self.partial.mamba.contains(&g) {
+            let mut already = self.pool.block_hash(b) == Some(key) || self.partial.holds(&key, b);
+            if ckpt {
+                // A checkpoint's block holds new contents: every key it had goes first.
+                self.hash_drop().drop_all(b);
+                already = false;
+                self.mamba_note_key(g, key);
+            } else if self.partial.mamba.contains(&g) {
                 // Mamba counts the key as cached this step and, inside a block, makes the
                 // request the tail's producer, registered now or before.
                 self.mamba_note_key(g, key);

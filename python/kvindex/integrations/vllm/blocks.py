@@ -593,6 +593,14 @@ class GroupManagerView:
         return pending
 
     @property
+    def _checkpoints(self) -> dict[str, tuple[int, int]]:
+        """vLLM's Mamba ``_checkpoints``: request -> (prefill checkpoint position, reserved
+        index), a snapshot."""
+        if self._group is None:
+            return {}
+        return {rid: (p, i) for rid, p, i in self._core.mamba_checkpoints(self._group)}
+
+    @property
     def records_new_block_ids(self) -> bool:
         return self._core.records_new_ids(self.kv_cache_group_id)
 

@@ -87,6 +87,8 @@ from .mamba import (
     check_mamba_retention,
     has_mamba,
     mamba_group_args,
+    prefill_checkpoints,
+    speculative_blocks,
 )
 from .manager_calls import ManagerCalls
 
@@ -170,9 +172,7 @@ class _HybridCoordinatorView:
             self.eagle_group_ids = set(range(len(specs)))
         self.drop_eagle_group_ids = set(self.eagle_group_ids) if manager.use_eagle else set()
         self.num_reprefillable_tokens = manager._num_reprefillable
-        self.retention_interval = getattr(
-            manager.kv_cache_config, "prefix_cache_retention_interval", None
-        )
+
         self.single_type_managers = tuple(
             (
                 CrossAttentionManagerView
@@ -197,6 +197,26 @@ class _HybridCoordinatorView:
         self.group_block_sizes = tuple(core.group_block_sizes)
         full = [g for g, s in enumerate(specs) if isinstance(s, FullAttentionSpec)]
         self.full_attention_group_id: int | None = full[0] if full else None
+
+    @property
+    def retention_interval(self) -> int | None:
+        """vLLM's ``prefix_cache_retention_interval`` (None: dense caching)."""
+        interval: int | None = self._core.retention_interval
+        return interval
+
+    @retention_interval.setter
+    def retention_interval(self, interval: int | None) -> None:
+        # Set in Rust (sparse caching is decided there); refused beside Mamba as at
+        # construction, the state unchanged.
+        try:
+            self._core.set_retention_interval(interval)
+        except KvIndexError as e:
+            if interval is not None and self._manager._mamba:
+                raise _unsupported(
+                    "prefix_cache_retention_interval without Mamba groups only "
+                    f"(got {interval}: sparse Mamba state retention)"
+                ) from e
+            raise
 
     def get_num_blocks_to_allocate(
         self,
@@ -321,6 +341,12 @@ class HybridKVCacheManager(ManagerCalls):
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        spec_blocks = speculative_blocks(kv_cache_config)
+        if any(spec_blocks):
+            self._core.set_mamba_speculative_blocks(spec_blocks)
+        checkpoints = prefill_checkpoints(kv_cache_config)
+        if any(a is not None for a in checkpoints):
+            self._core.set_mamba_prefill_checkpoints(checkpoints)
         if metrics_collector is not None:
             self._core.log_metrics(True)
         self._core.set_retention_interval(retention)
@@ -533,6 +559,7 @@ class HybridKVCacheManager(ManagerCalls):
             request_id,
             ((r[0], r[1], r[2], r[3].tolist()) for r in runs if r[4] == sizes[r[0]]),
             tables,
+            self._core.hash_tokens,
         )
 
     def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
@@ -593,10 +620,13 @@ class HybridKVCacheManager(ManagerCalls):
         """vLLM's metrics hooks for the blocks the last core call adopted or handed out,
         in its order."""
         blocks = self._blocks
-        for b, accessed in self._core.take_metrics():
+        for b, event in self._core.take_metrics():
             block = blocks[b]
-            if accessed:
+            if event == 1:
                 collector.on_block_accessed(block)
+                continue
+            if event == 2:
+                collector.on_block_evicted(block)
                 continue
             if self.enable_caching:
                 collector.on_block_evicted(block)
@@ -679,7 +709,8 @@ class HybridKVCacheManager(ManagerCalls):
         self._emit_removed(r for r, c in zip(removed, covered, strict=True) if not c)
         for g, start, end, stored, bs, r0, r1 in runs:
             self._emit_removed(removed[r0:r1])
-            self._emit_stored(request, g, start, end, stored.tolist(), bs)
+            if start < end:  # a run that only dropped keys (a transient checkpoint) stores none
+                self._emit_stored(request, g, start, end, stored.tolist(), bs)
 
     def _emit_stored(
         self,

@@ -9,7 +9,7 @@ what kvindex does not implement.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from vllm.v1.kv_cache_interface import KVCacheConfig, MambaSpec
 
@@ -18,6 +18,8 @@ from .errors import UnsupportedVllmConfigError
 __all__ = [
     "BoundaryStateOffloads",
     "align_groups",
+    "prefill_checkpoints",
+    "speculative_blocks",
     "check_mamba_retention",
     "has_mamba",
     "mamba_group_args",
@@ -26,23 +28,36 @@ __all__ = [
 
 def mamba_group_args(spec: MambaSpec) -> tuple[str, int, int, str]:
     """The layout arguments of a Mamba group: ``("mamba", block size, 0, mode)``; raises
-    :class:`UnsupportedVllmConfigError` for speculative or prefill-checkpoint state blocks."""
+    :class:`UnsupportedVllmConfigError` for a ``mamba_cache_mode`` other than the two."""
     mode = spec.mamba_cache_mode
     if mode not in ("align", "none"):
         raise UnsupportedVllmConfigError(
             f"kvindex's KVCacheManager supports mamba_cache_mode 'align' and 'none', not {mode!r}"
         )
-    if spec.num_speculative_blocks:
-        raise UnsupportedVllmConfigError(
-            "kvindex's KVCacheManager supports Mamba groups without speculative state blocks "
-            f"(num_speculative_blocks={spec.num_speculative_blocks}: MTP/EAGLE with Mamba)"
-        )
-    if mode == "align" and spec.num_prefill_checkpoint_blocks:
-        raise UnsupportedVllmConfigError(
-            "kvindex's KVCacheManager supports Mamba groups without prefill checkpoint blocks "
-            f"(num_prefill_checkpoint_blocks={spec.num_prefill_checkpoint_blocks})"
-        )
     return ("mamba", spec.block_size, 0, mode)
+
+
+def speculative_blocks(kv_cache_config: KVCacheConfig) -> list[int]:
+    """Each group's ``num_speculative_blocks`` (0 outside Mamba groups)."""
+    return [
+        g.kv_cache_spec.num_speculative_blocks if isinstance(g.kv_cache_spec, MambaSpec) else 0
+        for g in kv_cache_config.kv_cache_groups
+    ]
+
+
+def prefill_checkpoints(kv_cache_config: KVCacheConfig) -> list[int | None]:
+    """Each group's ``prefill_checkpoint_alignment`` where an align-mode Mamba group has
+    prefill checkpoint blocks, else None."""
+    out: list[int | None] = []
+    for g in kv_cache_config.kv_cache_groups:
+        spec = g.kv_cache_spec
+        on = (
+            isinstance(spec, MambaSpec)
+            and spec.mamba_cache_mode == "align"
+            and spec.num_prefill_checkpoint_blocks > 0
+        )
+        out.append(spec.prefill_checkpoint_alignment if on else None)
+    return out
 
 
 def has_mamba(kv_cache_config: KVCacheConfig) -> bool:
@@ -78,16 +93,21 @@ class BoundaryStateOffloads:
         request_id: str,
         runs: Iterable[tuple[int, int, int, Sequence[int]]],
         tables: Sequence[Sequence[int]],
+        hash_tokens: Callable[[int], int | None],
     ) -> None:
         """Records the state blocks cached by ``runs`` (group, start, end, stored indices)
-        of the request's ``tables``."""
+        of the request's ``tables``, each with the tokens its hash covers after the caching
+        call (``hash_tokens``: a prefill checkpoint re-keys its block, a transient one loses
+        its key and is not offered)."""
         for g, _start, _end, stored in runs:
             if g not in self.groups:
                 continue
-            bs = self._sizes[g]
             table = tables[g]
             for i in stored:
-                self._pending.append((request_id, g, int(table[i]), (int(i) + 1) * bs))
+                block = int(table[i])
+                tokens = hash_tokens(block)
+                if tokens is not None:
+                    self._pending.append((request_id, g, block, tokens))
 
     def add_offer(self, request_id: str, group: int, block_id: int, tokens: int) -> None:
         """Records one hand-off: a prompt tail's copy (``block_id`` of ``group``,

@@ -241,6 +241,38 @@ MIXES: dict[str, Mix] = {
     "full+mamba-partial-eagle": Mix(
         (lambda: full(4), lambda: mamba(8)), 80, 34, eagle=True, shared_checkpoint=True
     ),
+    # Speculative state blocks (MTP / EAGLE beside Mamba), block-aligned and with partial hits.
+    "full+mamba-spec-eagle": Mix(
+        (lambda: full(8), lambda: replace(mamba(8), num_speculative_blocks=2)), 80, 35, eagle=True
+    ),
+    "full+mamba-spec-partial": Mix(
+        (lambda: full(4), lambda: replace(mamba(8), num_speculative_blocks=3)), 100, 36, eagle=True
+    ),
+    # Prefill checkpoints: a chunk crossing a reusable boundary exports the state there.
+    "full+mamba-ckpt-partial": Mix(
+        (
+            lambda: full(4),
+            lambda: replace(
+                mamba(16), num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=4
+            ),
+        ),
+        100,
+        37,
+    ),
+    "full+mamba-ckpt-spec-eagle": Mix(
+        (
+            lambda: full(8),
+            lambda: replace(
+                mamba(8),
+                num_speculative_blocks=2,
+                num_prefill_checkpoint_blocks=1,
+                prefill_checkpoint_alignment=8,
+            ),
+        ),
+        100,
+        38,
+        eagle=True,
+    ),
     # ... beside a full-attention group larger than the hash block: its prompt tails too.
     "full+full16+mamba-partial": Mix(
         (lambda: full(4), lambda: full(16), lambda: mamba(8)), 120, 33
@@ -352,6 +384,10 @@ def snapshot(m: Any, running: list[str]) -> dict[str, Any]:
         # Every hook call of the KV cache metrics collector, in order, and what it kept.
         "metrics": m.metrics_collector.take(),
         "sampled": sorted(m.metrics_collector.block_metrics),
+        # Mamba prefill checkpoints each request holds (position, reserved index).
+        "checkpoints": [
+            dict(getattr(g, "_checkpoints", {})) for g in m.coordinator.single_type_managers
+        ],
     }
 
 
@@ -415,6 +451,7 @@ class Driver:
             "metrics_calls": 0,
             "cow_copies": 0,
             "finished_tails": 0,
+            "checkpoints": 0,
         }
 
     # ---------------------------------------------------------------- requests
@@ -605,6 +642,7 @@ class Driver:
             ]
             assert est[0] == est[1], f"op {i} ({op}): estimate_cached_tokens {est}"
             self.stats["metrics_calls"] += len(a["metrics"])
+            self.stats["checkpoints"] += sum(len(c) for c in a["checkpoints"])
             self.stats["null_blocks"] += sum(
                 1 for t in a["tables"].values() for g in t for x in g if x == 0
             )
@@ -659,9 +697,14 @@ def test_hybrid_differential(name: str) -> None:
     # freed blocks out of the window.
     assert d.stats["finished"] > 5 and d.stats["metrics_calls"] > 0, d.stats
     assert d.stats["preempted"] > 0 and (d.stats["hit_tokens"] > 0 or not mix.caching), d.stats
+    checkpoints = any(getattr(g(), "num_prefill_checkpoint_blocks", 0) for g in mix.groups)
+    if checkpoints:
+        assert d.stats["checkpoints"] > 0, d.stats
     if d.partial:
-        # Partial hash hits: prompt tails registered inside Mamba blocks, copied on write.
-        assert d.stats["cow_copies"] > 0 and d.stats["partial_entries"] > 0, d.stats
+        # Partial hash hits: prompt tails registered inside Mamba blocks, copied on write
+        # (with prefill checkpoints the prompt's chunk registers its checkpoint instead).
+        assert d.stats["partial_entries"] > 0, d.stats
+        assert d.stats["cow_copies"] > 0 or checkpoints, d.stats
         assert ours.enable_partial_hash_hits and stock.enable_partial_hash_hits
     windowed = any(
         not isinstance(g(), (FullAttentionSpec, MambaSpec, CrossAttentionSpec)) for g in mix.groups

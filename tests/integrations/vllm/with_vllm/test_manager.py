@@ -253,9 +253,9 @@ def test_events_have_vllm_content() -> None:
     ("cfg", "kw", "what"),
     [
         (
-            config(10, 4, full_attention(4), replace(mamba(4), num_speculative_blocks=1)),
+            config(10, 4, full_attention(4), replace(mamba(4), mamba_cache_mode="all")),
             {},
-            "without speculative state blocks",
+            "mamba_cache_mode 'align' and 'none'",
         ),
         (
             config(10, 4, full_attention(4), mamba(8)),
