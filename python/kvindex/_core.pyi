@@ -1333,6 +1333,10 @@ class _VllmManager:
     def mamba_checkpoints(self, group: int) -> list[tuple[str, int, int]]:
         """Group ``group``'s prefill checkpoints: ``{request_id: (position, reserved index)}``
         (vLLM's ``MambaManager._checkpoints``)."""
+    def set_hash_lookahead(self, tokens: int) -> None:
+        """Sets vLLM's ``num_hash_lookahead_tokens`` (tokens each hash covers past its
+        block): Mamba prompt tails and prefill checkpoints stop that many tokens short of
+        the end."""
     def set_retention_interval(self, interval: int | None) -> None:
         """Sets vLLM's ``prefix_cache_retention_interval`` (None: dense caching)."""
     @property

@@ -68,6 +68,15 @@ impl PyVllmManager {
         Ok(self.inner.mamba_checkpoints(g))
     }
 
+    /// Sets vLLM's ``num_hash_lookahead_tokens`` (tokens each hash covers past its
+    /// block): Mamba prompt tails and prefill checkpoints stop that many tokens short of
+    /// the end.
+    fn set_hash_lookahead(&mut self, tokens: i64) -> PyResult<()> {
+        let n = count(tokens, "num_hash_lookahead_tokens")?;
+        self.inner.set_hash_lookahead(n);
+        Ok(())
+    }
+
     /// Sets vLLM's ``prefix_cache_retention_interval`` (None: dense caching).
     fn set_retention_interval(&mut self, interval: Option<i64>) -> PyResult<()> {
         let n = match interval {

@@ -205,7 +205,11 @@ pub fn cacheable_tokens(layout: &GroupLayout, g: usize, num_computed: usize, rep
     }
     if layout.partial_hits() {
         // vLLM's `_align_cacheable` rounds nothing then: rounding even to the hash block
-        // would register a copied Mamba tail again (EAGLE is refused with partial hits).
+        // would register a copied Mamba tail again. A group that drops the EAGLE block
+        // keeps its finalized tokens.
+        if layout.group_eagle(g) && num_computed > 0 {
+            return num_computed.saturating_sub(reprefillable);
+        }
         return num_computed;
     }
     let block_size = layout.groups().get(g).map_or(1, |s| s.block_size);

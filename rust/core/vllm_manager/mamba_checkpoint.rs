@@ -102,7 +102,8 @@ impl VllmManager {
         let ckpt_align = self.mamba.ckpt.get(g).copied().flatten()?;
         let bs = self.layout.groups()[g].block_size;
         let hbs = self.layout.hash_block_size();
-        let pos = mamba_tail_boundary(query_end, self.layout.alignment(), self.layout.use_eagle());
+        let la = self.retention.hash_lookahead;
+        let pos = mamba_tail_boundary(query_end, self.layout.alignment(), self.layout.use_eagle(), la);
         // `is_mamba_prefill_checkpoint_valid` (Python's floor division of -1 included).
         let initial_col = if query_start == 0 { -1 } else { isize::try_from((query_start - 1) / bs).ok()? };
         let ckpt_col = isize::try_from(query_end.div_ceil(bs)).ok()? - 2;
@@ -178,8 +179,12 @@ impl VllmManager {
             return Some(CheckpointCache::Skip);
         }
         let r = &self.retention;
-        let prompt_boundary =
-            mamba_tail_boundary(r.num_prompt, self.layout.alignment(), self.layout.use_eagle());
+        let prompt_boundary = mamba_tail_boundary(
+            r.num_prompt,
+            self.layout.alignment(),
+            self.layout.use_eagle(),
+            r.hash_lookahead,
+        );
         // Dense retention keeps every block-edge state.
         let retained = pos.is_multiple_of(bs);
         if pos != prompt_boundary && !retained && pos != r.shared_boundary {

@@ -300,16 +300,17 @@ impl HashDrop<'_> {
 }
 
 #[allow(clippy::cast_possible_truncation)]
-/// vLLM's `get_mamba_prefill_checkpoint_position` for a prompt of `prompt`
-/// tokens (no hash lookahead beside Mamba): the last hash boundary a resend
-/// can hit — below the prompt's last token, or one hash block below the
-/// prompt's end under EAGLE.
+/// vLLM's `get_mamba_prefill_checkpoint_position` for `prompt` tokens at
+/// `unit` tokens a hash boundary: the last boundary a resend can hit —
+/// leaving the last token (or, with hash lookahead, the `lookahead` tokens
+/// a hash covers past its block) for recomputation, or one unit below the
+/// end under EAGLE.
 #[must_use]
-pub(crate) fn mamba_tail_boundary(prompt: usize, hbs: usize, use_eagle: bool) -> usize {
+pub(crate) fn mamba_tail_boundary(prompt: usize, unit: usize, use_eagle: bool, lookahead: usize) -> usize {
     if use_eagle {
-        (prompt / hbs * hbs).saturating_sub(hbs)
+        (prompt / unit * unit).saturating_sub(unit)
     } else {
-        prompt.saturating_sub(1) / hbs * hbs
+        prompt.saturating_sub(lookahead.max(1)) / unit * unit
     }
 }
 
@@ -389,7 +390,8 @@ impl VllmManager {
             // Align-mode Mamba's `_cache_partial_tail_block`: only a call ending exactly at
             // the prompt's last hash boundary, whose state block holds no hash there yet.
             let bs = self.layout.groups()[g].block_size;
-            let boundary = mamba_tail_boundary(prompt, hbs, self.layout.use_eagle());
+            let boundary =
+                mamba_tail_boundary(prompt, hbs, self.layout.use_eagle(), self.retention.hash_lookahead);
             let nt = coordinator::cacheable_tokens(&self.layout, g, num_tokens, reprefillable);
             // ... or at the scheduler's shared-prefix junction, inside this step's chunk.
             let r = &self.retention;

@@ -117,11 +117,14 @@ fn eagle_tail_is_promoted_then_registered_beside_the_full_hash() {
 fn mamba_tail_boundaries_follow_vllms_checkpoint_position() {
     use super::mamba_tail_boundary;
     // Below the prompt's last token, rounded down to the hash block.
-    assert_eq!(mamba_tail_boundary(7, 2, false), 6);
-    assert_eq!(mamba_tail_boundary(8, 2, false), 6);
-    assert_eq!(mamba_tail_boundary(1, 2, false), 0);
+    assert_eq!(mamba_tail_boundary(7, 2, false, 0), 6);
+    assert_eq!(mamba_tail_boundary(8, 2, false, 0), 6);
+    assert_eq!(mamba_tail_boundary(1, 2, false, 0), 0);
     // Under EAGLE: one hash block below the prompt's end, rounded down.
-    assert_eq!(mamba_tail_boundary(2600, 32, true), 2560);
-    assert_eq!(mamba_tail_boundary(2592, 32, true), 2560);
-    assert_eq!(mamba_tail_boundary(31, 32, true), 0);
+    assert_eq!(mamba_tail_boundary(2600, 32, true, 0), 2560);
+    assert_eq!(mamba_tail_boundary(2592, 32, true, 0), 2560);
+    assert_eq!(mamba_tail_boundary(31, 32, true, 0), 0);
+    // With hash lookahead: the lookahead tokens stay for recomputation.
+    assert_eq!(mamba_tail_boundary(1089, 64, false, 2), 1024);
+    assert_eq!(mamba_tail_boundary(1090, 64, false, 2), 1088);
 }

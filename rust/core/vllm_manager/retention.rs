@@ -34,6 +34,8 @@ pub(crate) struct Retention {
     pub(crate) shared_boundary: usize,
     /// That request's computed tokens before the step being cached.
     pub(crate) num_computed: usize,
+    /// vLLM's `num_hash_lookahead_tokens` (Mamba checkpoint positions leave them).
+    pub(crate) hash_lookahead: usize,
 }
 
 /// vLLM's `replay_boundaries`: positions a later request replaying a prompt
@@ -103,6 +105,13 @@ impl VllmManager {
     pub fn set_cache_context(&mut self, num_prompt: usize, shared_boundary: usize) {
         self.retention.num_prompt = num_prompt;
         self.retention.shared_boundary = shared_boundary;
+    }
+
+    /// vLLM's `num_hash_lookahead_tokens`: tokens each hash covers past its
+    /// block; Mamba prompt tails and prefill checkpoints stop that many
+    /// tokens short of the end (at least one).
+    pub fn set_hash_lookahead(&mut self, tokens: usize) {
+        self.retention.hash_lookahead = tokens;
     }
 
     /// The request's computed tokens before the step the next caching calls

@@ -21,7 +21,7 @@ on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, re
 intervals (not beside Mamba), blocks held by no request as
 :mod:`~kvindex.integrations.vllm.hybrid_extra` describes, and full-attention groups whose
 block is larger than the hash block (their prompt tail's partial-block prefix entry), hash
-lookahead and multi-module MTP (not beside Mamba), the per-group hits a KV connector
+lookahead and multi-module MTP, the per-group hits a KV connector
 that accepts diverging hybrid hits asks for, and partial hash hits (an align-mode Mamba
 group larger than the hash block: hits at hash-block boundaries inside blocks, copied on
 write, and the Mamba prompt tail's producer copy; not with EAGLE); anything else
@@ -310,11 +310,6 @@ class HybridKVCacheManager(ManagerCalls):
         check_mamba_retention(kv_cache_config)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
-        if (num_hash_lookahead_tokens or num_prefill_lookahead > 1) and has_mamba(kv_cache_config):
-            raise _unsupported(
-                "no hash lookahead or multi-module MTP beside Mamba groups (their prefill "
-                "checkpoint positions move with the lookahead)"
-            )
         eagle_groups = use_eagle or any(eagle_group_flags(kv_cache_config))
         if enable_caching and eagle_groups and scheduler_block_size < num_prefill_lookahead:
             raise UnsupportedVllmConfigError(
@@ -341,6 +336,8 @@ class HybridKVCacheManager(ManagerCalls):
             )
         except KvIndexError as e:
             raise _unsupported(f"not every KV cache group layout; this one: {e}") from e
+        if num_hash_lookahead_tokens:
+            self._core.set_hash_lookahead(num_hash_lookahead_tokens)
         spec_blocks = speculative_blocks(kv_cache_config)
         if any(spec_blocks):
             self._core.set_mamba_speculative_blocks(spec_blocks)

@@ -273,6 +273,17 @@ MIXES: dict[str, Mix] = {
         38,
         eagle=True,
     ),
+    # Hash lookahead and multi-module MTP beside Mamba (tails stop short of the lookahead).
+    "full+mamba-partial-lookahead2": Mix(
+        (lambda: full(4), lambda: mamba(8)), 90, 43, hash_lookahead=2
+    ),
+    "full+mamba-mtp3": Mix(
+        (lambda: full(8), lambda: replace(mamba(8), num_speculative_blocks=2)),
+        90,
+        44,
+        eagle=True,
+        prefill_lookahead=3,
+    ),
     # ... beside a full-attention group larger than the hash block: its prompt tails too.
     "full+full16+mamba-partial": Mix(
         (lambda: full(4), lambda: full(16), lambda: mamba(8)), 120, 33
