@@ -1304,8 +1304,10 @@ class _VllmManager:
         """vLLM's ``mamba_shared_prefix_checkpoint`` as the manager narrows it: Mamba
         prompt tails register at the scheduler's shared-prefix junction too (off
         without an align-mode Mamba group larger than the hash block)."""
-    @mamba_shared_prefix_checkpoint.setter
-    def mamba_shared_prefix_checkpoint(self, on: bool) -> None: ...
+    def set_mamba_shared_prefix_checkpoint(self, on: bool) -> None:
+        """Sets vLLM's ``mamba_shared_prefix_checkpoint`` (as the manager narrows
+        ``enable_mamba_shared_prefix_checkpoint``); ignored without an align-mode Mamba
+        group larger than the hash block."""
     def take_cow_copies(self, group: int) -> list[tuple[int, int]]:
         """Drains group ``group``'s queued block copies ``(source, copy)``, oldest
         first. Each endpoint holds one reference for the copy; free both once it ran."""
@@ -1343,11 +1345,16 @@ class _VllmManager:
     def retention_interval(self) -> int | None:
         """The retention interval (None: dense)."""
     def set_cache_context(
-        self, num_prompt_tokens: int, shared_prefix_boundary: int, num_computed_tokens: int = 0
+        self,
+        num_prompt_tokens: int,
+        shared_prefix_boundary: int,
+        num_computed_tokens: int = 0,
+        num_tokens: int = 0,
     ) -> None:
         """The prompt length and shared-prefix junction the next caching steps use
-        (a retention interval, prompt tails), and the request's computed tokens
-        before the step being cached (a Mamba tail at the junction needs it)."""
+        (a retention interval, prompt tails), the request's computed tokens before the
+        step being cached (a Mamba tail at the junction needs it) and its tokens so far
+        (under retention interval 0 a Mamba prefill checkpoint needs its prefill end)."""
     def take_loose(self, num_blocks: int) -> list[int]:
         """Takes ``num_blocks`` free blocks held by no request (``free_blocks`` them)."""
     def cache_loose(

@@ -57,7 +57,9 @@ impl PyVllmManager {
         self.inner.mamba_shared_prefix_checkpoint()
     }
 
-    #[setter]
+    /// Sets vLLM's ``mamba_shared_prefix_checkpoint`` (as the manager narrows
+    /// ``enable_mamba_shared_prefix_checkpoint``); ignored without an align-mode Mamba
+    /// group larger than the hash block.
     fn set_mamba_shared_prefix_checkpoint(&mut self, on: bool) {
         self.inner.set_mamba_shared_prefix_checkpoint(on);
     }

@@ -100,20 +100,24 @@ impl PyVllmManager {
     }
 
     /// The prompt length and shared-prefix junction the next caching steps use
-    /// (a retention interval, prompt tails), and the request's computed tokens
-    /// before the step being cached (a Mamba tail at the junction needs it).
-    #[pyo3(signature = (num_prompt_tokens, shared_prefix_boundary, num_computed_tokens = 0))]
+    /// (a retention interval, prompt tails), the request's computed tokens before the
+    /// step being cached (a Mamba tail at the junction needs it) and its tokens so far
+    /// (under retention interval 0 a Mamba prefill checkpoint needs its prefill end).
+    #[pyo3(signature = (num_prompt_tokens, shared_prefix_boundary, num_computed_tokens = 0, num_tokens = 0))]
     fn set_cache_context(
         &mut self,
         num_prompt_tokens: i64,
         shared_prefix_boundary: i64,
         num_computed_tokens: i64,
+        num_tokens: i64,
     ) -> PyResult<()> {
         let p = count(num_prompt_tokens, "num_prompt_tokens")?;
         let s = count(shared_prefix_boundary, "shared_prefix_boundary")?;
         let c = count(num_computed_tokens, "num_computed_tokens")?;
+        let n = count(num_tokens, "num_tokens")?;
         self.inner.set_cache_context(p, s);
         self.inner.set_cache_computed(c);
+        self.inner.set_request_tokens(n);
         Ok(())
     }
 

@@ -24,9 +24,9 @@
 //! prompt's last hash boundary is registered inside a block and hits there
 //! are copied on write ([`super::cow`]).
 //!
-//! Not implemented (refused by the layout checks or the Python drop-in):
-//! speculative state blocks (`num_speculative_blocks`), prefill checkpoint
-//! blocks, retention intervals (sparse state retention).
+//! Speculative state blocks (`num_speculative_blocks`) follow the state;
+//! prefill checkpoints are [`super::mamba_checkpoint`]'s, sparse state
+//! retention [`super::retention`]'s.
 //!
 //! # Invariants (checked by [`VllmManager::check_invariants`])
 //! - per-request state exists only for align-mode Mamba groups;
@@ -201,22 +201,6 @@ impl VllmManager {
         for m in self.mamba.groups.iter_mut().flatten() {
             m.this_step.clear();
         }
-    }
-
-    /// Refuses a retention interval beside a Mamba group: vLLM then keeps
-    /// Mamba states sparsely (and reserves checkpoints), which is not
-    /// implemented.
-    ///
-    /// # Errors
-    /// `InvalidArgument` naming it when the layout has a Mamba group.
-    pub(crate) fn mamba_refuses_retention(&self) -> KvResult<()> {
-        if self.layout.groups().iter().any(|g| matches!(g.kind, GroupKind::Mamba { .. })) {
-            return Err(KvError::invalid(
-                "prefix_cache_retention_interval beside a Mamba group (sparse Mamba state \
-                 retention) is not supported by kvindex",
-            ));
-        }
-        Ok(())
     }
 
     /// Align-mode `get_num_blocks_to_allocate` of Mamba group `g` for

@@ -19,10 +19,13 @@
 //!   new block;
 //! - caching re-keys that block at the position (every key it had is
 //!   dropped first, logged), counted as cached this step — unless the
-//!   position is neither the prompt's reusable boundary, nor on a block
-//!   edge (dense retention keeps those), nor the shared-prefix junction: the
-//!   transient state is then overwritten, so the block's keys are dropped
-//!   and nothing is registered.
+//!   position is neither the prompt's reusable boundary, nor a retained
+//!   block edge (every one densely, a segment's last under an interval),
+//!   nor the shared-prefix junction: the transient state is then
+//!   overwritten, so the block's keys are dropped and nothing is
+//!   registered;
+//! - under retention interval 0 only the chunk reaching the prefill end
+//!   (`max(num_prompt, num_tokens - 1)`) reserves a checkpoint.
 //!
 //! # Invariants
 //! - only align-mode Mamba groups with checkpoint blocks hold checkpoints
@@ -116,6 +119,11 @@ impl VllmManager {
         if !valid || ckpt_col < 0 || pos == 0 {
             return None;
         }
+        // Under interval 0 only the chunk reaching the prefill end keeps its checkpoint.
+        let r = &self.retention;
+        if r.interval == Some(0) && query_end < r.num_prompt.max(r.num_tokens.saturating_sub(1)) {
+            return None;
+        }
         let idx = usize::try_from(ckpt_col).ok()?;
         let table = self.reqs.get(rid).map_or(&[][..], |r| r.g(g).blocks.as_slice());
         let spec = self.mamba.spec(g);
@@ -185,8 +193,9 @@ impl VllmManager {
             self.layout.use_eagle(),
             r.hash_lookahead,
         );
-        // Dense retention keeps every block-edge state.
-        let retained = pos.is_multiple_of(bs);
+        // A block-edge state is kept densely, or where a segment ends.
+        let retained = pos.is_multiple_of(bs)
+            && r.interval.is_none_or(|n| pos >= bs && self.mamba_retains(g, pos / bs - 1, n, false));
         if pos != prompt_boundary && !retained && pos != r.shared_boundary {
             return Some(CheckpointCache::Evict(b));
         }

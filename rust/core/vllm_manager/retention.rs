@@ -13,8 +13,12 @@
 //! (`num_prompt - 1`; under EAGLE one scheduler block below the resend and the
 //! extension positions) and the shared-prefix junction the scheduler found
 //! (also one block lower under EAGLE). A tail is the `ceil((W-1)/B)` blocks
-//! (plus the EAGLE peek) ending at the aligned boundary. Other group kinds
-//! cache densely and ignore the interval.
+//! (plus the EAGLE peek) ending at the aligned boundary. A Mamba group keeps
+//! one state per segment (its last block) and the state ending at each of
+//! those boundaries ([`VllmManager::mamba_retains`]); its prefill
+//! checkpoints follow the segments, and under interval 0 only the chunk
+//! reaching the prefill end reserves one. Other group kinds cache densely
+//! and ignore the interval.
 //!
 //! Costs: O(boundaries) per block considered, at most three boundaries.
 
@@ -34,6 +38,9 @@ pub(crate) struct Retention {
     pub(crate) shared_boundary: usize,
     /// That request's computed tokens before the step being cached.
     pub(crate) num_computed: usize,
+    /// That request's tokens (prompt and output so far): its prefill ends at
+    /// `max(num_prompt, num_tokens - 1)`.
+    pub(crate) num_tokens: usize,
     /// vLLM's `num_hash_lookahead_tokens` (Mamba checkpoint positions leave them).
     pub(crate) hash_lookahead: usize,
 }
@@ -69,7 +76,6 @@ impl VllmManager {
             self.retention.interval = None;
             return Ok(());
         };
-        self.mamba_refuses_retention()?;
         let windowed = self
             .layout
             .groups()
@@ -122,6 +128,13 @@ impl VllmManager {
         self.retention.num_computed = num_computed;
     }
 
+    /// The request's tokens so far (prompt and output): under retention
+    /// interval 0 only the chunk reaching its prefill end reserves a Mamba
+    /// prefill checkpoint.
+    pub fn set_request_tokens(&mut self, num_tokens: usize) {
+        self.retention.num_tokens = num_tokens;
+    }
+
     /// Whether caching registers group `g`'s table index `i` (vLLM's
     /// `reachable_block_mask` with the manager's retention).
     pub(crate) fn caches_block_at(&self, g: usize, i: usize, alignment: usize, eagle: bool) -> bool {
@@ -129,6 +142,9 @@ impl VllmManager {
         let Some(interval) = self.retention.interval else {
             return spec.caches_block(i, alignment, eagle);
         };
+        if let GroupKind::Mamba { .. } = spec.kind {
+            return self.mamba_retains(g, i, interval, true);
+        }
         let Some(window) = spec.kind.sliding_window() else { return true };
         let bs = spec.block_size;
         if alignment == 0 || !alignment.is_multiple_of(bs) {
@@ -152,6 +168,38 @@ impl VllmManager {
         boundaries.filter(|&&b| b != usize::MAX).any(|&b| {
             let end = b / alignment * alignment / bs + shift;
             i < end && i + need >= end
+        })
+    }
+}
+
+impl VllmManager {
+    /// vLLM's Mamba `reachable_block_mask` for state block `i` of group `g`
+    /// under `interval`: a segment's last block (every block when a segment
+    /// is at most one block), and with `boundaries` the block ending at each
+    /// position a later request resumes at (the replay boundaries and the
+    /// shared-prefix junction, one block lower too under EAGLE), rounded
+    /// down to the hit alignment.
+    pub(crate) fn mamba_retains(&self, g: usize, i: usize, interval: usize, boundaries: bool) -> bool {
+        let bs = self.layout.groups()[g].block_size;
+        if interval > 0 {
+            let per_segment = interval / bs;
+            if per_segment <= 1 || (i + 1).is_multiple_of(per_segment) {
+                return true;
+            }
+        }
+        if !boundaries {
+            return false;
+        }
+        let unit = self.layout.alignment();
+        let r = &self.retention;
+        let (replay, n) =
+            replay_boundaries(r.num_prompt, self.layout.scheduler_block_size(), self.layout.use_eagle());
+        let shared = r.shared_boundary;
+        let junction = [shared, if self.layout.group_eagle(g) { shared.saturating_sub(bs) } else { 0 }];
+        let extra = if shared > 0 { &junction[..] } else { &[][..] };
+        replay[..n].iter().chain(extra).any(|&b| {
+            let blocks = b / unit * unit / bs;
+            blocks >= 1 && blocks - 1 == i
         })
     }
 }

@@ -10,7 +10,7 @@ import pytest
 import run_vllm_suite as suite
 
 SCHED = "tests/v1/core/test_scheduler.py"
-LISTED = "tests/v1/core/test_prefix_caching.py::test_mamba_shared_prefix_reuse_under_zero_retention"
+LISTED = "tests/v1/core/test_prefix_caching.py::test_prefix_cache_hit_uses_per_group_dcp_geometry"
 OURS = "kvindex.integrations.vllm.errors.UnsupportedVllmConfigError: kvindex's KVCacheManager"
 
 

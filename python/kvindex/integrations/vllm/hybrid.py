@@ -18,7 +18,7 @@ beside the decoder's groups with prefix caching off (blocks for the encoder toke
 scheduled, as vLLM's ``CrossAttentionManager``), chunked local attention, Mamba state in
 ``"align"`` / ``"none"`` mode (:mod:`.mamba`), as the Rust layout accepts them, with EAGLE
 on every group or on the groups flagged ``is_eagle_group``, KV cache zeroing, retention
-intervals (not beside Mamba), blocks held by no request as
+intervals, blocks held by no request as
 :mod:`~kvindex.integrations.vllm.hybrid_extra` describes, and full-attention groups whose
 block is larger than the hash block (their prompt tail's partial-block prefix entry), hash
 lookahead and multi-module MTP, the per-group hits a KV connector
@@ -84,7 +84,6 @@ from .hybrid_extra import (
 from .mamba import (
     BoundaryStateOffloads,
     align_groups,
-    check_mamba_retention,
     has_mamba,
     mamba_group_args,
     prefill_checkpoints,
@@ -206,17 +205,8 @@ class _HybridCoordinatorView:
 
     @retention_interval.setter
     def retention_interval(self, interval: int | None) -> None:
-        # Set in Rust (sparse caching is decided there); refused beside Mamba as at
-        # construction, the state unchanged.
-        try:
-            self._core.set_retention_interval(interval)
-        except KvIndexError as e:
-            if interval is not None and self._manager._mamba:
-                raise _unsupported(
-                    "prefix_cache_retention_interval without Mamba groups only "
-                    f"(got {interval}: sparse Mamba state retention)"
-                ) from e
-            raise
+        # Set in Rust (sparse caching is decided there); a bad interval changes nothing.
+        self._core.set_retention_interval(interval)
 
     def get_num_blocks_to_allocate(
         self,
@@ -307,7 +297,6 @@ class HybridKVCacheManager(ManagerCalls):
             )
         retention = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
         check_retention_interval(kv_cache_config, scheduler_block_size)
-        check_mamba_retention(kv_cache_config)
         if watermark < 0.0:
             raise UnsupportedVllmConfigError("watermark must be non-negative")
         eagle_groups = use_eagle or any(eagle_group_flags(kv_cache_config))
@@ -350,7 +339,7 @@ class HybridKVCacheManager(ManagerCalls):
         # The prompt length goes to Rust before caching: sparse retention reads its
         # replay boundaries from it, full-attention groups larger than the hash block
         # their prompt tail's partial-block prefix entry.
-        self._cache_context = retention is not None or self._core.registers_prompt_tails
+        self._registers_tails = bool(self._core.registers_prompt_tails)
         zeroing = zeroing_groups(kv_cache_config)
         if zeroing:
             self._core.set_zeroing_groups(zeroing)
@@ -390,7 +379,7 @@ class HybridKVCacheManager(ManagerCalls):
             and self._partial_hits
             and self._num_reprefillable == 0
         )
-        self._core.mamba_shared_prefix_checkpoint = self.mamba_shared_prefix_checkpoint
+        self._core.set_mamba_shared_prefix_checkpoint(self.mamba_shared_prefix_checkpoint)
         self.retained_hit_group_ids: tuple[int, ...] = ()
         self.watermark_blocks = int(watermark * kv_cache_config.num_blocks)
         self.kv_cache_event_metadata = tuple(
@@ -507,11 +496,12 @@ class HybridKVCacheManager(ManagerCalls):
         processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
-        if self._cache_context:
+        if self._registers_tails or self._core.retention_interval is not None:
             self._core.set_cache_context(
                 request.num_prompt_tokens,
                 request.shared_prefix_boundary,
                 request.num_computed_tokens,
+                request.num_tokens,
             )
         new = self._core.allocate_slots_groups(
             request.request_id,
@@ -554,7 +544,7 @@ class HybridKVCacheManager(ManagerCalls):
         sizes = self._group_sizes
         self._offloads.add_runs(
             request_id,
-            ((r[0], r[1], r[2], r[3].tolist()) for r in runs if r[4] == sizes[r[0]]),
+            ((r[0], r[1], r[2]) for r in runs if r[4] == sizes[r[0]] and r[1] < r[2]),
             tables,
             self._core.hash_tokens,
         )
@@ -563,11 +553,12 @@ class HybridKVCacheManager(ManagerCalls):
         """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
         if not self.enable_caching:
             return
-        if self._cache_context:
+        if self._registers_tails or self._core.retention_interval is not None:
             self._core.set_cache_context(
                 request.num_prompt_tokens,
                 request.shared_prefix_boundary,
                 request.num_computed_tokens,
+                request.num_tokens,
             )
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable

@@ -20,7 +20,6 @@ __all__ = [
     "align_groups",
     "prefill_checkpoints",
     "speculative_blocks",
-    "check_mamba_retention",
     "has_mamba",
     "mamba_group_args",
 ]
@@ -91,21 +90,21 @@ class BoundaryStateOffloads:
     def add_runs(
         self,
         request_id: str,
-        runs: Iterable[tuple[int, int, int, Sequence[int]]],
+        runs: Iterable[tuple[int, int, int]],
         tables: Sequence[Sequence[int]],
         hash_tokens: Callable[[int], int | None],
     ) -> None:
-        """Records the state blocks cached by ``runs`` (group, start, end, stored indices)
-        of the request's ``tables``, each with the tokens its hash covers after the caching
-        call (``hash_tokens``: a prefill checkpoint re-keys its block, a transient one loses
-        its key and is not offered)."""
-        for g, _start, _end, stored in runs:
+        """Records the state blocks of the table entries ``runs`` (group, start, end)
+        cached over of the request's ``tables`` that hold a hash after the caching call,
+        each with the tokens it covers (``hash_tokens``: a prefill checkpoint re-keys its
+        block, even one sparse retention left uncached; a transient one loses its key)."""
+        for g, start, end in runs:
             if g not in self.groups:
                 continue
             table = tables[g]
-            for i in stored:
+            for i in range(start, end):
                 block = int(table[i])
-                tokens = hash_tokens(block)
+                tokens = hash_tokens(block) if block else None
                 if tokens is not None:
                     self._pending.append((request_id, g, block, tokens))
 
@@ -126,14 +125,3 @@ class BoundaryStateOffloads:
             out.setdefault(rid, []).append((g, block, tokens))
         self._pending = []
         return out
-
-
-def check_mamba_retention(kv_cache_config: KVCacheConfig) -> None:
-    """Refuses ``prefix_cache_retention_interval`` beside a Mamba group (vLLM then keeps
-    Mamba states sparsely and reserves checkpoints, which kvindex does not implement)."""
-    interval = getattr(kv_cache_config, "prefix_cache_retention_interval", None)
-    if interval is not None and has_mamba(kv_cache_config):
-        raise UnsupportedVllmConfigError(
-            "kvindex's KVCacheManager supports prefix_cache_retention_interval without Mamba "
-            f"groups only (got {interval}: sparse Mamba state retention)"
-        )

@@ -273,6 +273,21 @@ MIXES: dict[str, Mix] = {
         38,
         eagle=True,
     ),
+    # Sparse Mamba state retention: the latest boundary only, or one state per segment.
+    "full+mamba-partial-ckpt-retain0": Mix(
+        (
+            lambda: full(4),
+            lambda: replace(
+                mamba(8), num_prefill_checkpoint_blocks=1, prefill_checkpoint_alignment=4
+            ),
+        ),
+        100,
+        45,
+        retention=0,
+    ),
+    "full+swa+mamba-retain32-eagle": Mix(
+        (lambda: full(8), lambda: swa(8, 12), lambda: mamba(8)), 100, 46, retention=32, eagle=True
+    ),
     # Hash lookahead and multi-module MTP beside Mamba (tails stop short of the lookahead).
     "full+mamba-partial-lookahead2": Mix(
         (lambda: full(4), lambda: mamba(8)), 90, 43, hash_lookahead=2

@@ -257,11 +257,6 @@ def test_events_have_vllm_content() -> None:
             {},
             "mamba_cache_mode 'align' and 'none'",
         ),
-        (
-            replace(config(10, 4, full_attention(4), mamba(8)), prefix_cache_retention_interval=8),
-            {"scheduler_block_size": 8},
-            "retention_interval without Mamba groups only",
-        ),
         (config(10, 4), {"dcp_world_size": 2}, "context parallelism"),
         (config(10, 4), {"hash_block_size": 2}, "hash_block_size"),
     ],
