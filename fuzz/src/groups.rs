@@ -3,13 +3,15 @@
 //! Mamba state in align / none mode, two block sizes), then admissions with prefix-cache hits, prefill / decode
 //! steps, frees, `remove_skipped_blocks`, evictions, resets, pops, blocks
 //! taken and cached for no request, and calls with hit blocks that are not
-//! hits (caller errors); optionally under a retention interval and with KV
-//! cache zeroing logs.
+//! hits (caller errors); optionally under a retention interval, with KV
+//! cache zeroing logs, partial hash hits (copies drained and freed before
+//! each step), Mamba speculative blocks, prefill checkpoints, hash
+//! lookahead and the shared-prefix checkpoint.
 //!
-//! Input: `[num_blocks][hash block][num groups][(kind, param) per group][flags]`
+//! Input: `[num_blocks][hash block][num groups][(kind, param) per group][flags][more flags]`
 //! then operations; see `fuzz/README.md`. After every operation:
 //! `check_invariants()`; every held block's ref count equals its references
-//! in the live tables (blocks are conserved); sliding-window and
+//! in the live tables and queued copies (blocks are conserved); sliding-window and
 //! chunked-local tables are nulls then real blocks; a step starts a new
 //! scheduler step (`new_step_starts`); after a caller error,
 //! tables, cached counts and the free queue are unchanged.
@@ -79,13 +81,36 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
         });
     }
     let flags = inp.u8();
+    let more = inp.u8();
     let opt = LayoutOptions {
         enable_caching: flags & 2 == 0,
         use_eagle: flags & 1 != 0,
+        allow_partial_hash_hits: more & 1 != 0,
         ..LayoutOptions::default()
     };
     let layout = GroupLayout::new(groups, opt).ok()?;
     let mut m = VllmManager::with_layout(nb, layout, flags & 4 != 0, flags & 8 != 0, None).ok()?;
+    let ng = m.num_groups();
+    let mamba: Vec<bool> =
+        (0..ng).map(|g| matches!(m.layout().groups()[g].kind, GroupKind::Mamba { .. })).collect();
+    let align: Vec<bool> = (0..ng)
+        .map(|g| matches!(m.layout().groups()[g].kind, GroupKind::Mamba { mode: MambaMode::Align }))
+        .collect();
+    if more & 2 != 0 {
+        // MTP beside Mamba: one or two speculative state blocks.
+        let n = 1 + usize::from((more >> 5) & 1);
+        let counts: Vec<usize> = mamba.iter().map(|&x| if x { n } else { 0 }).collect();
+        m.set_mamba_speculative_blocks(&counts).expect("Mamba groups, no request yet");
+    }
+    if more & 4 != 0 {
+        // Prefill checkpoints at the hash block.
+        let a: Vec<Option<usize>> = align.iter().map(|&x| x.then_some(h)).collect();
+        m.set_mamba_prefill_checkpoints(&a).expect("align-mode groups, no request yet");
+    }
+    if more & 8 != 0 {
+        m.set_hash_lookahead(1 + usize::from((more >> 6) & 1));
+    }
+    m.set_mamba_shared_prefix_checkpoint(more & 16 != 0);
     if flags & 16 != 0 {
         // Latest only, or one tail per 1-3 scheduler blocks; a refusal changes nothing.
         let before = m.state_snapshot();
@@ -120,6 +145,11 @@ fn check(m: &VllmManager) {
                 assert!(t[nulls..].iter().all(|&b| b != BlockId::NULL), "group {g}: nulls after real blocks");
             }
         }
+    }
+    // A queued copy holds one reference on each endpoint until the engine frees them.
+    for (src, dst) in m.pending_cow_copies() {
+        refs[src.idx()] += 1;
+        refs[dst.idx()] += 1;
     }
     for (i, &n) in refs.iter().enumerate().skip(1) {
         #[allow(clippy::cast_possible_truncation)]
@@ -168,6 +198,8 @@ pub fn run(data: &[u8]) {
                 let hit = m.find_hit_groups(&hs, len - 1);
                 let tokens = hit.hit.tokens;
                 m.set_cache_context(len, hit.hit.tokens + hit.hit.uncached_common_prefix);
+                m.set_cache_computed(0);
+                m.set_request_tokens(len);
                 assert!(tokens < len, "a hit leaves the last token");
                 let n = chunk.min(len - tokens).max(1);
                 let adopt = hit.blocks.iter().any(|b| !b.is_empty());
@@ -212,7 +244,15 @@ pub fn run(data: &[u8]) {
                     num_tokens_main_model: Some(total + n),
                     ..SlotRequest::default()
                 };
+                // The last step's copies ran: the engine frees their endpoints.
+                for g in 0..m.num_groups() {
+                    for (src, dst) in m.take_cow_copies(g) {
+                        m.free_blocks(&[src, dst]).expect("a copy's endpoints are held");
+                    }
+                }
                 m.new_step_starts();
+                m.set_cache_computed(total);
+                m.set_request_tokens(*known);
                 let hs2 = hs.clone();
                 let known2 = *known;
                 if m.allocate_slots_groups(&name, &[], &s).expect("a valid call").is_some() {

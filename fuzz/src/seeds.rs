@@ -700,8 +700,10 @@ pub fn all() -> Vec<(&'static str, Vec<Seed>)> {
 /// The multi-group manager: a shared prompt admitted twice (the second one
 /// hits), prefill and decode steps, windows sliding, frees, pops, bad hits,
 /// evictions and a reset, on full + sliding window, full + MLA + a wide
-/// sliding window under EAGLE, full + chunked local and full + sliding
-/// window + align-mode Mamba layouts.
+/// sliding window under EAGLE, full + chunked local, full + sliding
+/// window + align-mode Mamba layouts, and full + a Mamba group on twice the
+/// hash block with partial hash hits (speculative blocks and checkpoints;
+/// EAGLE, lookahead and the shared-prefix checkpoint).
 fn groups() -> Vec<Seed> {
     use crate::groups::op;
     let ops = |v: &mut Vec<u8>| {
@@ -760,10 +762,16 @@ fn groups() -> Vec<Seed> {
     };
     let mut out = Vec::new();
     for (name, header) in [
-        ("full-swa", vec![40u8, 1, 1, 0, 0, 2, 7, 0]),
-        ("full-mla-wide-swa-eagle", vec![50, 1, 2, 0, 0, 1, 0, 2, 0x89, 1]),
-        ("full-chunked-local", vec![50, 1, 1, 0, 0, 3, 15, 0]),
-        ("full-swa-mamba", vec![50, 1, 2, 0, 0, 2, 7, 4, 0, 0]),
+        ("full-swa", vec![40u8, 1, 1, 0, 0, 2, 7, 0, 0]),
+        ("full-mla-wide-swa-eagle", vec![50, 1, 2, 0, 0, 1, 0, 2, 0x89, 1, 0]),
+        ("full-chunked-local", vec![50, 1, 1, 0, 0, 3, 15, 0, 0]),
+        ("full-swa-mamba", vec![50, 1, 2, 0, 0, 2, 7, 4, 0, 0, 0]),
+        // Full attention on the hash block beside align-mode Mamba on twice it: partial hash
+        // hits (more-flags bit 0) with speculative blocks (bit 1) and prefill checkpoints
+        // (bit 2); then under EAGLE with hash lookahead (bit 3) and the shared-prefix
+        // checkpoint (bit 4).
+        ("full-mamba-partial-spec-ckpt", vec![48, 1, 1, 0, 0, 4, 0x80, 0, 0b0000_0111]),
+        ("full-mamba-partial-eagle-lookahead-shared", vec![48, 1, 1, 0, 0, 4, 0x80, 1, 0b0001_1001]),
     ] {
         let mut v = header;
         ops(&mut v);
@@ -772,7 +780,7 @@ fn groups() -> Vec<Seed> {
     // A two-token window on twice the block beside full attention (sparse tails), a retention
     // interval of two scheduler blocks (flags bit 4, bits 5-6 = 2), zeroing logs (bit 7),
     // and loose blocks taken, cached for each group and freed.
-    let mut v = vec![50u8, 1, 1, 0, 0, 2, 0x91, 0b1101_0000];
+    let mut v = vec![50u8, 1, 1, 0, 0, 2, 0x91, 0b1101_0000, 0];
     ops(&mut v);
     v.extend_from_slice(&[op::LOOSE, 3, 0, 1, op::LOOSE, 2, 1, 2, op::LOOSE, 70, 0, 0]);
     ops(&mut v);

@@ -238,6 +238,13 @@ impl VllmManager {
         self.cow.pending.get_mut(g).map(std::mem::take).unwrap_or_default()
     }
 
+    /// The queued copies not yet drained, group by group: `(source, copy)`
+    /// (each endpoint holds one reference for its copy).
+    #[must_use]
+    pub fn pending_cow_copies(&self) -> Vec<(BlockId, BlockId)> {
+        self.cow.pending.iter().flatten().copied().collect()
+    }
+
     /// Drains the producers' copies offered as boundary states since the
     /// last call: `(request, group, copy, boundary tokens)`.
     pub fn take_cow_offers(&mut self) -> Vec<(String, usize, BlockId, usize)> {

@@ -66,14 +66,6 @@ _SPY_TAIL = (
     "patches a Mamba manager's _cache_partial_tail_block to watch its calls (kvindex's group "
     "views have none: prompt tails are registered in Rust within the caching call)"
 )
-_LOOSE_PARTIAL = (
-    "registers partial-block entries on blocks no request holds through "
-    "BlockPool.cache_partial_block, which kvindex's pool view does not offer"
-)
-_LIVE_TABLE = (
-    "reads a group's req_to_blocks list after later allocations as if it were live "
-    "(kvindex's view returns a fresh list per read)"
-)
 _CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _FAKE_HIT = (
     "passes free, never-cached blocks as a cache hit to allocate_slots; kvindex's pool "
@@ -93,16 +85,9 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
         _SPY: [
             "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits",
         ],
-        _LOOSE_PARTIAL: [
-            "test_hybrid_partial_hash_truncates_full_attention_hit_length",
-        ],
         _CIRCULAR: [
             "test_kpool_tail_supports_128_token_partial_hash_hits",
             "test_opted_out_scratch_group_keeps_partial_hash_hits",
-        ],
-        _LIVE_TABLE: [
-            "test_retention_snapshots_handed_off_with_exact_block_ids",
-            "test_snapshot_handoff_dense_default_retention",
         ],
     },
     "prefix_cache/test_mamba_eagle_resume_checkpoint.py": {
@@ -189,8 +174,6 @@ REASON_ERRORS: dict[str, str] = {
     _FAKE_HIT: "not a cache hit",
     _SPY: "has no attribute 'cache_blocks'",
     _SPY_TAIL: "has no attribute '_cache_partial_tail_block'",
-    _LOOSE_PARTIAL: "has no attribute 'cache_partial_block'",
-    _LIVE_TABLE: "list index out of range",
 }
 
 

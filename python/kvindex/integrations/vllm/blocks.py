@@ -57,6 +57,16 @@ class ManagerSide(Protocol):
         block_mask: Sequence[bool] | None = None,
     ) -> None: ...
 
+    def _cache_partial_loose(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None: ...
+
     def _reset_pool(self) -> bool: ...
 
     def _take_raw_events(self) -> list[Any]: ...
@@ -532,6 +542,24 @@ class BlockPoolView:
             block_mask,
         )
 
+    def cache_partial_block(
+        self,
+        request: Any,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None:
+        """Registers the request's first ``num_tokens`` tokens (a hash boundary) as a
+        prefix-cache entry of ``block`` in one group — its own hash when it has none, else
+        beside it — with its ``BlockStored`` event; every key the block had is dropped first
+        with ``replace_existing_hashes`` or when its hash covers fewer tokens. Returns the
+        entry's key (None for the null block)."""
+        return self._manager._cache_partial_loose(
+            request, block, num_tokens, kv_cache_group_id, block_size, replace_existing_hashes
+        )
+
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         """Takes one reference on each block (KV connectors pin what they read); the
         metrics collector hears each non-null one accessed, as vLLM's."""
@@ -608,21 +636,86 @@ class GroupManagerView:
         return list(self._core.take_new_ids_group(self.kv_cache_group_id))
 
 
+class _LiveTable(list[KVCacheBlock]):
+    """A request's blocks in one group as vLLM's ``req_to_blocks`` list, read from the
+    manager at every access: it follows the request's later allocations, and keeps its last
+    blocks once the request is freed. Writes are refused: the Rust manager owns the table."""
+
+    def __init__(self, tables: _ReqTables, rid: str) -> None:
+        super().__init__()
+        self._tables = tables
+        self._rid = rid
+        self._last: list[KVCacheBlock] = tables._read(rid)
+
+    def _now(self) -> list[KVCacheBlock]:
+        # Once the request is freed, its last blocks (vLLM's popped list keeps them).
+        if self._tables._core.has_request(self._rid):
+            self._last = self._tables._read(self._rid)
+        return self._last
+
+    def __getitem__(self, i: Any) -> Any:
+        return self._now()[i]
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+    def __iter__(self) -> Iterator[KVCacheBlock]:
+        return iter(self._now())
+
+    def __reversed__(self) -> Iterator[KVCacheBlock]:
+        out: Iterator[KVCacheBlock] = reversed(self._now())
+        return out
+
+    def __contains__(self, block: object) -> bool:
+        return block in self._now()
+
+    def __eq__(self, other: object) -> bool:
+        return self._now() == (list(other) if isinstance(other, list) else other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    __hash__ = None
+
+    def __repr__(self) -> str:
+        return repr(self._now())
+
+    def __add__(self, other: Any) -> Any:
+        return self._now() + list(other)
+
+    def index(self, block: Any, *args: Any) -> int:
+        return self._now().index(block, *args)
+
+    def count(self, block: Any) -> int:
+        return self._now().count(block)
+
+    def _refuse(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a request's block table is kvindex's: it cannot be written")
+
+    __setitem__ = __delitem__ = __iadd__ = append = extend = insert = pop = remove = _refuse
+    clear = sort = reverse = _refuse
+
+
 class _ReqTables(Mapping[str, list[KVCacheBlock]]):
-    """``req_to_blocks``: request id -> its blocks in the group (a fresh list per read)."""
+    """``req_to_blocks``: request id -> its blocks in the group (a live view per read)."""
 
     def __init__(self, core: _VllmManager, blocks: list[KVCacheBlock], group: int | None) -> None:
         self._core = core
         self._blocks = blocks
         self._group = group
 
-    def __getitem__(self, rid: str) -> list[KVCacheBlock]:
+    def _read(self, rid: str) -> list[KVCacheBlock]:
         if not self._core.has_request(rid):
-            raise KeyError(rid)
+            return []
         blocks = self._blocks
         if self._group is None:
             return [blocks[i] for i in self._core.blocks(rid)]
         return [blocks[i] for i in self._core.group_blocks(rid)[self._group].tolist()]
+
+    def __getitem__(self, rid: str) -> list[KVCacheBlock]:
+        if not self._core.has_request(rid):
+            raise KeyError(rid)
+        return _LiveTable(self, rid)
 
     def __contains__(self, rid: object) -> bool:
         return isinstance(rid, str) and self._core.has_request(rid)

@@ -47,6 +47,7 @@ from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
 from vllm.v1.core.kv_cache_utils import (
     KVCacheBlock,
     KVCacheBlockCopy,
+    make_block_hash_with_group_id,
     maybe_convert_block_hash,
 )
 from vllm.v1.kv_cache_interface import (
@@ -77,6 +78,7 @@ from .hybrid_extra import (
     cache_loose,
     check_retention_interval,
     eagle_group_flags,
+    register_partial_entry,
     spec_classes,
     take_loose_ids,
     zeroing_groups,
@@ -657,6 +659,41 @@ class HybridKVCacheManager(ManagerCalls):
             self._emit_stored(
                 request, kv_cache_group_id, num_cached_blocks, num_full_blocks, stored
             )
+
+    def _cache_partial_loose(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None:
+        if block.is_null:
+            return None
+        hbs = self._hash_block_size
+        if block_size % hbs:
+            raise InvalidArgumentError(f"block size {block_size} is not a multiple of {hbs}")
+        new = register_partial_entry(
+            self._core,
+            request.block_hashes,
+            block.block_id,
+            num_tokens,
+            kv_cache_group_id,
+            hbs,
+            replace_existing_hashes,
+        )
+        if self.enable_kv_cache_events:
+            self._drain_removed()
+            if new:
+                j = num_tokens // hbs
+                self._emit_stored(request, kv_cache_group_id, j - 1, j, [j - 1], hbs)
+        else:
+            self._core.take_removed_groups()
+        key: bytes = make_block_hash_with_group_id(
+            request.block_hashes[num_tokens // hbs - 1], kv_cache_group_id
+        )
+        return key
 
     def take_new_block_ids(self) -> list[int]:
         """Drain the block ids every zeroing group allocated since the last call, group by

@@ -8,9 +8,9 @@ the Rust manager's zeroing logs, sparse sliding-window caching and loose blocks.
 - Retention (``prefix_cache_retention_interval``): vLLM's validation at construction, then
   each caching step tells the Rust manager the request's prompt length and shared-prefix
   junction, which decide the sliding-window tails it keeps.
-- ``block_pool.get_new_blocks`` / ``cache_full_blocks``: blocks taken off the free queue
-  for no request, and a caller's block list cached for one group with its ``BlockStored``
-  event.
+- ``block_pool.get_new_blocks`` / ``cache_full_blocks`` / ``cache_partial_block``: blocks
+  taken off the free queue for no request, a caller's block list cached for one group, and
+  a partial-block prefix entry registered on one block, with their events.
 - EAGLE groups (``is_eagle_group``): the per-group flags the Rust layout applies.
 - Cross-attention groups: their single-type manager view, registered as vLLM's
   ``CrossAttentionManager`` (the scheduler and tests tell it by class).
@@ -39,6 +39,7 @@ __all__ = [
     "CrossAttentionManagerView",
     "cache_loose",
     "check_retention_interval",
+    "register_partial_entry",
     "eagle_group_flags",
     "take_loose_ids",
     "zeroing_groups",
@@ -143,3 +144,47 @@ class CrossAttentionManagerView(GroupManagerView):
 
 
 CrossAttentionManager.register(CrossAttentionManagerView)
+
+
+def register_partial_entry(
+    core: _VllmManager,
+    block_hashes: Sequence[bytes],
+    block_id: int,
+    num_tokens: int,
+    group: int,
+    hash_block_size: int,
+    replace: bool,
+) -> bool:
+    """vLLM's ``BlockPool.cache_partial_block``: block ``block_id`` takes the entry of the
+    request's first ``num_tokens`` tokens in ``group`` — as its own hash when it has none,
+    else beside it. Every key it had is dropped first (logged) with ``replace``, or when its
+    own hash covers fewer tokens. Returns whether the entry is new (its ``BlockStored`` is
+    due). Raises :class:`~kvindex.exceptions.InvalidArgumentError` (state unchanged) for a
+    boundary that is not a hash boundary of the request, the null block, or an entry beside
+    a longer hash in a group that keeps none."""
+    units = num_tokens // hash_block_size
+    if num_tokens <= 0 or num_tokens % hash_block_size or units > len(block_hashes):
+        raise InvalidArgumentError(
+            f"{num_tokens} tokens is not a hash boundary of the request's "
+            f"{len(block_hashes)} hashes of {hash_block_size} tokens"
+        )
+    if block_id == 0:
+        raise InvalidArgumentError("the null block takes no prefix-cache entry")
+    h = bytes(block_hashes[units - 1])
+    already = core.holds_key(h, group, block_id)
+    tokens = core.hash_tokens(block_id)
+    drop = replace or (not already and tokens is not None and tokens < num_tokens)
+    if not drop and not already and tokens is not None and tokens > num_tokens:
+        # The entry goes beside the block's own hash: only prompt-tail groups keep such keys.
+        if not core.restore_cached_key(h, group, block_id, False, num_tokens):
+            raise InvalidArgumentError(
+                f"group {group} keeps no partial-block entry beside a block's own hash"
+            )
+        return True
+    if drop and tokens is not None:
+        core.evict_blocks([block_id])
+    if not drop and already:
+        return False
+    if not core.restore_cached_key(h, group, block_id, True, num_tokens):
+        raise InvalidArgumentError(f"group {group} is not prefix-cacheable")
+    return True

@@ -556,6 +556,20 @@ class KVCacheManager(ManagerCalls):
             "cache groups only"
         )
 
+    def _cache_partial_loose(
+        self,
+        request: Request,
+        block: KVCacheBlock,
+        num_tokens: int,
+        kv_cache_group_id: int,
+        block_size: int,
+        replace_existing_hashes: bool = False,
+    ) -> bytes | None:
+        raise UnsupportedVllmConfigError(
+            "kvindex's KVCacheManager supports block_pool.cache_partial_block with several KV "
+            "cache groups only"
+        )
+
     def get_num_common_prefix_blocks(self, running_request_id: str) -> list[int]:
         """Deprecated in vLLM (cascade attention is gone): 0 for the one group."""
         return [0]
