@@ -1,6 +1,6 @@
 //! Fuzz harness for the vLLM manager over several KV cache groups: a
 //! decoded layout (full attention, MLA, sliding windows, chunked local,
-//! Mamba state in align / none mode, two block sizes), then admissions with prefix-cache hits, prefill / decode
+//! Mamba state in align / none mode, circular buffers, two block sizes), then admissions with prefix-cache hits, prefill / decode
 //! steps, frees, `remove_skipped_blocks`, evictions, resets, pops, blocks
 //! taken and cached for no request, and calls with hit blocks that are not
 //! hits (caller errors); optionally under a retention interval, with KV
@@ -65,7 +65,7 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
     let n = 1 + inp.count(3);
     let mut groups = Vec::with_capacity(n);
     for _ in 0..n {
-        let kind = inp.u8() % 5;
+        let kind = inp.u8() % 6;
         let p = inp.u8();
         let size = 1 + usize::from(p % 24);
         let bs = if p & 0x80 != 0 { 2 * h } else { h };
@@ -74,6 +74,7 @@ fn manager(inp: &mut Input<'_>) -> Option<VllmManager> {
             1 => GroupSpec { kind: GroupKind::Mla, block_size: h },
             2 => GroupSpec { kind: GroupKind::SlidingWindow { window: size }, block_size: bs },
             3 => GroupSpec { kind: GroupKind::ChunkedLocal { chunk: size }, block_size: bs },
+            5 => GroupSpec { kind: GroupKind::CircularBuffer, block_size: bs },
             _ => {
                 let mode = if p & 1 == 0 { MambaMode::Align } else { MambaMode::None };
                 GroupSpec { kind: GroupKind::Mamba { mode }, block_size: bs }

@@ -81,6 +81,10 @@ pub enum GroupKind {
     /// blocks for the request's encoder tokens, allocated when its encoder
     /// inputs are scheduled; never a hit, never cached, nothing skipped.
     CrossAttention,
+    /// A circular buffer (`CircularBufferSpec`, e.g. a compressor's ring of
+    /// keys still being compressed): one block per request for its whole
+    /// life, whatever its length; never a hit, never cached.
+    CircularBuffer,
 }
 
 impl GroupKind {
@@ -95,6 +99,7 @@ impl GroupKind {
             GroupKind::ChunkedLocal { .. } => "chunked_local_attention",
             GroupKind::Mamba { .. } => "mamba",
             GroupKind::CrossAttention => "cross_attention",
+            GroupKind::CircularBuffer => "circular_buffer",
         }
     }
 
@@ -109,11 +114,17 @@ impl GroupKind {
     }
 
     /// Whether the group's blocks are looked up and cached: false for
-    /// sliding-window MLA with bounded replay (vLLM's `prefix_cacheable`) and
-    /// for cross-attention (vLLM's `CrossAttentionManager` does neither).
+    /// sliding-window MLA with bounded replay (vLLM's `prefix_cacheable`),
+    /// for cross-attention (vLLM's `CrossAttentionManager` does neither) and
+    /// for circular buffers (scratch, per request).
     #[must_use]
     pub fn prefix_cacheable(self) -> bool {
-        !matches!(self, GroupKind::SlidingWindowMla { bounded_replay: true, .. } | GroupKind::CrossAttention)
+        !matches!(
+            self,
+            GroupKind::SlidingWindowMla { bounded_replay: true, .. }
+                | GroupKind::CrossAttention
+                | GroupKind::CircularBuffer
+        )
     }
 
     /// Whether the kind is a `FullAttentionSpec` in vLLM (full or MLA): it
@@ -158,6 +169,7 @@ impl GroupKind {
             "chunked_local_attention" => GroupKind::ChunkedLocal { chunk: size },
             "mamba" => GroupKind::Mamba { mode: MambaMode::parse(mode)? },
             "cross_attention" => GroupKind::CrossAttention,
+            "circular_buffer" => GroupKind::CircularBuffer,
             "sink_full_attention" | "encoder_only_attention" => {
                 return Err(KvError::invalid(format!(
                     "KV cache group kind {kind:?} is not supported by kvindex"

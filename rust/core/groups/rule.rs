@@ -9,7 +9,7 @@
 //! its last `ceil((W-1)/B)` blocks,
 //! chunked local nulls the chunks before the current one, Mamba keeps only
 //! its latest state block; cross-attention never hits (its blocks hold one
-//! request's encoder states).
+//! request's encoder states), nor does a circular buffer (one request's ring).
 //!
 //! Under partial hash hits the query's alignment is the hash block, smaller
 //! than a full-attention or Mamba block: full attention then extends its run
@@ -320,7 +320,7 @@ impl GroupRule for GroupSpec {
             }
             GroupKind::ChunkedLocal { chunk } => chunked_hit(chunk, bs, lookup, q, out),
             GroupKind::Mamba { .. } => mamba_hit(bs, lookup, q, out),
-            GroupKind::CrossAttention => {
+            GroupKind::CrossAttention | GroupKind::CircularBuffer => {
                 out.clear();
                 0
             }
@@ -329,7 +329,10 @@ impl GroupRule for GroupSpec {
 
     fn skipped_tokens(&self, n: usize) -> usize {
         match self.kind {
-            GroupKind::FullAttention | GroupKind::Mla | GroupKind::CrossAttention => 0,
+            GroupKind::FullAttention
+            | GroupKind::Mla
+            | GroupKind::CrossAttention
+            | GroupKind::CircularBuffer => 0,
             GroupKind::SlidingWindow { window } | GroupKind::SlidingWindowMla { window, .. } => {
                 (n + 1).saturating_sub(window)
             }

@@ -142,6 +142,9 @@ impl Components {
                 GroupKind::CrossAttention => {
                     return Err(refuse("cross-attention is never cached (encoder states of one request)"));
                 }
+                GroupKind::CircularBuffer => {
+                    return Err(refuse("a circular buffer has no radix component (one request's ring)"));
+                }
             }
         }
         if comps.swa_window == Some(0) {

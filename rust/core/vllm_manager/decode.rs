@@ -191,7 +191,7 @@ impl VllmManager {
     /// `allocate_slots_groups` for a running request with no hit lists (see
     /// the module header); `None` when the call is not one (nothing changed).
     pub(super) fn running_step(&mut self, rid: &str, s: &SlotRequest) -> Option<Option<Vec<Vec<BlockId>>>> {
-        if s.full_sequence_tokens.is_some() || self.mamba.any() {
+        if s.full_sequence_tokens.is_some() || self.mamba.any() || self.has_ring {
             return None;
         }
         let VllmManager { reqs, consts, pool, scratch, .. } = self;
@@ -233,7 +233,12 @@ impl VllmManager {
         new_computed: &[Vec<BlockId>],
         s: &SlotRequest,
     ) -> Option<Option<Vec<Vec<BlockId>>>> {
-        if self.mamba.any() || s.full_sequence_tokens.is_some() || s.num_external_computed > 0 || !s.adopt {
+        if self.mamba.any()
+            || self.has_ring
+            || s.full_sequence_tokens.is_some()
+            || s.num_external_computed > 0
+            || !s.adopt
+        {
             return None;
         }
         if self.reqs.contains_key(rid) {

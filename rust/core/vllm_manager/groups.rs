@@ -21,7 +21,9 @@
 //!   and the blocks its rule never serves (sliding-window segment heads); a
 //!   group that is not prefix-cacheable (bounded-replay sliding-window MLA)
 //!   never hits and is never cached, its cached count left where adopting
-//!   its (empty) hit set it; a block whose hash is a prompt tail's partial
+//!   its (empty) hit set it; a circular buffer counts and takes one block
+//!   per request, once (on its first allocation or external tokens); a
+//!   block whose hash is a prompt tail's partial
 //!   hash is promoted (all its keys dropped first); after the runs, each
 //!   full-attention group larger than the hash block registers its prompt
 //!   tail ([`super::partial`]).
@@ -51,7 +53,7 @@ use super::{cdiv, group_key, owner_word, Req, SlotRequest, VllmManager};
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator::{self, coarse_hash_index, HybridHit};
 use crate::core::groups::rule::GroupRule;
-use crate::core::groups::spec::{GroupLayout, GroupSpec};
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec};
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
@@ -375,6 +377,17 @@ impl VllmManager {
         self.consts.get(g).is_some_and(|c| c.cross)
     }
 
+    /// Whether group `g` is a circular buffer (one block per request).
+    pub(super) fn is_ring(&self, g: usize) -> bool {
+        self.layout.groups().get(g).is_some_and(|s| s.kind == GroupKind::CircularBuffer)
+    }
+
+    /// A circular buffer's block for `rid` in group `g`, taken when its
+    /// table is empty (vLLM's `_claim_ring_block`).
+    fn claim_ring(&mut self, rid: &str, g: usize, record: bool) -> Vec<BlockId> {
+        self.take_upto(rid, g, 1, record)
+    }
+
     /// [`Self::num_blocks_to_allocate_group`] for the request's tables `req`
     /// (`None`: it has none), looked up by the caller.
     #[allow(clippy::too_many_arguments)]
@@ -508,6 +521,10 @@ impl VllmManager {
                 if self.is_cross(g) {
                     let n = self.blocks_to_allocate(req, g, encoder_tokens, &[], 0, 0, apply_cap);
                     return isize::try_from(n).unwrap_or(isize::MAX);
+                }
+                if self.is_ring(g) {
+                    // A circular buffer: its one block, once.
+                    return isize::from(req.is_none_or(|r| r.g(g).blocks.is_empty()));
                 }
                 let tokens = num_tokens + self.mamba_extra_tokens(g);
                 let n = self.blocks_to_allocate(req, g, tokens, nc, total_computed, local, apply_cap);
@@ -689,6 +706,9 @@ impl VllmManager {
                 continue;
             } else if self.mamba.is_align(g) {
                 self.mamba_allocate(rid, g, main)
+            } else if self.is_ring(g) {
+                let record = self.records_new(g);
+                self.claim_ring(rid, g, record)
             } else {
                 let record = self.records_new(g);
                 let tokens = s.slot_tokens(self.is_cross(g)) + self.mamba_extra_tokens(g);
@@ -721,6 +741,10 @@ impl VllmManager {
 
     /// vLLM's `allocate_external_computed_blocks` for group `g`.
     fn allocate_external(&mut self, rid: &str, g: usize, ext: usize, total: usize, record: bool) {
+        if self.is_ring(g) {
+            self.claim_ring(rid, g, record);
+            return;
+        }
         let spec = self.layout.groups()[g];
         let skipped = spec.skipped_tokens(total);
         let ext = if skipped > 0 { (total - skipped).min(ext) } else { ext };

@@ -299,3 +299,30 @@ fn stored_indices_and_plans_keep_their_order() {
         assert_eq!(p, runs[..=i].to_vec());
     }
 }
+
+#[test]
+fn a_circular_buffer_holds_one_block_per_request_and_never_hits() {
+    let ring = GroupSpec { kind: GroupKind::CircularBuffer, block_size: 4 };
+    let opt = LayoutOptions { enable_caching: true, ..LayoutOptions::default() };
+    let l = GroupLayout::new(vec![GroupSpec::full(4), ring], opt).expect("layout");
+    assert!(!l.prefix_cacheable(1));
+    let mut m = VllmManager::with_layout(20, l, false, false, None).expect("manager");
+    let hs = hashes(4);
+    // Its one block on the first allocation (however many tokens), none after.
+    assert_eq!(m.num_blocks_to_allocate_groups("a", 16, &[], 0, false), 4 + 1);
+    let new = prefill(&mut m, "a", &hs, 16);
+    assert_eq!((new[0].len(), new[1].len()), (4, 1));
+    let r = new[1][0];
+    assert_eq!(m.num_blocks_to_allocate_groups("a", 40, &[], 16, false), 6);
+    let more = m.allocate_slots_groups("a", &[], &slots(40, 16)).expect("ok").expect("fits");
+    assert!(more.get(1).is_none_or(Vec::is_empty));
+    assert_eq!(m.group_blocks("a", 1), &[r]);
+    // The prompt hits full attention only; the ring's hit list stays empty.
+    let hit = m.find_hit_groups(&hs, 15);
+    assert_eq!(hit.hit.tokens, 12);
+    assert!(hit.blocks[1].is_empty());
+    m.check_invariants().expect("invariants");
+    m.free("a");
+    assert_eq!(m.pool().ref_count(r), 0);
+    m.check_invariants().expect("invariants");
+}

@@ -206,6 +206,8 @@ pub struct VllmManager {
     partial: partial::PartialEntries,
     /// Copy-on-write of partly reused blocks under partial hash hits ([`cow`]).
     cow: cow::CowState,
+    /// Whether a group is a circular buffer (the one-lookup step paths serve none).
+    has_ring: bool,
     /// The metrics hooks' log, when a KV cache metrics collector listens ([`metrics`]).
     metrics: Option<Vec<u32>>,
 }
@@ -361,6 +363,8 @@ impl VllmManager {
         let siblings = siblings::Siblings::new(&layout, num_blocks)?;
         let partial = partial::PartialEntries::new(&layout);
         let cow = cow::CowState::new(&layout);
+        let layout_has_ring =
+            layout.groups().iter().any(|g| g.kind == crate::core::groups::spec::GroupKind::CircularBuffer);
         Ok(VllmManager {
             pool,
             block_size: layout.scheduler_block_size(),
@@ -382,6 +386,7 @@ impl VllmManager {
             mamba,
             partial,
             cow,
+            has_ring: layout_has_ring,
             metrics: None,
         })
     }

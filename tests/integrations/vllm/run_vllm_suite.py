@@ -66,7 +66,6 @@ _SPY_TAIL = (
     "patches a Mamba manager's _cache_partial_tail_block to watch its calls (kvindex's group "
     "views have none: prompt tails are registered in Rust within the caching call)"
 )
-_CIRCULAR = _HYBRID + "a circular-buffer scratch group (CircularBufferSpec) beside Mamba"
 _FAKE_HIT = (
     "passes free, never-cached blocks as a cache hit to allocate_slots; kvindex's pool "
     "refuses a hit on blocks it has not cached (InvalidArgumentError, state unchanged)"
@@ -84,10 +83,6 @@ OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
         ],
         _SPY: [
             "test_eagle_group_registers_unaligned_tail_under_partial_hash_hits",
-        ],
-        _CIRCULAR: [
-            "test_kpool_tail_supports_128_token_partial_hash_hits",
-            "test_opted_out_scratch_group_keeps_partial_hash_hits",
         ],
     },
     "prefix_cache/test_mamba_eagle_resume_checkpoint.py": {

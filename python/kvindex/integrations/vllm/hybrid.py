@@ -53,6 +53,7 @@ from vllm.v1.core.kv_cache_utils import (
 from vllm.v1.kv_cache_interface import (
     AttentionSpec,
     ChunkedLocalAttentionSpec,
+    CircularBufferSpec,
     CrossAttentionSpec,
     EncoderOnlyAttentionSpec,
     FullAttentionSpec,
@@ -104,6 +105,7 @@ _KINDS: dict[type, str] = {
     SlidingWindowMLASpec: "sliding_window_mla",
     ChunkedLocalAttentionSpec: "chunked_local_attention",
     CrossAttentionSpec: "cross_attention",
+    CircularBufferSpec: "circular_buffer",
 }
 _ADMITTING = (RequestStatus.WAITING, RequestStatus.PREEMPTED)
 
@@ -130,8 +132,8 @@ def group_args(kv_cache_config: KVCacheConfig) -> list[tuple[str, int, int, str]
             continue
         if kind is None:
             raise _unsupported(
-                "full attention, MLA, sliding window (plain or MLA), chunked local, Mamba and "
-                "cross-attention KV cache groups, not "
+                "full attention, MLA, sliding window (plain or MLA), chunked local, Mamba, "
+                "cross-attention and circular-buffer KV cache groups, not "
                 f"{type(spec).__name__} (groups: "
                 + ", ".join(type(g.kv_cache_spec).__name__ for g in kv_cache_config.kv_cache_groups)
                 + ")"

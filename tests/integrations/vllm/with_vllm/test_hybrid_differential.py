@@ -52,6 +52,7 @@ with warnings.catch_warnings():
     from vllm.v1.core.kv_cache_metrics import KVCacheMetricsCollector
     from vllm.v1.kv_cache_interface import (
         ChunkedLocalAttentionSpec,
+        CircularBufferSpec,
         CrossAttentionSpec,
         FullAttentionSpec,
         KVCacheConfig,
@@ -104,6 +105,10 @@ def chunked(bs: int, chunk: int) -> Any:
 
 def cross(bs: int) -> Any:
     return CrossAttentionSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
+
+
+def ring(bs: int) -> Any:
+    return CircularBufferSpec(block_size=bs, num_kv_heads=1, head_size=1, dtype=torch.float32)
 
 
 def mamba(bs: int) -> Any:
@@ -241,6 +246,8 @@ MIXES: dict[str, Mix] = {
     "full+mamba-partial-eagle": Mix(
         (lambda: full(4), lambda: mamba(8)), 80, 34, eagle=True, shared_checkpoint=True
     ),
+    # A circular buffer (one ring block per request) beside Mamba with partial hash hits.
+    "full+mamba+ring-partial": Mix((lambda: full(4), lambda: mamba(8), lambda: ring(4)), 140, 47),
     # Speculative state blocks (MTP / EAGLE beside Mamba), block-aligned and with partial hits.
     "full+mamba-spec-eagle": Mix(
         (lambda: full(8), lambda: replace(mamba(8), num_speculative_blocks=2)), 80, 35, eagle=True
