@@ -500,13 +500,7 @@ class HybridKVCacheManager(ManagerCalls):
         processed = max(0, total - getattr(request, "num_in_flight_tokens", 0))
         caching = self.enable_caching and not delay_cache_blocks
         cache_tokens = min(total + num_new_tokens, request.num_tokens) if caching else None
-        if self._registers_tails or self._core.retention_interval is not None:
-            self._core.set_cache_context(
-                request.num_prompt_tokens,
-                request.shared_prefix_boundary,
-                request.num_computed_tokens,
-                request.num_tokens,
-            )
+        self._send_cache_context(request)
         new = self._core.allocate_slots_groups(
             request.request_id,
             hits,
@@ -553,10 +547,10 @@ class HybridKVCacheManager(ManagerCalls):
             self._core.hash_tokens,
         )
 
-    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
-        """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
-        if not self.enable_caching:
-            return
+    def _send_cache_context(self, request: Request) -> None:
+        """Gives Rust the request's context before a caching step, when prompt tails or
+        a retention interval read it: prompt length, shared-prefix junction, computed
+        tokens before the step, tokens so far."""
         if self._registers_tails or self._core.retention_interval is not None:
             self._core.set_cache_context(
                 request.num_prompt_tokens,
@@ -564,6 +558,12 @@ class HybridKVCacheManager(ManagerCalls):
                 request.num_computed_tokens,
                 request.num_tokens,
             )
+
+    def cache_blocks(self, request: Request, num_computed_tokens: int) -> None:
+        """Cache every group's full blocks up to ``num_computed_tokens``, if enabled."""
+        if not self.enable_caching:
+            return
+        self._send_cache_context(request)
         runs = self._core.cache_groups(
             request.request_id, request.block_hashes, num_computed_tokens, self._num_reprefillable
         )
