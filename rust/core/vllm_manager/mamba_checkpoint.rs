@@ -203,6 +203,16 @@ impl VllmManager {
         Some(if own { CheckpointCache::Skip } else { CheckpointCache::Register(pos, idx, b) })
     }
 
+    /// Whether the request holds a prefill checkpoint in group `g` (`None`:
+    /// the prompt-tail rule applies), and the position caching registers for
+    /// it (`Some(None)`: nothing to register).
+    pub(super) fn checkpoint_registration(&self, rid: &str, g: usize) -> Option<Option<usize>> {
+        Some(match self.checkpoint_cache(rid, g)? {
+            CheckpointCache::Register(pos, _, _) => Some(pos),
+            CheckpointCache::Skip | CheckpointCache::Evict(_) => None,
+        })
+    }
+
     /// Drops the keys of the request's transient checkpoint blocks (caching
     /// runs this before the prompt tails): one run per group that dropped
     /// any, carrying the removals.

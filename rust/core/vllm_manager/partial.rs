@@ -380,11 +380,9 @@ impl VllmManager {
             out.push((g, boundary));
         }
         for &g in &self.partial.mamba {
-            if let Some(c) = self.checkpoint_cache(rid, g) {
+            if let Some(registers) = self.checkpoint_registration(rid, g) {
                 // A prefill checkpoint replaces the prompt-tail rule ([`super::mamba_checkpoint`]).
-                if let super::mamba_checkpoint::CheckpointCache::Register(pos, _, _) = c {
-                    out.push((g, pos));
-                }
+                out.extend(registers.map(|pos| (g, pos)));
                 continue;
             }
             // Align-mode Mamba's `_cache_partial_tail_block`: only a call ending exactly at

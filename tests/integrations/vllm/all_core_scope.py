@@ -3,28 +3,18 @@
 listed there alone): file -> reason -> tests, a name without ``[...]`` standing for every
 parametrization of that test function. Each passed on vLLM's manager and failed with
 kvindex's ``UnsupportedVllmConfigError`` when this list was written: every one builds a
-hybrid KV cache group layout (Mamba, sliding window, chunked local attention, an MLA target
-beside a full-attention draft) or uses decode context parallelism > 1 (out of scope).
+draft group beside a target sharded by decode context parallelism (an MLA target beside a
+full-attention draft, or a sliding-window draft) or uses decode context parallelism > 1.
 """
 
 from __future__ import annotations
 
 _HYBRID = "hybrid KV cache groups, not yet supported: "
-_MAMBA = _HYBRID + "Mamba / linear-attention state (MambaSpec) beside full attention or MLA"
 _SLIDING_WINDOW = _HYBRID + "sliding-window attention (alone, or beside full attention / MLA)"
-_CHUNKED_LOCAL = _HYBRID + "chunked local attention"
 _MLA_AND_FULL = _HYBRID + "an MLA target group beside a full-attention draft group"
 _DCP = "decode context parallelism > 1 (out of scope)"
 
 ALL_CORE_OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
-    "test_contiguous_kv_packing.py": {
-        _MAMBA: [
-            "TestCSALinearGrouping::test_scratch_group_survives_computed_block_truncation",
-        ],
-        _SLIDING_WINDOW: [
-            "TestCompressorRingGroup::test_ring_beside_paged_groups_keeps_the_kv_block_as_scheduler_block",
-        ],
-    },
     "test_kv_cache_utils.py": {
         _DCP: [
             "test_effective_attention_block_size_matches_events[4]",
@@ -40,15 +30,6 @@ ALL_CORE_OUT_OF_SCOPE_TESTS: dict[str, dict[str, list[str]]] = {
             "test_dcp_target_allocates_replicated_draft_independently[1-True-256]",
             "test_dcp_target_allocates_replicated_draft_independently[4-False-256]",
             "test_dcp_target_allocates_replicated_draft_independently[4-True-256]",
-        ],
-    },
-    "test_mamba_align_chunk_split.py": {
-        _MAMBA: [
-            "test_fragmented_first_chunk_does_not_poison_mamba_prefix_cache",
-            "test_fragmented_tail_chunk_does_not_poison_mamba_prefix_cache",
-            "test_intermediate_chunk_ends_stay_block_aligned",
-            "test_lookahead_split_caches_partial_tail_boundary",
-            "test_poisoning_is_block_size_independent",
         ],
     },
 }
