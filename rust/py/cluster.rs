@@ -351,7 +351,7 @@ impl PyClusterIndex {
         let layout = if groups.is_none() {
             None
         } else {
-            let l = super::groups::layout_arg(groups, true, eagle)?;
+            let l = super::groups::engine_layout_arg(groups, eagle)?;
             Some(std::sync::Arc::new(ClusterLayout::new(l, self.read().block_size()).py()?))
         };
         self.write().set_worker_layout(w, layout).py()

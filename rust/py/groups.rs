@@ -69,6 +69,22 @@ pub fn layout_arg(groups: &Bound<'_, PyAny>, enable_caching: bool, use_eagle: bo
     GroupLayout::new(specs, LayoutOptions { enable_caching, use_eagle, ..LayoutOptions::default() }).py()
 }
 
+/// [`layout_arg`] as a vLLM engine runs it: partial hash hits on where the
+/// layout allows them (vLLM's default `allow_partial_hash_hits`).
+///
+/// # Errors
+/// As [`layout_arg`].
+pub fn engine_layout_arg(groups: &Bound<'_, PyAny>, use_eagle: bool) -> PyResult<GroupLayout> {
+    let specs = group_specs(groups)?;
+    let opt = LayoutOptions {
+        enable_caching: true,
+        use_eagle,
+        allow_partial_hash_hits: true,
+        ..LayoutOptions::default()
+    };
+    GroupLayout::new(specs, opt).py()
+}
+
 /// The radix tree's page size and components for a layout argument, and the
 /// layout described in words.
 ///

@@ -3,8 +3,9 @@
 //!
 //! A worker with a declared layout is scored by the core groups' fixed point
 //! ([`crate::core::groups::coordinator::longest_hit`]) over a lookup into its
-//! own per-group membership; one without is scored on its full-attention
-//! group, and [`Basis`] says which.
+//! own per-group membership (hash boundaries inside blocks too, where the
+//! layout has partial hash hits as its engine's does); one without is scored
+//! on its full-attention group, and [`Basis`] says which.
 //!
 //! # Costs
 //! O(groups × prompt blocks) per scored worker; workers that cannot beat the
@@ -104,6 +105,14 @@ impl BlockLookup for SetLookup<'_> {
             _ => {}
         }
         self.groups.iter().all(|&g| self.ix.value_holds(self.value(g, fine), self.w)).then_some(())
+    }
+
+    fn get_fine(&mut self, k: usize) -> Option<()> {
+        // A hash boundary inside a block (a prompt tail's entry) or at its end.
+        if k >= self.hashes.len() {
+            return None;
+        }
+        self.groups.iter().all(|&g| self.ix.value_holds(self.value(g, k), self.w)).then_some(())
     }
 }
 
@@ -273,8 +282,10 @@ fn upper_bound(
             continue;
         }
         let scale = s.spec.block_size / bs;
+        // Under partial hash hits the hit may reach into the block after the run.
+        let inside = if layout.partial_hits() { scale - 1 } else { 0 };
         if let Some(r) = runs.iter().find(|r| s.group_ids == [r.0] && r.1 == scale) {
-            ub = ub.min(r.2[id as usize] as usize * scale);
+            ub = ub.min(r.2[id as usize] as usize * scale + inside);
         }
     }
     #[allow(clippy::cast_possible_truncation)]
@@ -403,6 +414,44 @@ mod tests {
         ix.scores(&hashes, 40, None, &mut sc, &mut out, &mut basis);
         assert_eq!(out[2], 4);
         assert_eq!(basis[2], Basis::FullOnly { group: 1, hybrid_events: true });
+        ix.check_invariants().expect("ok");
+    }
+
+    /// Full attention on the hash block beside align-mode Mamba on twice it,
+    /// partial hash hits on (as a vLLM engine's): a worker whose Mamba state
+    /// is registered at a hash boundary inside its block scores that far.
+    #[test]
+    fn partial_hash_hits_score_mamba_tails_inside_blocks() {
+        use super::ScoreScratch;
+        use crate::core::cluster::ClusterIndex;
+        use crate::core::groups::spec::MambaMode;
+        let mamba = GroupSpec { kind: GroupKind::Mamba { mode: MambaMode::Align }, block_size: 4 };
+        let opt =
+            LayoutOptions { enable_caching: true, allow_partial_hash_hits: true, ..LayoutOptions::default() };
+        let l = GroupLayout::new(vec![GroupSpec::full(2), mamba], opt).expect("test setup");
+        assert!(l.partial_hits());
+        let mut ix = ClusterIndex::new(2).expect("test setup");
+        let (a, b) = (ix.add_worker("a", 0).expect("room"), ix.add_worker("b", 0).expect("room"));
+        let hashes: Vec<u64> = (200..206).collect();
+        let key = |i: usize, g: u32| group_key(hashes[i], g);
+        // a: full attention to 10 tokens, the Mamba state at 6 (a prompt tail, inside block 1);
+        // b: the same full attention, the Mamba state at 4 (a block end).
+        for w in [a, b] {
+            ix.store_hashes(w, &(0..5).map(|i| key(i, 0)).collect::<Vec<_>>()).expect("present");
+            let cl = ClusterLayout::new(l.clone(), 2).expect("valid");
+            ix.set_worker_layout(w, Some(std::sync::Arc::new(cl))).expect("present");
+        }
+        ix.store_hashes(a, &[key(2, 1)]).expect("present");
+        ix.store_hashes(b, &[key(1, 1)]).expect("present");
+        let (mut sc, mut out, mut basis) = (ScoreScratch::default(), Vec::new(), Vec::new());
+        ix.scores(&hashes, 12, None, &mut sc, &mut out, &mut basis);
+        assert_eq!(out, vec![3, 2]);
+        // Pruned for routing, the pick is the same.
+        let load = [0.0, 0.0];
+        let mut pruned = Vec::new();
+        ix.scores(&hashes, 12, Some((&load, 1.0)), &mut sc, &mut pruned, &mut basis);
+        let pick = |o: &[u32]| crate::core::cluster::route::pick_min_cost(o, 6, &load, 1.0, 0);
+        assert_eq!(pick(&pruned), pick(&out));
         ix.check_invariants().expect("ok");
     }
 }
