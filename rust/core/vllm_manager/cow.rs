@@ -37,7 +37,7 @@ use rustc_hash::FxHashMap;
 
 use super::{cdiv, Req, VllmManager};
 use crate::core::error::InvariantViolation;
-use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
+use crate::core::groups::spec::{GroupKind, GroupLayout, GroupSpec, MambaMode};
 use crate::core::ids::BlockId;
 use crate::ensure_inv;
 
@@ -45,12 +45,17 @@ use crate::ensure_inv;
 /// block with prefix caching on: it registers prompt tails inside blocks
 /// (with or without partial hash hits), and copies them on write.
 pub(crate) fn has_mamba_tails(layout: &GroupLayout) -> bool {
+    !mamba_tail_groups(layout).is_empty()
+}
+
+/// The groups [`has_mamba_tails`] looks for, ascending.
+pub(crate) fn mamba_tail_groups(layout: &GroupLayout) -> Vec<usize> {
+    if !layout.enable_caching() {
+        return Vec::new();
+    }
     let hbs = layout.hash_block_size();
-    layout.enable_caching()
-        && layout
-            .groups()
-            .iter()
-            .any(|s| matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hbs)
+    let align = |s: &GroupSpec| matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align });
+    (0..layout.len()).filter(|&g| align(&layout.groups()[g]) && layout.groups()[g].block_size > hbs).collect()
 }
 
 /// The copy-on-write bookkeeping of a manager (empty without Mamba tails).
@@ -149,7 +154,7 @@ impl VllmManager {
         if held != Some(src) || self.pool.num_free() == 0 {
             return None;
         }
-        let cow = self.take_one(g);
+        let cow = self.take_fresh(g, 1)[0];
         if let Some(r) = self.reqs.get_mut(rid) {
             r.g_mut(g).blocks[idx] = cow;
         }
@@ -159,12 +164,13 @@ impl VllmManager {
         Some(cow)
     }
 
-    /// One new block for group `g`, in no table (evicting its hashes).
-    fn take_one(&mut self, g: usize) -> BlockId {
-        let mut tmp = Vec::with_capacity(1);
+    /// `n` new blocks for group `g` (at most the free ones), in no table
+    /// yet (their hashes evicted).
+    fn take_fresh(&mut self, g: usize, n: usize) -> Vec<BlockId> {
+        let mut out = Vec::with_capacity(n);
         let (_, _, mut taker) = self.split_for_taking();
-        taker.take(&mut tmp, g, 1, false);
-        tmp[0]
+        taker.take(&mut out, g, n, false);
+        out
     }
 
     /// Align-mode Mamba's `allocate_new_blocks` with a pending partial hit
@@ -180,11 +186,7 @@ impl VllmManager {
         (idx, src): (usize, BlockId),
         producer: bool,
     ) -> (Vec<BlockId>, Option<BlockId>) {
-        let mut new = Vec::with_capacity(n);
-        {
-            let (_, _, mut taker) = self.split_for_taking();
-            taker.take(&mut new, g, n, false);
-        }
+        let mut new = self.take_fresh(g, n);
         self.cow.partial[g].remove(rid);
         if new.is_empty() {
             return (new, None);

@@ -62,7 +62,7 @@ use super::{group_key, owner_word, unkey_owned, VllmManager};
 use crate::core::block_pool::BlockPool;
 use crate::core::error::{ErrorKind, InvariantViolation, KvError, KvResult};
 use crate::core::groups::coordinator;
-use crate::core::groups::spec::{GroupKind, GroupLayout, MambaMode};
+use crate::core::groups::spec::GroupLayout;
 use crate::core::ids::{BlockHash, BlockId};
 use crate::ensure_inv;
 
@@ -114,16 +114,7 @@ impl PartialEntries {
         } else {
             Vec::new()
         };
-        let mamba = if super::cow::has_mamba_tails(layout) {
-            (0..layout.len())
-                .filter(|&g| {
-                    let s = layout.groups()[g];
-                    matches!(s.kind, GroupKind::Mamba { mode: MambaMode::Align }) && s.block_size > hbs
-                })
-                .collect()
-        } else {
-            Vec::new()
-        };
+        let mamba = super::cow::mamba_tail_groups(layout);
         PartialEntries { groups, mamba, ..PartialEntries::default() }
     }
 
